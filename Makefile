@@ -1,0 +1,56 @@
+# decent-dp: `make help` lists the targets.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+NPROC   ?= 4
+ARGS    ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-all test-gpu lint format train sweep bench report simulate topo clean
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+install: ## Create .venv and install the package with the experiments and dev extras
+	python3 -m venv .venv
+	$(PIP) install --upgrade pip
+	$(PIP) install -e ".[experiments,dev]"
+
+test: ## Fast test suite (no `slow` tests)
+	$(PY) -m pytest -m "not slow" -q $(ARGS)
+
+test-all: ## Every test, `slow` included
+	$(PY) -m pytest -q $(ARGS)
+
+test-gpu: ## Only the tests that need CUDA
+	$(PY) -m pytest -m gpu -q $(ARGS)
+
+lint: ## ruff (lint + format check) and mypy on decent_dp
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/mypy decent_dp
+
+format: ## Apply ruff's formatter and autofixes
+	.venv/bin/ruff format .
+	.venv/bin/ruff check --fix .
+
+train: ## Default job: 4 CPU workers, gloo, digits, one-peer-exp (< 1 min)
+	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
+	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)
+
+bench: ## Step-time benchmark: local vs torch DDP vs every topology, 2 and 4 processes
+	$(PY) -m experiments.bench $(ARGS)
+
+report: ## Report over the newest sweep (or DIRS=...)
+	$(PY) -m experiments.report $(or $(DIRS),$(shell ls -td multirun/*/*/ 2>/dev/null | head -1)) $(ARGS)
+
+simulate: ## Scale simulation: allreduce vs topologies at 8..1024 workers
+	$(PY) -m experiments.simulate $(ARGS)
+
+topo: ## Topology table for 64 workers
+	$(PY) -m decent_dp.topo --world-size 64
+
+clean: ## Remove caches and run outputs (keeps .venv)
+	rm -rf outputs multirun wandb .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,566 @@
+"""Communication topologies as pure data.
+
+A topology is a periodic sequence of *rounds*. Each round partitions the ranks
+``0..n-1`` into disjoint groups (:class:`Edge`); inside a group every member
+keeps ``weight`` of its own model and takes ``(1 - weight) / (k - 1)`` of each
+of the ``k - 1`` other members. Nothing here needs ``torch.distributed``: the
+rounds and their mixing matrices can be computed for any world size, and only
+:class:`~decent_dp.ddp.DecentralizedDataParallel` turns edges into process
+groups.
+
+Run ``python -m decent_dp.topo --world-size 64`` for a table of every
+registered topology.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Edge",
+    "Topology",
+    "TopologyReg",
+    "CompleteTopology",
+    "RingTopology",
+    "OnePeerExpTopology",
+    "AlternatingExpRingTopology",
+    "RandomMatchingTopology",
+    "mixing_matrices",
+    "spectral_gap",
+    "period_contraction",
+    "describe",
+]
+
+
+@dataclass
+class Edge:
+    """One averaging group of a round.
+
+    Args:
+        ranks: The global ranks in the group.
+        weight: The share each member keeps of its own model, in ``[0, 1]``.
+            The rest, ``1 - weight``, is split evenly among the other members,
+            so ``W[i][i] = weight`` and ``W[i][j] = (1 - weight) / (k - 1)``.
+            A group of one member keeps itself whatever the weight.
+        group: The process group, filled in by the wrapper; ``None`` in pure data.
+
+    Example::
+
+        Edge([0, 1], 0.5)        # two ranks average uniformly
+        Edge([0, 1, 2, 3], 0.25) # four ranks average uniformly
+    """
+
+    ranks: Sequence[int]
+    weight: float
+    group: Any = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.ranks = tuple(int(r) for r in self.ranks)
+        self.weight = float(self.weight)
+
+    @property
+    def self_weight(self) -> float:
+        """``W[i][i]`` for every member (1.0 for a group of one)."""
+        return 1.0 if len(self.ranks) == 1 else self.weight
+
+    @property
+    def peer_weight(self) -> float:
+        """``W[i][j]`` for two distinct members (0.0 for a group of one)."""
+        k = len(self.ranks)
+        return 0.0 if k == 1 else (1.0 - self.weight) / (k - 1)
+
+
+def _world_from_env(world_size: int | None, local_world_size: int | None) -> tuple[int, int]:
+    if world_size is None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(
+                "world_size was not given and torch.distributed is not initialized; "
+                "pass world_size=... or launch with torchrun and call decent_dp.utils.initialize_dist()"
+            )
+        world_size = dist.get_world_size()
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    return int(world_size), int(local_world_size)
+
+
+class Topology:
+    """Base class: a periodic schedule of rounds, validated on construction.
+
+    Subclasses override :meth:`_get_topo_edges` and return one list of
+    :class:`Edge` per round of the period. Every rank must appear in exactly
+    one edge of every round, and every weight must lie in ``[0, 1]``.
+
+    Args:
+        world_size: Number of workers ``n``; taken from ``torch.distributed``
+            when omitted.
+        local_world_size: Workers per node ``L``; taken from the
+            ``LOCAL_WORLD_SIZE`` environment variable when omitted.
+
+    Raises:
+        ValueError: A round breaks a rule, or the sizes do not fit the topology.
+
+    Example::
+
+        @TopologyReg.register('pairs')
+        class Pairs(Topology):
+            def _get_topo_edges(self):
+                n = self.world_size
+                return [[Edge([i, i + 1], 0.5) for i in range(0, n, 2)]]
+    """
+
+    name: str = "custom"
+
+    def __init__(self, world_size: int | None = None, local_world_size: int | None = None):
+        n, local = _world_from_env(world_size, local_world_size)
+        if n < 1:
+            raise ValueError(f"world_size={n} is invalid; it must be >= 1")
+        if local < 1:
+            raise ValueError(f"local_world_size={local} is invalid; it must be >= 1")
+        self._world_size = n
+        self._local_world_size = local
+        self._rounds = self._get_topo_edges()
+        self._validate()
+
+    @property
+    def world_size(self) -> int:
+        """Number of workers ``n``."""
+        return self._world_size
+
+    @property
+    def local_world_size(self) -> int:
+        """Workers per node ``L``."""
+        return self._local_world_size
+
+    @property
+    def rounds(self) -> list[list[Edge]]:
+        """The edges of every round of the period."""
+        return self._rounds
+
+    @property
+    def period(self) -> int:
+        """Number of rounds before the schedule repeats."""
+        return len(self._rounds)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        raise NotImplementedError("a Topology subclass must override _get_topo_edges()")
+
+    def get_edge(self, step: int, rank: int) -> Edge:
+        """The edge that ``rank`` belongs to at ``step`` (rounds cycle with the period)."""
+        for edge in self._rounds[step % self.period]:
+            if rank in edge.ranks:
+                return edge
+        raise ValueError(f"rank {rank} is not in round {step % self.period}")  # unreachable once validated
+
+    def mixing_matrix(self, round_index: int) -> torch.Tensor:
+        """The float64 ``n x n`` matrix ``W`` of one round."""
+        n = self._world_size
+        w = torch.zeros(n, n, dtype=torch.float64)
+        for edge in self._rounds[round_index % self.period]:
+            idx = torch.tensor(edge.ranks)
+            w[idx.unsqueeze(1), idx.unsqueeze(0)] = edge.peer_weight
+            w[idx, idx] = edge.self_weight
+        return w
+
+    def mixing_matrices(self) -> list[torch.Tensor]:
+        """One float64 mixing matrix per round of the period."""
+        return [self.mixing_matrix(r) for r in range(self.period)]
+
+    def _validate(self) -> None:
+        name, n = self.name, self._world_size
+        if not isinstance(self._rounds, list) or not self._rounds:
+            raise ValueError(f"topology '{name}': _get_topo_edges() must return a non-empty list of rounds")
+        for r, edges in enumerate(self._rounds):
+            if not isinstance(edges, list) or not edges:
+                raise ValueError(f"topology '{name}' round {r}: a round must be a non-empty list of Edge")
+            seen: dict[int, int] = {}
+            for e, edge in enumerate(edges):
+                if not isinstance(edge, Edge):
+                    raise ValueError(f"topology '{name}' round {r}: item {e} is {type(edge).__name__}, not Edge")
+                if not (math.isfinite(edge.weight) and 0.0 <= edge.weight <= 1.0):
+                    raise ValueError(
+                        f"topology '{name}' round {r}: edge {list(edge.ranks)} has weight {edge.weight}; "
+                        "weights must lie in [0, 1]"
+                    )
+                if not edge.ranks:
+                    raise ValueError(f"topology '{name}' round {r}: edge {e} has no ranks")
+                for rank in edge.ranks:
+                    if not 0 <= rank < n:
+                        raise ValueError(
+                            f"topology '{name}' round {r}: rank {rank} is out of range; ranks must be in 0..{n - 1}"
+                        )
+                    if rank in seen:
+                        raise ValueError(
+                            f"topology '{name}' round {r}: rank {rank} appears in more than one edge "
+                            "(or twice in one); each rank must be in exactly one edge per round"
+                        )
+                    seen[rank] = e
+            missing = [rank for rank in range(n) if rank not in seen]
+            if missing:
+                raise ValueError(
+                    f"topology '{name}' round {r}: rank {missing[0]} is in no edge; "
+                    "every rank must take part in every round"
+                )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(world_size={self._world_size}, local_world_size={self._local_world_size})"
+
+
+class TopologyReg:
+    """Name registry of :class:`Topology` subclasses.
+
+    Example::
+
+        @TopologyReg.register('my-topology')
+        class MyTopology(Topology):
+            def _get_topo_edges(self): ...
+
+        topo = TopologyReg.create('my-topology', world_size=8)
+    """
+
+    registry: dict[str, type[Topology]] = {}
+
+    @classmethod
+    def register(cls, name: str) -> Callable[[type[Topology]], type[Topology]]:
+        """Class decorator that registers a topology under ``name``.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+            TypeError: The decorated class does not subclass :class:`Topology`.
+        """
+        if name in cls.registry:
+            raise ValueError(f"topology name '{name}' is already registered (by {cls.registry[name].__name__})")
+
+        def decorator(klass: type[Topology]) -> type[Topology]:
+            if not (isinstance(klass, type) and issubclass(klass, Topology)):
+                raise TypeError(f"@TopologyReg.register('{name}') needs a Topology subclass, got {klass!r}")
+            if name in cls.registry:
+                raise ValueError(f"topology name '{name}' is already registered")
+            klass.name = name
+            cls.registry[name] = klass
+            return klass
+
+        return decorator
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The registered names, in registration order."""
+        return list(cls.registry)
+
+    @classmethod
+    def get(cls, name: str) -> type[Topology]:
+        """The class registered as ``name``.
+
+        Raises:
+            ValueError: Unknown name; the message lists the known ones.
+        """
+        if name not in cls.registry:
+            raise ValueError(f"unknown topology '{name}'; known topologies: {', '.join(cls.registry)}")
+        return cls.registry[name]
+
+    @classmethod
+    def create(
+        cls,
+        topology: str | Topology | type[Topology],
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        **kwargs: Any,
+    ) -> Topology:
+        """Build a topology from a registered name, a class, or pass an instance through."""
+        if isinstance(topology, Topology):
+            return topology
+        if isinstance(topology, str):
+            klass = cls.get(topology)
+        elif isinstance(topology, type) and issubclass(topology, Topology):
+            klass = topology
+        else:
+            raise ValueError(
+                f"topology={topology!r} is invalid; give a registered name ({', '.join(cls.registry)}) "
+                "or a Topology instance"
+            )
+        return klass(world_size, local_world_size, **kwargs)
+
+
+def _trivial() -> list[list[Edge]]:
+    return [[Edge([0], 1.0)]]
+
+
+@TopologyReg.register("complete")
+class CompleteTopology(Topology):
+    """All ranks average uniformly every step (one round, weight ``1/n``)."""
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        return [[Edge(range(n), 1.0 / n)]]
+
+
+@TopologyReg.register("ring")
+class RingTopology(Topology):
+    """Alternating pairs on a ring: even ranks pair right, then left (weight 0.5).
+
+    Round 0 pairs ``(i, i+1)`` and round 1 pairs ``(i, i-1 mod n)`` for even
+    ``i``. For odd ``n`` the last three ranks of round 0, and ranks
+    ``n-2, n-1, 0`` of round 1, form one uniformly averaging group of three,
+    so each round stays a partition and both rounds together connect the ring.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        if n % 2 == 0:
+            r0 = [Edge([i, i + 1], 0.5) for i in range(0, n, 2)]
+            r1 = [Edge([i, (i - 1) % n], 0.5) for i in range(0, n, 2)]
+            return [r0, r1]
+        if n == 3:
+            return [[Edge([0, 1, 2], 1.0 / 3)]]
+        r0 = [Edge([i, i + 1], 0.5) for i in range(0, n - 3, 2)] + [Edge([n - 3, n - 2, n - 1], 1.0 / 3)]
+        r1 = [Edge([i, i + 1], 0.5) for i in range(1, n - 3, 2)] + [Edge([n - 2, n - 1, 0], 1.0 / 3)]
+        return [r0, r1]
+
+
+def _greedy_shift_pairs(count: int, shift: int) -> list[tuple[int, int]]:
+    """Pair every still-unpaired ``j`` with ``j + shift mod count``, in order of ``j``."""
+    paired = [False] * count
+    pairs = []
+    for j in range(count):
+        if paired[j]:
+            continue
+        k = (j + shift) % count
+        if paired[k] or k == j:
+            raise ValueError(f"no perfect matching for {count} with shift {shift}")
+        paired[j] = paired[k] = True
+        pairs.append((j, k))
+    return pairs
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@TopologyReg.register("one-peer-exp")
+class OnePeerExpTopology(Topology):
+    """One-peer exponential graph: round ``r`` pairs ``j`` with ``j + 2^r``.
+
+    The period is ``log2(n)`` rounds and reaches exact consensus once per
+    period. ``n`` must be a power of two.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        if not _is_power_of_two(n):
+            raise ValueError(
+                f"one-peer-exp needs a power-of-two world size, got n={n}; use 'ring' for other sizes"
+            )
+        return [
+            [Edge(pair, 0.5) for pair in _greedy_shift_pairs(n, 2**r)] for r in range(int(math.log2(n)))
+        ]
+
+
+@TopologyReg.register("alternating-exp-ring")
+class AlternatingExpRingTopology(Topology):
+    """Exponential pairing of nodes, alternating intra- and inter-node rounds.
+
+    With ``N = n / L`` nodes (a power of two, at least 2), exponential round
+    ``r`` pairs node ``j`` with node ``j + 2^r mod N``. Each node pair spends
+    two consecutive rounds: an intra-node round (each node's ``L`` ranks
+    average, weight ``1/L``) and an inter-node round (the ``2L`` ranks of both
+    nodes average, weight ``1/(2L)``). Successive pairs, counted across all
+    ``r``, alternate which of the two comes first, so that at any time only
+    half of the node pairs load the inter-node network. The period is
+    ``2 log2(N)``.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n, local = self.world_size, self.local_world_size
+        if n == 1:
+            return _trivial()
+        if n % local != 0:
+            raise ValueError(
+                f"alternating-exp-ring needs world_size divisible by local_world_size, got n={n}, L={local}"
+            )
+        nodes = n // local
+        if nodes < 2:
+            raise ValueError(
+                f"alternating-exp-ring needs at least 2 nodes, got {n} ranks on 1 node (L={local}); "
+                "run several nodes (e.g. torchrun --nnodes=2 --nproc_per_node=...) or pass a smaller "
+                "local_world_size"
+            )
+        if not _is_power_of_two(nodes):
+            raise ValueError(
+                f"alternating-exp-ring needs a power-of-two number of nodes, got N={nodes} (n={n}, L={local})"
+            )
+
+        def node(j: int) -> list[int]:
+            return list(range(j * local, (j + 1) * local))
+
+        rounds: list[list[Edge]] = []
+        counter = 0
+        for r in range(int(math.log2(nodes))):
+            first: list[Edge] = []
+            second: list[Edge] = []
+            for a, b in _greedy_shift_pairs(nodes, 2**r):
+                intra = [Edge(node(a), 1.0 / local), Edge(node(b), 1.0 / local)]
+                inter = [Edge(node(a) + node(b), 1.0 / (2 * local))]
+                if counter % 2 == 0:
+                    first += intra
+                    second += inter
+                else:
+                    first += inter
+                    second += intra
+                counter += 1
+            rounds += [first, second]
+        return rounds
+
+
+@TopologyReg.register("random-matching")
+class RandomMatchingTopology(Topology):
+    """A fixed sequence of random perfect matchings (weight 0.5).
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        period: Number of distinct random rounds before repeating.
+        seed: Seed shared by all ranks, so every rank sees the same schedule.
+
+    For odd ``n`` one group of three averages uniformly in each round.
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        period: int = 8,
+        seed: int = 0,
+    ):
+        if period < 1:
+            raise ValueError(f"period={period} is invalid; it must be >= 1")
+        self._period_arg, self._seed = int(period), int(seed)
+        super().__init__(world_size, local_world_size)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        rng = random.Random(self._seed)
+        rounds = []
+        for _ in range(self._period_arg):
+            perm = list(range(n))
+            rng.shuffle(perm)
+            cut = n - 3 if n % 2 else n
+            edges = [Edge(sorted(perm[i : i + 2]), 0.5) for i in range(0, cut, 2)]
+            if n % 2:
+                edges.append(Edge(sorted(perm[cut:]), 1.0 / 3))
+            rounds.append(edges)
+        return rounds
+
+
+def mixing_matrices(
+    topology: str | type[Topology] | Topology, world_size: int, local_world_size: int = 1, **kwargs: Any
+) -> list[torch.Tensor]:
+    """One float64 ``n x n`` mixing matrix per round of the topology's period.
+
+    Args:
+        topology: A registered name, a :class:`Topology` subclass or an instance.
+        world_size: Number of workers ``n``.
+        local_world_size: Workers per node ``L``.
+        **kwargs: Extra arguments of the topology's constructor.
+
+    Returns:
+        A list of ``period`` symmetric, doubly stochastic matrices.
+    """
+    return TopologyReg.create(topology, world_size, local_world_size, **kwargs).mixing_matrices()
+
+
+def spectral_gap(w: torch.Tensor) -> float:
+    """Spectral gap ``1 - max(|λ2|, |λn|)`` of a symmetric mixing matrix.
+
+    Eigenvalues are sorted ``λ1 >= λ2 >= ... >= λn`` (``λ1 = 1`` for a doubly
+    stochastic ``W``). A gap of 0 means the round alone does not mix
+    everything; a gap of 1 means one round reaches exact consensus. A 1x1
+    matrix has gap 1.
+    """
+    if w.shape[0] == 1:
+        return 1.0
+    ev = torch.linalg.eigvalsh(w.to(torch.float64)).flip(0)
+    return max(0.0, float(1.0 - max(abs(ev[1].item()), abs(ev[-1].item()))))
+
+
+def period_contraction(matrices: Sequence[torch.Tensor]) -> float:
+    """Spectral norm of ``W(P-1) ... W(0) - 11^T/n``.
+
+    The factor by which one full period shrinks the distance to consensus in
+    the worst case; 0 means the period reaches exact consensus.
+    """
+    n = matrices[0].shape[0]
+    prod = torch.eye(n, dtype=torch.float64)
+    for w in matrices:
+        prod = w.to(torch.float64) @ prod
+    dev = prod - torch.full((n, n), 1.0 / n, dtype=torch.float64)
+    return float(torch.linalg.matrix_norm(dev, ord=2).item())
+
+
+def describe(name: str, world_size: int, local_world_size: int = 1) -> dict[str, Any]:
+    """Summary row of one registered topology: period, peers, gap, contraction.
+
+    Where the size does not fit, the row has ``error`` with the reason.
+    """
+    try:
+        topo = TopologyReg.create(name, world_size, local_world_size)
+    except ValueError as exc:
+        return {"name": name, "error": str(exc)}
+    mats = topo.mixing_matrices()
+    peers = max(len(e.ranks) - 1 for edges in topo.rounds for e in edges)
+    contraction = period_contraction(mats)
+    return {
+        "name": name,
+        "period": topo.period,
+        "peers_per_round": peers,
+        "worst_gap": min(spectral_gap(w) for w in mats),
+        "contraction": contraction,
+        "rate_per_step": 1.0 - contraction ** (1.0 / topo.period),
+    }
+
+
+def _table(world_size: int, local_world_size: int) -> str:
+    head = "| topology | period | peers/round | worst-round spectral gap | period contraction | per-step rate |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|"]
+    for name in TopologyReg.names():
+        row = describe(name, world_size, local_world_size)
+        if "error" in row:
+            lines.append(f"| {name} | n/a: {row['error']} | | | | |")
+        else:
+            lines.append(
+                f"| {name} | {row['period']} | {row['peers_per_round']} | "
+                f"{row['worst_gap']:.4f} | {row['contraction']:.3e} | {row['rate_per_step']:.4f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the topology table (``python -m decent_dp.topo --world-size 64``)."""
+    parser = argparse.ArgumentParser(description="Print every registered topology's mixing properties.")
+    parser.add_argument("--world-size", "-n", type=int, default=64)
+    parser.add_argument("--local-world-size", "-l", type=int, default=8, help="ranks per node (for alternating-exp-ring)")
+    args = parser.parse_args(argv)
+    if args.world_size < 1 or args.local_world_size < 1:
+        parser.error(f"--world-size={args.world_size} and --local-world-size={args.local_world_size} must be >= 1")
+    print(f"world size n={args.world_size}, local world size L={args.local_world_size}")
+    print("spectral gap = 1 - max(|λ2|, |λn|) of one round's W; period contraction = ||W(P-1)...W(0) - 11ᵀ/n||₂;")
+    print("per-step rate = 1 - contraction^(1/period), the average shrink of the disagreement per step")
+    print(_table(args.world_size, args.local_world_size))
+
+
+if __name__ == "__main__":
+    main()
