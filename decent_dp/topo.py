@@ -159,7 +159,9 @@ class Topology:
         for edge in self._rounds[step % self.period]:
             if rank in edge.ranks:
                 return edge
-        raise ValueError(f"rank {rank} is not in round {step % self.period}")  # unreachable once validated
+        raise ValueError(
+            f"rank {rank} is not in round {step % self.period}"
+        )  # unreachable once validated
 
     def mixing_matrix(self, round_index: int) -> torch.Tensor:
         """The float64 ``n x n`` matrix ``W`` of one round."""
@@ -178,14 +180,20 @@ class Topology:
     def _validate(self) -> None:
         name, n = self.name, self._world_size
         if not isinstance(self._rounds, list) or not self._rounds:
-            raise ValueError(f"topology '{name}': _get_topo_edges() must return a non-empty list of rounds")
+            raise ValueError(
+                f"topology '{name}': _get_topo_edges() must return a non-empty list of rounds"
+            )
         for r, edges in enumerate(self._rounds):
             if not isinstance(edges, list) or not edges:
-                raise ValueError(f"topology '{name}' round {r}: a round must be a non-empty list of Edge")
+                raise ValueError(
+                    f"topology '{name}' round {r}: a round must be a non-empty list of Edge"
+                )
             seen: dict[int, int] = {}
             for e, edge in enumerate(edges):
                 if not isinstance(edge, Edge):
-                    raise ValueError(f"topology '{name}' round {r}: item {e} is {type(edge).__name__}, not Edge")
+                    raise ValueError(
+                        f"topology '{name}' round {r}: item {e} is {type(edge).__name__}, not Edge"
+                    )
                 if not (math.isfinite(edge.weight) and 0.0 <= edge.weight <= 1.0):
                     raise ValueError(
                         f"topology '{name}' round {r}: edge {list(edge.ranks)} has weight {edge.weight}; "
@@ -238,11 +246,15 @@ class TopologyReg:
             TypeError: The decorated class does not subclass :class:`Topology`.
         """
         if name in cls.registry:
-            raise ValueError(f"topology name '{name}' is already registered (by {cls.registry[name].__name__})")
+            raise ValueError(
+                f"topology name '{name}' is already registered (by {cls.registry[name].__name__})"
+            )
 
         def decorator(klass: type[Topology]) -> type[Topology]:
             if not (isinstance(klass, type) and issubclass(klass, Topology)):
-                raise TypeError(f"@TopologyReg.register('{name}') needs a Topology subclass, got {klass!r}")
+                raise TypeError(
+                    f"@TopologyReg.register('{name}') needs a Topology subclass, got {klass!r}"
+                )
             if name in cls.registry:
                 raise ValueError(f"topology name '{name}' is already registered")
             klass.name = name
@@ -264,7 +276,9 @@ class TopologyReg:
             ValueError: Unknown name; the message lists the known ones.
         """
         if name not in cls.registry:
-            raise ValueError(f"unknown topology '{name}'; known topologies: {', '.join(cls.registry)}")
+            raise ValueError(
+                f"unknown topology '{name}'; known topologies: {', '.join(cls.registry)}"
+            )
         return cls.registry[name]
 
     @classmethod
@@ -323,8 +337,12 @@ class RingTopology(Topology):
             return [r0, r1]
         if n == 3:
             return [[Edge([0, 1, 2], 1.0 / 3)]]
-        r0 = [Edge([i, i + 1], 0.5) for i in range(0, n - 3, 2)] + [Edge([n - 3, n - 2, n - 1], 1.0 / 3)]
-        r1 = [Edge([i, i + 1], 0.5) for i in range(1, n - 3, 2)] + [Edge([n - 2, n - 1, 0], 1.0 / 3)]
+        r0 = [Edge([i, i + 1], 0.5) for i in range(0, n - 3, 2)] + [
+            Edge([n - 3, n - 2, n - 1], 1.0 / 3)
+        ]
+        r1 = [Edge([i, i + 1], 0.5) for i in range(1, n - 3, 2)] + [
+            Edge([n - 2, n - 1, 0], 1.0 / 3)
+        ]
         return [r0, r1]
 
 
@@ -364,7 +382,8 @@ class OnePeerExpTopology(Topology):
                 f"one-peer-exp needs a power-of-two world size, got n={n}; use 'ring' for other sizes"
             )
         return [
-            [Edge(pair, 0.5) for pair in _greedy_shift_pairs(n, 2**r)] for r in range(int(math.log2(n)))
+            [Edge(pair, 0.5) for pair in _greedy_shift_pairs(n, 2**r)]
+            for r in range(int(math.log2(n)))
         ]
 
 
@@ -467,7 +486,10 @@ class RandomMatchingTopology(Topology):
 
 
 def mixing_matrices(
-    topology: str | type[Topology] | Topology, world_size: int, local_world_size: int = 1, **kwargs: Any
+    topology: str | type[Topology] | Topology,
+    world_size: int,
+    local_world_size: int = 1,
+    **kwargs: Any,
 ) -> list[torch.Tensor]:
     """One float64 ``n x n`` mixing matrix per round of the topology's period.
 
@@ -550,15 +572,29 @@ def _table(world_size: int, local_world_size: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Print the topology table (``python -m decent_dp.topo --world-size 64``)."""
-    parser = argparse.ArgumentParser(description="Print every registered topology's mixing properties.")
+    parser = argparse.ArgumentParser(
+        description="Print every registered topology's mixing properties."
+    )
     parser.add_argument("--world-size", "-n", type=int, default=64)
-    parser.add_argument("--local-world-size", "-l", type=int, default=8, help="ranks per node (for alternating-exp-ring)")
+    parser.add_argument(
+        "--local-world-size",
+        "-l",
+        type=int,
+        default=8,
+        help="ranks per node (for alternating-exp-ring)",
+    )
     args = parser.parse_args(argv)
     if args.world_size < 1 or args.local_world_size < 1:
-        parser.error(f"--world-size={args.world_size} and --local-world-size={args.local_world_size} must be >= 1")
+        parser.error(
+            f"--world-size={args.world_size} and --local-world-size={args.local_world_size} must be >= 1"
+        )
     print(f"world size n={args.world_size}, local world size L={args.local_world_size}")
-    print("spectral gap = 1 - max(|λ2|, |λn|) of one round's W; period contraction = ||W(P-1)...W(0) - 11ᵀ/n||₂;")
-    print("per-step rate = 1 - contraction^(1/period), the average shrink of the disagreement per step")
+    print(
+        "spectral gap = 1 - max(|λ2|, |λn|) of one round's W; period contraction = ||W(P-1)...W(0) - 11ᵀ/n||₂;"
+    )
+    print(
+        "per-step rate = 1 - contraction^(1/period), the average shrink of the disagreement per step"
+    )
     print(_table(args.world_size, args.local_world_size))
 
 

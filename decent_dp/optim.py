@@ -1,0 +1,577 @@
+"""Optimizer and learning-rate scheduler factories.
+
+:class:`~decent_dp.ddp.DecentralizedDataParallel` builds one optimizer and one
+scheduler per bucket, so it takes *factories* rather than instances:
+
+- an ``optim_fn`` maps a list of ``(parameter, name)`` pairs to an optimizer;
+- a ``lr_scheduler_fn`` maps an optimizer to a scheduler, stepped once per
+  optimizer step.
+
+Bind hyper-parameters with :func:`functools.partial`::
+
+    from functools import partial
+    optim_fn = partial(optim_fn_adamw, lr=3e-4, weight_decay=0.05)
+    sched_fn = partial(lr_scheduler_fn_cosine_with_warmup, t_max=10_000, t_warmup=500)
+
+The pairs may come in either order, ``(tensor, name)`` or ``(name, tensor)``
+(the order of :meth:`torch.nn.Module.named_parameters`); each pair is checked
+on its own. Weight decay applies to weights only: parameters with
+``ndim <= 1`` (biases, normalization scales and shifts, scalars) go to a
+second param group with ``weight_decay=0``. Each group keeps its parameter
+names under the ``"names"`` key for debugging.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim import SGD, Adam, AdamW, Optimizer
+from torch.optim.lr_scheduler import LambdaLR, StepLR
+
+__all__ = [
+    "AccumAdam",
+    "NamedParams",
+    "optim_fn_sgd",
+    "optim_fn_adam",
+    "optim_fn_adamw",
+    "optim_fn_accum_adam",
+    "optim_fn_accum_adamw",
+    "lr_scheduler_fn_cosine_with_warmup",
+    "lr_scheduler_fn_constant",
+    "lr_scheduler_fn_step",
+]
+
+NamedParams = Iterable[tuple[torch.Tensor, str] | tuple[str, torch.Tensor]]
+"""Parameters with their names, as ``(tensor, name)`` or ``(name, tensor)`` pairs."""
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_lr(lr: float) -> None:
+    if not lr >= 0.0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+
+
+def _check_eps(eps: float) -> None:
+    if not eps > 0.0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+
+
+def _check_weight_decay(weight_decay: float) -> None:
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+
+
+def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError):
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
+    for i, b in enumerate((b1, b2)):
+        if not 0.0 <= b < 1.0:
+            raise ValueError(f"betas[{i}] must be in [0, 1), got {b}")
+    return float(b1), float(b2)
+
+
+def _check_accum_iter(accum_iter: int) -> None:
+    if isinstance(accum_iter, bool) or not isinstance(accum_iter, int) or accum_iter < 1:
+        raise ValueError(f"accum_iter must be an integer >= 1, got {accum_iter!r}")
+
+
+# --------------------------------------------------------------------------- param groups
+
+
+def _split_pairs(params: NamedParams) -> tuple[list[torch.Tensor], list[str]]:
+    """Return the tensors and names of ``params``, accepting either pair order."""
+    tensors: list[torch.Tensor] = []
+    names: list[str] = []
+    for i, pair in enumerate(params):
+        if isinstance(pair, tuple | list) and len(pair) == 2:
+            a, b = pair
+            if isinstance(a, torch.Tensor) and isinstance(b, str):
+                tensors.append(a)
+                names.append(b)
+                continue
+            if isinstance(a, str) and isinstance(b, torch.Tensor):
+                tensors.append(b)
+                names.append(a)
+                continue
+        raise TypeError(
+            f"params[{i}] must be a (Tensor, str) or (str, Tensor) pair, got {type(pair).__name__}"
+        )
+    if not tensors:
+        raise ValueError("params must hold at least one (parameter, name) pair, got none")
+    return tensors, names
+
+
+def _param_groups(params: NamedParams, weight_decay: float) -> list[dict[str, Any]]:
+    """Split ``params`` into a decayed group (``ndim >= 2``) and an undecayed one.
+
+    Decided by shape, never by name: a name like ``"bn"`` or ``"bias"`` says
+    nothing reliable about what a tensor is. Empty groups are left out.
+    """
+    tensors, names = _split_pairs(params)
+    decay: dict[str, Any] = {"params": [], "names": [], "weight_decay": weight_decay}
+    no_decay: dict[str, Any] = {"params": [], "names": [], "weight_decay": 0.0}
+    for p, n in zip(tensors, names):
+        group = decay if p.ndim >= 2 else no_decay
+        group["params"].append(p)
+        group["names"].append(n)
+    return [g for g in (decay, no_decay) if g["params"]]
+
+
+# --------------------------------------------------------------------------- AccumAdam
+
+
+class AccumAdam(Optimizer):
+    r"""Adam whose moments are refreshed only every ``accum_iter`` steps.
+
+    Each parameter keeps stored moments ``m`` and ``v`` (zeros), a gradient
+    accumulator ``acc`` (zeros), the number of refreshes ``k`` (0) and the
+    step count ``t`` (0). A step with gradient ``g`` (after L2 decay,
+    ``g += wd * p``, in the non-decoupled variant) does::
+
+        acc += g ; t += 1
+        m_hat = (b1*m + (1-b1)*g) / (1 - b1**(k+1))
+        v_hat = (b2*v + (1-b2)*g*g) / (1 - b2**(k+1))
+        (decoupled: p *= 1 - lr*wd)
+        p -= lr * m_hat / (sqrt(v_hat) + eps)
+        if t % accum_iter == 0:
+            gbar = acc / accum_iter
+            m = b1*m + (1-b1)*gbar ; v = b2*v + (1-b2)*gbar*gbar ; k += 1 ; acc = 0
+
+    Every step thus blends the current gradient into the stored moments, with
+    bias correction by the number of refreshes, while the moments themselves
+    move only with the mean of the last ``accum_iter`` gradients. With
+    ``accum_iter=1`` this is :class:`torch.optim.Adam` (``decoupled=False``)
+    or :class:`torch.optim.AdamW` (``decoupled=True``).
+
+    The state holds tensors and Python numbers only, so its
+    :meth:`state_dict` loads with ``torch.load(..., weights_only=True)``.
+    Parameters whose ``grad`` is ``None`` are skipped.
+
+    Args:
+        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: Decay coefficient, ``>= 0``.
+        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
+        decoupled: ``True`` for AdamW-style decay ``p *= 1 - lr * wd``;
+            ``False`` for L2 decay added to the gradient.
+        maximize: Must be ``False``; kept so the signature matches torch's.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``maximize`` is set.
+
+    Example::
+
+        opt = AccumAdam(model.parameters(), lr=1e-3, accum_iter=4, decoupled=True)
+        for x, y in loader:
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        accum_iter: int = 4,
+        decoupled: bool = False,
+        maximize: bool = False,
+    ) -> None:
+        _check_lr(lr)
+        betas = _check_betas(betas)
+        _check_eps(eps)
+        _check_weight_decay(weight_decay)
+        _check_accum_iter(accum_iter)
+        if maximize:
+            raise ValueError("maximize must be False for AccumAdam, got True")
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "accum_iter": accum_iter,
+            "decoupled": decoupled,
+            "maximize": False,
+        }
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("decoupled", False)
+            group.setdefault("maximize", False)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Perform one optimization step.
+
+        Args:
+            closure: Optional callable that re-evaluates the model and returns the loss.
+
+        Returns:
+            The loss returned by ``closure``, or ``None``.
+
+        Raises:
+            RuntimeError: If a gradient is sparse.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            b1, b2 = group["betas"]
+            eps = group["eps"]
+            wd = group["weight_decay"]
+            accum_iter = group["accum_iter"]
+            decoupled = group["decoupled"]
+            if group.get("maximize", False):
+                raise ValueError("maximize must be False for AccumAdam, got True")
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.is_sparse:
+                    raise RuntimeError("AccumAdam does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["refreshes"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                m, v, acc = state["exp_avg"], state["exp_avg_sq"], state["grad_accum"]
+                k = state["refreshes"]
+
+                if wd != 0.0 and not decoupled:
+                    g = g.add(p, alpha=wd)
+                acc.add_(g)
+                state["step"] += 1
+
+                m_step = m.mul(b1).add_(g, alpha=1.0 - b1)
+                v_step = v.mul(b2).addcmul_(g, g, value=1.0 - b2)
+                bias1 = 1.0 - b1 ** (k + 1)
+                bias2 = 1.0 - b2 ** (k + 1)
+                if wd != 0.0 and decoupled:
+                    p.mul_(1.0 - lr * wd)
+                # sqrt(v_step / bias2) computed as sqrt(v_step) / sqrt(bias2), as torch's Adam does
+                denom = v_step.sqrt_().div_(math.sqrt(bias2)).add_(eps)
+                p.addcdiv_(m_step, denom, value=-lr / bias1)
+
+                if state["step"] % accum_iter == 0:
+                    gbar = acc.div_(accum_iter)
+                    m.mul_(b1).add_(gbar, alpha=1.0 - b1)
+                    v.mul_(b2).addcmul_(gbar, gbar, value=1.0 - b2)
+                    state["refreshes"] = k + 1
+                    acc.zero_()
+        return loss
+
+
+# --------------------------------------------------------------------------- optimizer factories
+
+
+def optim_fn_sgd(
+    params: NamedParams,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    nesterov: bool = False,
+) -> SGD:
+    """Build SGD with weight decay on weights (``ndim >= 2``) only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        momentum: Momentum factor, ``>= 0``; must be ``> 0`` with ``nesterov``.
+        weight_decay: L2 coefficient for weights, ``>= 0``.
+        nesterov: Use Nesterov momentum.
+
+    Returns:
+        A :class:`torch.optim.SGD` with one or two param groups.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_lr(lr)
+    if not momentum >= 0.0:
+        raise ValueError(f"momentum must be >= 0, got {momentum}")
+    if nesterov and momentum == 0.0:
+        raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
+    _check_weight_decay(weight_decay)
+    groups = _param_groups(params, weight_decay)
+    return SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+
+
+def optim_fn_adam(
+    params: NamedParams,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> Adam:
+    """Build Adam (L2 decay added to the gradient) with decay on weights only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: L2 coefficient for weights, ``>= 0``.
+
+    Returns:
+        A :class:`torch.optim.Adam` with one or two param groups.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_lr(lr)
+    betas = _check_betas(betas)
+    _check_eps(eps)
+    _check_weight_decay(weight_decay)
+    groups = _param_groups(params, weight_decay)
+    return Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def optim_fn_adamw(
+    params: NamedParams,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+) -> AdamW:
+    """Build AdamW (decoupled decay) with decay on weights only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: Decoupled decay coefficient for weights, ``>= 0``.
+
+    Returns:
+        A :class:`torch.optim.AdamW` with one or two param groups.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_lr(lr)
+    betas = _check_betas(betas)
+    _check_eps(eps)
+    _check_weight_decay(weight_decay)
+    groups = _param_groups(params, weight_decay)
+    return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def optim_fn_accum_adam(
+    params: NamedParams,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    accum_iter: int = 4,
+) -> AccumAdam:
+    """Build :class:`AccumAdam` with L2 decay (added to the gradient) on weights only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: L2 coefficient for weights, ``>= 0``.
+        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
+
+    Returns:
+        An :class:`AccumAdam` with ``decoupled=False``.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_lr(lr)
+    betas = _check_betas(betas)
+    _check_eps(eps)
+    _check_weight_decay(weight_decay)
+    _check_accum_iter(accum_iter)
+    groups = _param_groups(params, weight_decay)
+    return AccumAdam(
+        groups,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        accum_iter=accum_iter,
+        decoupled=False,
+    )
+
+
+def optim_fn_accum_adamw(
+    params: NamedParams,
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    accum_iter: int = 4,
+) -> AccumAdam:
+    """Build :class:`AccumAdam` with decoupled (AdamW-style) decay on weights only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: Decoupled decay coefficient for weights, ``>= 0``.
+        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
+
+    Returns:
+        An :class:`AccumAdam` with ``decoupled=True``.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_lr(lr)
+    betas = _check_betas(betas)
+    _check_eps(eps)
+    _check_weight_decay(weight_decay)
+    _check_accum_iter(accum_iter)
+    groups = _param_groups(params, weight_decay)
+    return AccumAdam(
+        groups,
+        lr=lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=weight_decay,
+        accum_iter=accum_iter,
+        decoupled=True,
+    )
+
+
+# --------------------------------------------------------------------------- schedulers
+
+
+class _CosineWithWarmup:
+    """LR factor of one param group: linear warm-up, cosine decay, then constant.
+
+    A callable object rather than a closure so that :class:`LambdaLR` saves its
+    fields in ``state_dict()`` (plain numbers, safe for ``weights_only`` loads).
+    """
+
+    def __init__(self, t_max: int, t_warmup: int, warmup_decay: float, min_factor: float) -> None:
+        self.t_max = t_max
+        self.t_warmup = t_warmup
+        self.warmup_decay = warmup_decay
+        self.min_factor = min_factor
+
+    def __call__(self, step: int) -> float:
+        if step >= self.t_max:
+            return self.min_factor
+        if step < self.t_warmup:
+            return self.warmup_decay + (1.0 - self.warmup_decay) * step / self.t_warmup
+        progress = (step - self.t_warmup) / (self.t_max - self.t_warmup)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_factor + (1.0 - self.min_factor) * cosine
+
+
+def lr_scheduler_fn_cosine_with_warmup(
+    optimizer: Optimizer,
+    t_max: int,
+    t_warmup: int,
+    eta_min: float = 0.0,
+    warmup_decay: float = 0.01,
+) -> LambdaLR:
+    """Linear warm-up, then cosine decay to ``eta_min``, then constant.
+
+    With base learning rate ``lr0`` of a param group, the rate after ``s``
+    scheduler steps is:
+
+    - ``s < t_warmup``: ``lr0 * (warmup_decay + (1 - warmup_decay) * s / t_warmup)``,
+      rising linearly from ``lr0 * warmup_decay`` at ``s = 0`` to ``lr0`` at ``s = t_warmup``;
+    - ``t_warmup <= s < t_max``:
+      ``eta_min + (lr0 - eta_min) * (1 + cos(pi * (s - t_warmup) / (t_max - t_warmup))) / 2``;
+    - ``s >= t_max``: ``eta_min``.
+
+    When ``t_warmup == t_max`` the end of the schedule wins: ``eta_min`` from
+    ``s = t_max`` on. ``eta_min`` is absolute; a param group whose base rate is
+    0 stays at 0.
+
+    Args:
+        optimizer: The optimizer whose param groups are scheduled.
+        t_max: Step at which the rate reaches ``eta_min``, ``> 0``.
+        t_warmup: Length of the warm-up, in ``[0, t_max]``.
+        eta_min: Final learning rate, ``>= 0``.
+        warmup_decay: Starting factor of the warm-up, in ``(0, 1]``.
+
+    Returns:
+        A :class:`torch.optim.lr_scheduler.LambdaLR`, to be stepped once per optimizer step.
+
+    Raises:
+        ValueError: If an argument is outside its range.
+    """
+    if not t_max > 0:
+        raise ValueError(f"t_max must be > 0, got {t_max}")
+    if not t_warmup >= 0:
+        raise ValueError(f"t_warmup must be >= 0, got {t_warmup}")
+    if t_warmup > t_max:
+        raise ValueError(f"t_warmup must be <= t_max ({t_max}), got {t_warmup}")
+    if not 0.0 < warmup_decay <= 1.0:
+        raise ValueError(f"warmup_decay must be in (0, 1], got {warmup_decay}")
+    if not eta_min >= 0.0:
+        raise ValueError(f"eta_min must be >= 0, got {eta_min}")
+    factors: list[Callable[[int], float]] = []
+    for group in optimizer.param_groups:
+        base_lr = float(group.get("initial_lr", group["lr"]))
+        min_factor = eta_min / base_lr if base_lr > 0.0 else 0.0
+        factors.append(_CosineWithWarmup(t_max, t_warmup, warmup_decay, min_factor))
+    return LambdaLR(optimizer, lr_lambda=factors)
+
+
+def _constant_factor(step: int) -> float:
+    return 1.0
+
+
+def lr_scheduler_fn_constant(optimizer: Optimizer) -> LambdaLR:
+    """Keep every param group at its base learning rate.
+
+    Args:
+        optimizer: The optimizer whose param groups are scheduled.
+
+    Returns:
+        A :class:`torch.optim.lr_scheduler.LambdaLR` with factor 1.
+    """
+    return LambdaLR(optimizer, lr_lambda=_constant_factor)
+
+
+def lr_scheduler_fn_step(optimizer: Optimizer, step_size: int, gamma: float = 0.1) -> StepLR:
+    """Multiply the learning rate by ``gamma`` every ``step_size`` steps.
+
+    Args:
+        optimizer: The optimizer whose param groups are scheduled.
+        step_size: Steps between decays, an integer ``>= 1``.
+        gamma: Multiplicative factor, ``> 0``.
+
+    Returns:
+        A :class:`torch.optim.lr_scheduler.StepLR`.
+
+    Raises:
+        ValueError: If ``step_size`` or ``gamma`` is outside its range.
+    """
+    if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
+        raise ValueError(f"step_size must be an integer >= 1, got {step_size!r}")
+    if not gamma > 0.0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    return StepLR(optimizer, step_size=step_size, gamma=gamma)

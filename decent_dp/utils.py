@@ -1,0 +1,160 @@
+"""Process-group set-up and device choice.
+
+:func:`initialize_dist` works the same under ``torchrun`` and under a plain
+``python train.py``: without ``WORLD_SIZE`` in the environment it creates a
+one-process group, so the rest of the code never needs a special case for a
+single worker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["initialize_dist", "get_device", "get_backend_for"]
+
+_BACKENDS = ("nccl", "gloo")
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
+
+
+def _local_rank() -> int:
+    """``LOCAL_RANK``, or ``RANK`` modulo the GPU count when a launcher did not set it."""
+    if "LOCAL_RANK" in os.environ:
+        return _env_int("LOCAL_RANK", 0)
+    rank = _env_int("RANK", 0)
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return rank % n_gpus if n_gpus > 0 else 0
+
+
+def _cuda_usable(local_rank: int) -> bool:
+    return torch.cuda.is_available() and 0 <= local_rank < torch.cuda.device_count()
+
+
+def _free_port() -> int:
+    # Port 0 asks the kernel for any free port; it is released before init binds it again.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_device() -> torch.device:
+    """Return the device this process should compute on.
+
+    Returns:
+        ``cuda:LOCAL_RANK`` when CUDA is available and has a GPU for
+        ``LOCAL_RANK``, else ``cpu``.
+
+    Raises:
+        ValueError: If ``LOCAL_RANK`` is set but is not an integer.
+    """
+    local_rank = _local_rank()
+    if _cuda_usable(local_rank):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def get_backend_for(device: torch.device | str) -> str:
+    """Return the collective backend that suits ``device``.
+
+    Args:
+        device: A ``cuda`` or ``cpu`` device.
+
+    Returns:
+        ``"nccl"`` for CUDA devices, ``"gloo"`` for CPU.
+
+    Raises:
+        ValueError: If the device type is neither ``cuda`` nor ``cpu``.
+    """
+    device_type = torch.device(device).type
+    if device_type == "cuda":
+        return "nccl"
+    if device_type == "cpu":
+        return "gloo"
+    raise ValueError(f"device must be of type 'cuda' or 'cpu', got {device_type!r}")
+
+
+def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tuple[int, int]:
+    """Initialize the default process group once and return ``(rank, world_size)``.
+
+    Calling it again returns the existing group's rank and world size.
+    Without ``WORLD_SIZE`` in the environment (a plain ``python train.py``)
+    it sets ``RANK=0``, ``WORLD_SIZE=1``, ``LOCAL_RANK=0``,
+    ``LOCAL_WORLD_SIZE=1`` and, unless already set, ``MASTER_ADDR=127.0.0.1``
+    and a free ``MASTER_PORT``, then builds a one-process group. On a GPU it
+    selects ``cuda:LOCAL_RANK`` before initializing.
+
+    Args:
+        backend: ``"nccl"``, ``"gloo"`` or ``None`` to choose: ``"nccl"``
+            when there is a GPU for ``LOCAL_RANK``, else ``"gloo"``.
+        timeout_s: Seconds a collective may wait before failing, so that a
+            dead peer surfaces as an error rather than a hang; ``> 0``.
+
+    Returns:
+        ``(rank, world_size)`` of the default process group.
+
+    Raises:
+        ValueError: If ``backend`` is not ``nccl``/``gloo``/``None``, if
+            ``nccl`` is asked for without a GPU for ``LOCAL_RANK``, or if
+            ``timeout_s`` is not positive.
+        RuntimeError: If ``torch.distributed`` is not available in this build.
+    """
+    if backend is not None and backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS} or None, got {backend!r}")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this build of torch")
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+
+    # Resolve everything that can fail before touching the environment.
+    single = "WORLD_SIZE" not in os.environ
+    local_rank = 0 if single else _local_rank()
+    if backend is None:
+        backend = "nccl" if _cuda_usable(local_rank) else "gloo"
+    if backend == "nccl" and not _cuda_usable(local_rank):
+        n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        raise ValueError(
+            f"backend 'nccl' needs a CUDA device for LOCAL_RANK={local_rank}, "
+            f"but {n_gpus} GPU(s) are visible; use backend='gloo' or None"
+        )
+
+    if single:
+        os.environ["RANK"] = "0"
+        os.environ["WORLD_SIZE"] = "1"
+        os.environ["LOCAL_RANK"] = "0"
+        os.environ["LOCAL_WORLD_SIZE"] = "1"
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+
+    kwargs: dict[str, object] = {}
+    if _cuda_usable(local_rank):
+        # NCCL binds to the current device at init, so it must be chosen first.
+        torch.cuda.set_device(local_rank)
+        if (
+            backend == "nccl"
+            and "device_id" in inspect.signature(dist.init_process_group).parameters
+        ):
+            kwargs["device_id"] = torch.device("cuda", local_rank)
+
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        timeout=datetime.timedelta(seconds=timeout_s),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return dist.get_rank(), dist.get_world_size()

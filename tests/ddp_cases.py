@@ -1,0 +1,194 @@
+"""Shared pieces of the wrapper tests: models, data, worker bodies and the single-process replay.
+
+The replay re-derives ``x_i(t) = sum_j W_ij(t) x_j(t-1) + d_i(t)`` in one
+process: every worker's local update ``d_i(t)`` is an ordinary optimizer step
+taken from ``x_i(t-1)``, and the mixing uses the topology's matrices.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from decent_dp import DecentralizedDataParallel
+from decent_dp.topo import mixing_matrices
+
+D_IN, BATCH = 4, 8
+
+
+class Net(nn.Module):
+    """An MLP with optional features that stress the wrapper's bookkeeping."""
+
+    def __init__(self, kind: str = "mlp"):
+        super().__init__()
+        self.kind = kind
+        if kind == "lsq":
+            self.head = nn.Linear(D_IN, 1)
+            return
+        self.l1 = nn.Linear(D_IN, 6)
+        self.l2 = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 1)
+        if kind in ("unused", "late"):
+            self.branch = nn.Linear(D_IN, 1)
+
+    def forward(self, x: torch.Tensor, step: int = 1, rank: int = 0) -> torch.Tensor:
+        if self.kind == "lsq":
+            return self.head(x)
+        h = torch.tanh(self.l1(x))
+        h = torch.tanh(self.l2(h))
+        if self.kind == "tied":
+            h = torch.tanh(self.l2(h))  # the same weights used twice in one pass
+        out = self.head(h)
+        if self.kind == "unused" and (step + rank) % 3 != 0:
+            out = out + self.branch(x)
+        if self.kind == "late" and step >= 3:
+            out = out + self.branch(x)
+        return out
+
+
+def make_model(kind: str, seed: int) -> Net:
+    torch.manual_seed(seed)
+    return Net(kind).double()
+
+
+def batch(rank: int, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct data per rank, step and micro-batch."""
+    g = torch.Generator().manual_seed(10_000 * rank + 100 * step + micro)
+    a = torch.randn(BATCH, D_IN, generator=g, dtype=torch.float64)
+    b = torch.randn(BATCH, 1, generator=g, dtype=torch.float64) + rank
+    return a, b
+
+
+def make_optim(cfg: dict[str, Any]):
+    def optim_fn(pairs):
+        params = [p for p, _ in pairs]
+        if cfg.get("optim", "sgd") == "adam":
+            return torch.optim.Adam(params, lr=cfg.get("lr", 0.01))
+        return torch.optim.SGD(params, lr=cfg.get("lr", 0.05), momentum=cfg.get("momentum", 0.9))
+
+    return optim_fn
+
+
+def make_sched(cfg: dict[str, Any]):
+    if not cfg.get("sched"):
+        return None
+    return lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.9**s)
+
+
+def flat(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def set_flat(model: nn.Module, vec: torch.Tensor) -> None:
+    off = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(vec[off : off + p.numel()].view_as(p))
+            off += p.numel()
+
+
+def loss_of(
+    model: nn.Module, rank: int, step: int, micro: int = 0, kind: str = "mlp"
+) -> torch.Tensor:
+    a, b = batch(rank, step, micro)
+    out = model(a, step, rank) if kind != "lsq" else model(a)
+    return ((out - b) ** 2).mean()
+
+
+def wrap(model: nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
+    return DecentralizedDataParallel(
+        model,
+        optim_fn=make_optim(cfg),
+        lr_scheduler_fn=make_sched(cfg),
+        topology=cfg["topology"],
+        grad_clip_norm=cfg.get("clip", 0.0),
+        param_as_bucket_view=cfg.get("view", True),
+        bucket_size_in_mb=cfg.get("bucket_mb", 0),
+        local_world_size=cfg.get("local_world_size"),
+    )
+
+
+def train_steps(
+    ddp: DecentralizedDataParallel, rank: int, cfg: dict[str, Any], first: int, last: int
+) -> None:
+    kind = cfg.get("kind", "mlp")
+    for t in range(first, last + 1):
+        for m in range(cfg.get("accum", 1) - 1):
+            with ddp.no_sync():
+                a, b = batch(rank, t, m + 1)
+                out = ddp(a, t, rank) if kind != "lsq" else ddp(a)
+                ((out - b) ** 2).mean().backward()
+        a, b = batch(rank, t)
+        out = ddp(a, t, rank) if kind != "lsq" else ddp(a)
+        ((out - b) ** 2).mean().backward()
+        if cfg.get("global_avg_at") == t:
+            ddp.global_avg()
+
+
+def train_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Train ``cfg['steps']`` steps; rank r starts from seed r, so the broadcast matters."""
+    model = make_model(cfg.get("kind", "mlp"), seed=rank)
+    ddp = wrap(model, cfg)
+    train_steps(ddp, rank, cfg, 1, cfg["steps"])
+    out: dict[str, Any] = {"params": flat(ddp.module), "step": ddp.step_count}
+    if cfg.get("consensus"):
+        out["consensus"] = ddp.consensus_distance()
+        out["sketch"] = ddp.consensus_distance(sketch=cfg["consensus"])
+    return out
+
+
+def resume_worker(
+    rank: int, world: int, cfg: dict[str, Any], ckpt_dir: str, phase: str
+) -> dict[str, Any]:
+    """phase 'first': train 1..k and save; 'second': load and train k+1..steps (fresh processes)."""
+    model = make_model(cfg.get("kind", "mlp"), seed=rank)
+    ddp = wrap(model, cfg)
+    k = cfg["resume_at"]
+    path = os.path.join(ckpt_dir, f"rank{rank}.pt")
+    if phase == "first":
+        train_steps(ddp, rank, cfg, 1, k)
+        torch.save({"model": ddp.state_dict(), "train": ddp.training_state_dict()}, path)
+    else:
+        state = torch.load(path, weights_only=True)
+        ddp.load_state_dict(state["model"])
+        ddp.load_training_state_dict(state["train"])
+        train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
+    return {"params": flat(ddp.module), "step": ddp.step_count}
+
+
+def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
+    """Single-process float64 replay of the decentralized recursion."""
+    kind = cfg.get("kind", "mlp")
+    mats = mixing_matrices(cfg["topology"], world, cfg.get("local_world_size") or 1)
+    start = make_model(kind, seed=0)  # rank 0's initial model is broadcast
+    models = [make_model(kind, seed=0) for _ in range(world)]
+    for m in models:
+        set_flat(m, flat(start))
+    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    make = make_sched(cfg)
+    scheds = [make(o) if make else None for o in optims]
+    for t in range(1, cfg["steps"] + 1):
+        old = [flat(m) for m in models]
+        for i, (m, opt) in enumerate(zip(models, optims)):
+            opt.zero_grad(set_to_none=True)
+            for micro in range(1, cfg.get("accum", 1)):
+                loss_of(m, i, t, micro, kind).backward()
+            loss_of(m, i, t, 0, kind).backward()
+            if cfg.get("clip"):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
+            opt.step()
+            if scheds[i] is not None:
+                scheds[i].step()
+        new = [flat(m) for m in models]
+        w = mats[(t - 1) % len(mats)]
+        stacked = torch.stack(old)
+        for i, m in enumerate(models):
+            set_flat(m, (w[i].unsqueeze(1) * stacked).sum(0) + (new[i] - old[i]))
+        if cfg.get("global_avg_at") == t:
+            mean = torch.stack([flat(m) for m in models]).mean(0)
+            for m in models:
+                set_flat(m, mean)
+    return [flat(m) for m in models]
