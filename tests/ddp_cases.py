@@ -33,10 +33,16 @@ class Net(nn.Module):
         self.head = nn.Linear(6, 1)
         if kind in ("unused", "late"):
             self.branch = nn.Linear(D_IN, 1)
+        if kind == "conv":
+            self.conv = nn.Conv2d(2, 3, kernel_size=(2, 1))
+            self.head = nn.Linear(3, 1)
 
     def forward(self, x: torch.Tensor, step: int = 1, rank: int = 0) -> torch.Tensor:
         if self.kind == "lsq":
             return self.head(x)
+        if self.kind == "conv":
+            img = x.view(-1, 2, 2, 1).contiguous(memory_format=torch.channels_last)
+            return self.head(torch.tanh(self.conv(img)).flatten(1))
         h = torch.tanh(self.l1(x))
         h = torch.tanh(self.l2(h))
         if self.kind == "tied":
@@ -51,7 +57,10 @@ class Net(nn.Module):
 
 def make_model(kind: str, seed: int) -> Net:
     torch.manual_seed(seed)
-    return Net(kind).double()
+    model = Net(kind).double()
+    if kind == "conv":
+        model = model.to(memory_format=torch.channels_last)
+    return model
 
 
 def batch(rank: int, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,9 +107,10 @@ def loss_of(
     return ((out - b) ** 2).mean()
 
 
-def wrap(model: nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
+def wrap(model: nn.Module, cfg: dict[str, Any], scaler: Any = None) -> DecentralizedDataParallel:
     return DecentralizedDataParallel(
         model,
+        scaler=scaler,
         optim_fn=make_optim(cfg),
         lr_scheduler_fn=make_sched(cfg),
         topology=cfg["topology"],
@@ -112,7 +122,12 @@ def wrap(model: nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
 
 
 def train_steps(
-    ddp: DecentralizedDataParallel, rank: int, cfg: dict[str, Any], first: int, last: int
+    ddp: DecentralizedDataParallel,
+    rank: int,
+    cfg: dict[str, Any],
+    first: int,
+    last: int,
+    scaler: Any = None,
 ) -> None:
     kind = cfg.get("kind", "mlp")
     for t in range(first, last + 1):
@@ -123,7 +138,12 @@ def train_steps(
                 ((out - b) ** 2).mean().backward()
         a, b = batch(rank, t)
         out = ddp(a, t, rank) if kind != "lsq" else ddp(a)
-        ((out - b) ** 2).mean().backward()
+        loss = ((out - b) ** 2).mean()
+        if cfg.get("inf_at") == (t, rank):
+            loss = loss * float("inf")
+        if scaler is not None:
+            loss = scaler.scale(loss)
+        loss.backward()
         if cfg.get("global_avg_at") == t:
             ddp.global_avg()
 
@@ -179,8 +199,9 @@ def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
             loss_of(m, i, t, 0, kind).backward()
             if cfg.get("clip"):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
-            opt.step()
-            if scheds[i] is not None:
+            if cfg.get("inf_at", (None,))[0] != t:  # an inf anywhere skips every worker's update
+                opt.step()
+            if scheds[i] is not None and cfg.get("inf_at", (None,))[0] != t:
                 scheds[i].step()
         new = [flat(m) for m in models]
         w = mats[(t - 1) % len(mats)]
