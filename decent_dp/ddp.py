@@ -562,8 +562,7 @@ class DecentralizedDataParallel(nn.Module):
         t0 = time.perf_counter()
         peer_w = edge.peer_weight
         for c, v in zip(bucket.comm_views, bucket.values()):
-            c.copy_(v)
-        bucket.comm.mul_(peer_w)
+            torch.mul(v, peer_w, out=c)  # copy and weight in one pass
         bucket.pending = (edge.self_weight, peer_w)
         bucket.launch_t = time.perf_counter()
         if self._comm_delay is not None:

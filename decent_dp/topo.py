@@ -335,8 +335,6 @@ class RingTopology(Topology):
             r0 = [Edge([i, i + 1], 0.5) for i in range(0, n, 2)]
             r1 = [Edge([i, (i - 1) % n], 0.5) for i in range(0, n, 2)]
             return [r0, r1]
-        if n == 3:
-            return [[Edge([0, 1, 2], 1.0 / 3)]]
         r0 = [Edge([i, i + 1], 0.5) for i in range(0, n - 3, 2)] + [
             Edge([n - 3, n - 2, n - 1], 1.0 / 3)
         ]

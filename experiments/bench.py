@@ -1,0 +1,226 @@
+"""Step-time benchmark: local (no communication) vs torch DDP vs the wrapper on every topology.
+
+``python -m experiments.bench`` (or ``make bench``) launches ``torchrun`` once
+per world size (2 and 4 processes on CPU with gloo by default). Inside, every
+variant trains the same model on the same data side by side in one run, so
+the ratios are comparable even on a noisy machine:
+
+1. ``local``: each process trains alone, no communication (the compute-only limit);
+2. ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` + an ordinary optimizer;
+3. ``decent/<topology>``: :class:`DecentralizedDataParallel` on each topology.
+
+It prints the median step time, the ratio to torch DDP and to local, and where
+the wrapper's time goes (waiting for gossip, mixing, optimizer), and writes
+the rows to ``--out`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from decent_dp import DecentralizedDataParallel
+from decent_dp.optim import optim_fn_sgd
+from decent_dp.topo import TopologyReg
+
+MODELS = ("mlp", "resnet18")
+
+
+def build(name: str) -> tuple[nn.Module, tuple[int, ...], int]:
+    """Model, input shape per sample, number of classes."""
+    torch.manual_seed(0)
+    if name == "mlp":
+        # about 9.5M parameters: communication-heavy at a small batch
+        model = nn.Sequential(
+            nn.Linear(512, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, 2048),
+            nn.ReLU(),
+            nn.Linear(2048, 10),
+        )
+        return model, (512,), 10
+    from experiments.models import build_model
+
+    return (
+        build_model({"name": "resnet18_cifar"}, num_classes=10, in_channels=3, image_size=32),
+        (3, 32, 32),
+        10,
+    )
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def time_variant(
+    variant: str, model_name: str, batch: int, warmup: int, steps: int, local_world_size: int
+) -> dict[str, Any]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, shape, classes = build(model_name)
+    gen = torch.Generator().manual_seed(rank)
+    xs = [torch.randn(batch, *shape, generator=gen) for _ in range(4)]
+    ys = [torch.randint(0, classes, (batch,), generator=gen) for _ in range(4)]
+    loss_fn = nn.CrossEntropyLoss()
+    optim_fn = partial(optim_fn_sgd, lr=0.01, momentum=0.9, weight_decay=0.0)
+    wrapper: DecentralizedDataParallel | None = None
+    if variant == "local":
+        net: nn.Module = model
+        opt = optim_fn(list(model.named_parameters()))
+    elif variant == "torch-ddp":
+        net = nn.parallel.DistributedDataParallel(model)
+        opt = optim_fn(list(model.named_parameters()))
+    else:
+        topo = variant.split("/", 1)[1]
+        wrapper = DecentralizedDataParallel(
+            model, optim_fn, topology=topo, local_world_size=local_world_size
+        )
+        net = wrapper
+
+    def step(i: int) -> None:
+        loss = loss_fn(net(xs[i % 4]), ys[i % 4])
+        loss.backward()
+        if wrapper is None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    for i in range(warmup):
+        step(i)
+    if wrapper is not None:
+        wrapper.pop_timers()
+    dist.barrier()
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        step(i)
+        times.append(time.perf_counter() - t0)
+    dist.barrier()
+    timers = wrapper.pop_timers() if wrapper is not None else {}
+    # the slowest rank sets the pace
+    med = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    row: dict[str, Any] = {
+        "model": model_name,
+        "params_m": n_params(model) / 1e6,
+        "world_size": world,
+        "batch": batch,
+        "variant": variant,
+        "median_step_s": float(med.item()),
+    }
+    for key, value in timers.items():
+        row[key.replace("comm/", "") + "_per_step"] = value / steps
+    if wrapper is not None:
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        extra = (
+            sum(b["numel"] for b in wrapper.buckets_info) * next(model.parameters()).element_size()
+        )
+        row["extra_memory_x_params"] = extra / param_bytes
+    return row
+
+
+def worker(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    local = 2 if world % 2 == 0 and world >= 4 else world
+    variants = ["local", "torch-ddp"]
+    for name in TopologyReg.names():
+        try:
+            TopologyReg.create(name, world, local)
+        except ValueError:
+            continue
+        variants.append(f"decent/{name}")
+    rows = []
+    for model_name in args.models:
+        steps = args.steps if model_name == "mlp" else max(3, args.steps // 4)
+        batch = args.batch if model_name == "mlp" else 8
+        for variant in variants:
+            rows.append(time_variant(variant, model_name, batch, args.warmup, steps, local))
+            if dist.get_rank() == 0:
+                r = rows[-1]
+                print(
+                    f"  [{world} procs] {model_name:9s} {variant:28s} {r['median_step_s'] * 1e3:8.1f} ms",
+                    flush=True,
+                )
+    if dist.get_rank() == 0:
+        with open(args.out_part, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| model | procs | variant | median step (ms) | vs torch DDP | vs local | wait (ms) | mix (ms) | optim (ms) | extra mem (x params) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ref = {(x["model"], x["world_size"], x["variant"]): x["median_step_s"] for x in rows}
+        ddp = ref[(r["model"], r["world_size"], "torch-ddp")]
+        local = ref[(r["model"], r["world_size"], "local")]
+
+        def ms(key: str, r: dict[str, Any] = r) -> str:
+            return f"{r[key] * 1e3:.1f}" if key in r else ""
+
+        mem = f"{r['extra_memory_x_params']:.2f}" if "extra_memory_x_params" in r else ""
+        lines.append(
+            f"| {r['model']} ({r['params_m']:.1f}M) | {r['world_size']} | {r['variant']} | "
+            f"{r['median_step_s'] * 1e3:.1f} | {r['median_step_s'] / ddp:.2f} | {r['median_step_s'] / local:.2f} | "
+            f"{ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} | {mem} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--procs", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--out", default="outputs/bench/bench.json")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out-part", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    for p in args.procs:
+        if p < 1:
+            parser.error(f"--procs {p} is invalid; process counts must be >= 1")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    torchrun = Path(sys.executable).with_name("torchrun")
+    for procs in args.procs:
+        part = out.with_suffix(f".{procs}.json")
+        print(f"== {procs} processes (CPU, gloo, {args.threads} thread(s) each)", flush=True)
+        cmd = [
+            str(torchrun), "--standalone", f"--nproc_per_node={procs}", "-m", "experiments.bench", "--worker",
+            "--out-part", str(part), "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch", str(args.batch), "--threads", str(args.threads), "--models", *args.models,
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        subprocess.run(cmd, check=True, env=env)
+        rows += json.loads(part.read_text())
+    out.write_text(json.dumps(rows, indent=1))
+    print()
+    print(table(rows))
+    print(f"\nrows written to {out}")
+
+
+if __name__ == "__main__":
+    main()
