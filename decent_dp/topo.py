@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .mixing import consensus_rate, period_contraction, spectral_gap
+
 __all__ = [
     "Edge",
     "Topology",
@@ -503,34 +505,6 @@ def mixing_matrices(
     return TopologyReg.create(topology, world_size, local_world_size, **kwargs).mixing_matrices()
 
 
-def spectral_gap(w: torch.Tensor) -> float:
-    """Spectral gap ``1 - max(|λ2|, |λn|)`` of a symmetric mixing matrix.
-
-    Eigenvalues are sorted ``λ1 >= λ2 >= ... >= λn`` (``λ1 = 1`` for a doubly
-    stochastic ``W``). A gap of 0 means the round alone does not mix
-    everything; a gap of 1 means one round reaches exact consensus. A 1x1
-    matrix has gap 1.
-    """
-    if w.shape[0] == 1:
-        return 1.0
-    ev = torch.linalg.eigvalsh(w.to(torch.float64)).flip(0)
-    return max(0.0, float(1.0 - max(abs(ev[1].item()), abs(ev[-1].item()))))
-
-
-def period_contraction(matrices: Sequence[torch.Tensor]) -> float:
-    """Spectral norm of ``W(P-1) ... W(0) - 11^T/n``.
-
-    The factor by which one full period shrinks the distance to consensus in
-    the worst case; 0 means the period reaches exact consensus.
-    """
-    n = matrices[0].shape[0]
-    prod = torch.eye(n, dtype=torch.float64)
-    for w in matrices:
-        prod = w.to(torch.float64) @ prod
-    dev = prod - torch.full((n, n), 1.0 / n, dtype=torch.float64)
-    return float(torch.linalg.matrix_norm(dev, ord=2).item())
-
-
 def describe(name: str, world_size: int, local_world_size: int = 1) -> dict[str, Any]:
     """Summary row of one registered topology: period, peers, gap, contraction.
 
@@ -549,7 +523,7 @@ def describe(name: str, world_size: int, local_world_size: int = 1) -> dict[str,
         "peers_per_round": peers,
         "worst_gap": min(spectral_gap(w) for w in mats),
         "contraction": contraction,
-        "rate_per_step": 1.0 - contraction ** (1.0 / topo.period),
+        "rate_per_step": consensus_rate(mats),
     }
 
 
