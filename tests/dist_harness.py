@@ -84,14 +84,16 @@ def run_distributed(
     timeout: float = 180.0,
     local_world_size: int | None = None,
     init: bool = True,
+    start_method: str = "fork",
 ) -> list[tuple[str, Any]]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo processes.
 
     Returns one ``(status, value)`` per rank: ``("ok", result)`` or
     ``("error", "ExcType: message ...")``. A worker that does not finish within
-    ``timeout`` is killed and reported as ``("hang", None)``.
+    ``timeout`` is killed and reported as ``("hang", None)``. Forking is fast
+    because the children inherit the imported modules; use ``"spawn"`` for CUDA.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method)
     out = ctx.Queue()
     port = free_port()
     procs = [
