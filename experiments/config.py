@@ -1,0 +1,527 @@
+"""Structured-config schemas for ``conf/``, registered in Hydra's ConfigStore.
+
+Every option file of every config group starts its defaults list with one of
+the schemas stored here (``- /schema/<group>/<schema>@_here_``), and
+``config.yaml`` starts with ``base_config``. Hydra then checks each YAML
+against its dataclass while composing, so a misspelt key or a value of the
+wrong type fails at compose time, before any process group exists.
+
+Registered names (topologies, models, datasets, optimizers, schedulers,
+network profiles) are enums: an unknown name in any YAML or override fails at
+compose time with OmegaConf's message listing the allowed values. The enum
+members are ``str`` subclasses that print as their plain value, so downstream
+code can compare them with strings (``cfg.topology.name == "ring"``) and put
+them in f-strings. Topologies are read from :class:`decent_dp.topo.TopologyReg`
+when this module is imported, so a custom topology must be registered before
+that import to be usable from a config.
+
+``conf/config.yaml`` names its run and sweep directories with the
+``${launch_time:FORMAT}`` resolver registered here instead of Hydra's
+``${now:FORMAT}``: every rank of one torchrun launch, and every restart of it,
+gets the same timestamp, so all ranks agree on the directory and a restarted
+job finds its checkpoints.
+
+Example::
+
+    import experiments.config  # registers the schemas
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir="/abs/path/conf", version_base="1.3"):
+        cfg = compose("config", overrides=["topology=ring"])
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+from decent_dp.topo import TopologyReg
+
+__all__ = [
+    "ALLREDUCE",
+    "NameEnum",
+    "TopologyName",
+    "ModelName",
+    "DatasetName",
+    "PartitionName",
+    "OptimName",
+    "SchedulerName",
+    "NetworkName",
+    "LoggerName",
+    "WandbMode",
+    "AmpMode",
+    "NanPolicy",
+    "NormName",
+    "ModelConfig",
+    "SmallCNNConfig",
+    "VitConfig",
+    "DatasetConfig",
+    "ImageNetConfig",
+    "SyntheticConfig",
+    "SGDConfig",
+    "AdamConfig",
+    "AdamWConfig",
+    "AccumAdamConfig",
+    "AccumAdamWConfig",
+    "CosineWarmupConfig",
+    "ConstantConfig",
+    "StepConfig",
+    "TopologyConfig",
+    "NetworkConfig",
+    "LoggerConfig",
+    "TrainConfig",
+    "LogConfig",
+    "CheckpointConfig",
+    "DistConfig",
+    "MainConfig",
+    "register_configs",
+    "plain",
+    "launch_time",
+]
+
+ALLREDUCE = "allreduce"
+"""Topology name of the baseline: torch DDP with an ordinary optimizer."""
+
+
+class NameEnum(str, Enum):
+    """A ``str`` enum whose members print as their value (``f"{m}" == m.value``)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+def _names(enum_name: str, values: list[str]) -> Any:
+    # The functional API accepts names such as "one-peer-exp" that are not identifiers.
+    return NameEnum(enum_name, [(v, v) for v in values], module=__name__)  # type: ignore[call-overload]
+
+
+TopologyName = _names("TopologyName", [*TopologyReg.names(), ALLREDUCE])
+ModelName = _names("ModelName", ["small_cnn", "resnet18_cifar", "resnet50", "vit_small"])
+NormName = _names("NormName", ["group", "batch"])
+DatasetName = _names("DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic"])
+PartitionName = _names("PartitionName", ["iid", "dirichlet"])
+OptimName = _names("OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw"])
+SchedulerName = _names("SchedulerName", ["cosine_warmup", "constant", "step"])
+NetworkName = _names("NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"])
+LoggerName = _names("LoggerName", ["wandb", "none"])
+WandbMode = _names("WandbMode", ["offline", "online", "disabled"])
+AmpMode = _names("AmpMode", ["bf16", "fp16", "off"])
+NanPolicy = _names("NanPolicy", ["error", "skip"])
+
+
+def plain(value: Any) -> Any:
+    """Return ``value`` with every :class:`NameEnum` member replaced by its ``str`` value.
+
+    Args:
+        value: A scalar, list, tuple or dict (as from ``OmegaConf.to_container``).
+
+    Returns:
+        The same structure holding only built-in types.
+    """
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------- model
+
+
+@dataclass
+class ModelConfig:
+    """``model`` group: a name from ``experiments.models.MODELS``.
+
+    Attributes:
+        name: Registered model name.
+        channels_last: Convert the model (and the input batches) to
+            ``torch.channels_last``, which speeds up convolutions on GPUs.
+    """
+
+    name: ModelName = MISSING  # type: ignore[valid-type]
+    channels_last: bool = False
+
+
+@dataclass
+class SmallCNNConfig(ModelConfig):
+    """``model=small_cnn``: ``norm`` is ``group`` (GroupNorm) or ``batch`` (BatchNorm)."""
+
+    norm: NormName = NormName["group"]  # type: ignore[valid-type]
+
+
+@dataclass
+class VitConfig(ModelConfig):
+    """``model=vit_small``: a small Vision Transformer; ``patch_size`` must divide the image size."""
+
+    patch_size: int = 4
+    dim: int = 192
+    depth: int = 6
+    heads: int = 3
+    mlp_ratio: float = 4.0
+
+
+# ---------------------------------------------------------------- dataset
+
+
+@dataclass
+class DatasetConfig:
+    """``dataset`` group: digits, cifar10, cifar100.
+
+    Attributes:
+        name: Registered dataset name.
+        root: Directory holding the files (unused by digits, which ships with scikit-learn).
+        download: Let torchvision download missing files.
+        num_workers: DataLoader worker processes (for datasets read from disk).
+        partition: ``iid`` (equal random shards) or ``dirichlet`` (non-IID label skew).
+        alpha: Dirichlet concentration; smaller is more skewed.
+        augment: Random shifts / crops and flips on the training batches.
+    """
+
+    name: DatasetName = MISSING  # type: ignore[valid-type]
+    root: str = "data"
+    download: bool = False
+    num_workers: int = 0
+    partition: PartitionName = PartitionName["iid"]  # type: ignore[valid-type]
+    alpha: float = 0.5
+    augment: bool = False
+
+
+@dataclass
+class ImageNetConfig(DatasetConfig):
+    """``dataset=imagenet``: ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``."""
+
+    image_size: int = 224
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    """``dataset=synthetic``: random labelled images, for throughput runs only."""
+
+    num_samples: int = 4096
+    image_size: int = 32
+    num_classes: int = 10
+    in_channels: int = 3
+
+
+# ---------------------------------------------------------------- optim
+
+
+@dataclass
+class SGDConfig:
+    """``optim=sgd``: maps to ``decent_dp.optim.optim_fn_sgd``."""
+
+    name: OptimName = MISSING  # type: ignore[valid-type]
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+
+
+@dataclass
+class AdamConfig:
+    """``optim=adam``: maps to ``decent_dp.optim.optim_fn_adam`` (L2 weight decay)."""
+
+    name: OptimName = MISSING  # type: ignore[valid-type]
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AdamWConfig(AdamConfig):
+    """``optim=adamw``: maps to ``decent_dp.optim.optim_fn_adamw`` (decoupled weight decay)."""
+
+    weight_decay: float = 0.01
+
+
+@dataclass
+class AccumAdamConfig(AdamConfig):
+    """``optim=accum_adam``: Adam that applies an update every ``accum_iter`` steps."""
+
+    accum_iter: int = 4
+
+
+@dataclass
+class AccumAdamWConfig(AdamWConfig):
+    """``optim=accum_adamw``: AdamW that applies an update every ``accum_iter`` steps."""
+
+    accum_iter: int = 4
+
+
+# ---------------------------------------------------------------- scheduler
+
+
+@dataclass
+class CosineWarmupConfig:
+    """``scheduler=cosine_warmup``: linear warm-up then cosine decay to ``eta_min``.
+
+    The warm-up is given in epochs and converted to optimizer steps with the
+    run's steps per epoch; ``t_max`` is the run's total number of steps.
+    """
+
+    name: SchedulerName = MISSING  # type: ignore[valid-type]
+    warmup_epochs: float = 1.0
+    eta_min: float = 0.0
+    warmup_decay: float = 0.01
+
+
+@dataclass
+class ConstantConfig:
+    """``scheduler=constant``: the optimizer's learning rate throughout."""
+
+    name: SchedulerName = MISSING  # type: ignore[valid-type]
+
+
+@dataclass
+class StepConfig:
+    """``scheduler=step``: multiply the learning rate by ``gamma`` every ``step_size_epochs``."""
+
+    name: SchedulerName = MISSING  # type: ignore[valid-type]
+    step_size_epochs: float = 30.0
+    gamma: float = 0.1
+
+
+# ---------------------------------------------------------------- topology, network, logger
+
+
+@dataclass
+class TopologyConfig:
+    """``topology`` group: a registered topology, or ``allreduce`` for the torch DDP baseline.
+
+    Attributes:
+        name: Registered topology name, or ``allreduce``.
+        local_world_size: Ranks per node; ``None`` reads ``LOCAL_WORLD_SIZE`` (set by torchrun).
+        kwargs: Extra keyword arguments of the topology's constructor.
+        bucket_size_in_mb: Gradient/parameter bucket size (also torch DDP's ``bucket_cap_mb``).
+        sync_buffer_in_global_avg: Average the buffers (BatchNorm statistics) too
+            when the globally averaged model is formed for evaluation.
+    """
+
+    name: TopologyName = MISSING  # type: ignore[valid-type]
+    local_world_size: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    bucket_size_in_mb: float = 25.0
+    sync_buffer_in_global_avg: bool = True
+
+
+@dataclass
+class NetworkConfig:
+    """``network`` group: emulated interconnect (``none`` = no emulation).
+
+    ``latency_ms`` and ``bandwidth_gbps`` are required for ``custom``; the
+    named profiles carry their values for reference.
+    """
+
+    name: NetworkName = MISSING  # type: ignore[valid-type]
+    latency_ms: float | None = None
+    bandwidth_gbps: float | None = None
+
+
+@dataclass
+class LoggerConfig:
+    """``logger`` group: ``wandb`` (offline by default, written into the run directory) or ``none``.
+
+    Attributes:
+        name: ``wandb`` or ``none``; metrics.jsonl is written either way.
+        mode: wandb mode; ``offline`` needs no account (``wandb sync`` later).
+        project: wandb project.
+        entity: wandb entity (user or team); ``None`` = the account's default.
+        group: wandb group; ``None`` = the sweep directory's name in a multirun.
+        tags: wandb tags.
+    """
+
+    name: LoggerName = MISSING  # type: ignore[valid-type]
+    mode: WandbMode = WandbMode["offline"]  # type: ignore[valid-type]
+    project: str = "decent-dp"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- top level
+
+
+@dataclass
+class TrainConfig:
+    """``train``: the optimisation budget and numerics.
+
+    Attributes:
+        batch_size: Samples per worker per step (global batch = batch_size x world size).
+        epochs: Passes over the training set; ignored when ``max_steps`` is set.
+        max_steps: Total optimizer steps; ``None`` = ``epochs`` x steps per epoch.
+        seed: Seed of the model initialisation (same on every rank) and the data order.
+        amp: Autocast dtype on CUDA (``bf16``, ``fp16`` with a GradScaler, ``off``);
+            ignored on CPU with a warning.
+        grad_clip_norm: Clip the gradient norm to this value; 0 = off.
+        nan_policy: On a non-finite loss, ``error`` stops the run and ``skip``
+            replaces that batch's gradient by zeros.
+        label_smoothing: Cross-entropy label smoothing in ``[0, 1)``.
+    """
+
+    batch_size: int = 32
+    epochs: int = 20
+    max_steps: int | None = None
+    seed: int = 0
+    amp: AmpMode = AmpMode["off"]  # type: ignore[valid-type]
+    grad_clip_norm: float = 0.0
+    nan_policy: NanPolicy = NanPolicy["error"]  # type: ignore[valid-type]
+    label_smoothing: float = 0.0
+
+
+@dataclass
+class LogConfig:
+    """``log``: how often metrics are computed and written.
+
+    Attributes:
+        every: Write a metrics line every this many steps.
+        consensus_every: Compute the exact consensus distance every this many steps; 0 = never.
+        progress: Show a tqdm progress bar on rank 0.
+    """
+
+    every: int = 10
+    consensus_every: int = 50
+    progress: bool = True
+
+
+@dataclass
+class CheckpointConfig:
+    """``checkpoint``: crash-safe per-rank checkpoints under ``<run dir>/checkpoints``.
+
+    Attributes:
+        every_steps: Save every this many steps (and at the end); 0 = off.
+        keep: Complete checkpoints to keep.
+        allow_reshard: Resume a checkpoint written with another world size or
+            topology by starting every worker from the global average.
+    """
+
+    every_steps: int = 0
+    keep: int = 3
+    allow_reshard: bool = False
+
+
+@dataclass
+class DistConfig:
+    """``dist``: process-group options.
+
+    Attributes:
+        backend: ``nccl``, ``gloo``, or ``None`` (nccl when CUDA is usable, else gloo).
+        timeout_s: Seconds a collective may wait before it fails.
+    """
+
+    backend: str | None = None
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class MainConfig:
+    """The primary config (``config.yaml``); group sections are typed by their own schemas."""
+
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optim: Any = MISSING
+    scheduler: Any = MISSING
+    topology: Any = MISSING
+    network: Any = MISSING
+    logger: Any = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+
+
+_SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"model": ModelConfig, "small_cnn": SmallCNNConfig, "vit": VitConfig},
+    "dataset": {"dataset": DatasetConfig, "imagenet": ImageNetConfig, "synthetic": SyntheticConfig},
+    "optim": {
+        "sgd": SGDConfig,
+        "adam": AdamConfig,
+        "adamw": AdamWConfig,
+        "accum_adam": AccumAdamConfig,
+        "accum_adamw": AccumAdamWConfig,
+    },
+    "scheduler": {
+        "cosine_warmup": CosineWarmupConfig,
+        "constant": ConstantConfig,
+        "step": StepConfig,
+    },
+    "topology": {"topology": TopologyConfig},
+    "network": {"network": NetworkConfig},
+    "logger": {"logger": LoggerConfig},
+}
+
+
+def register_configs() -> None:
+    """Store ``base_config`` and every ``schema/<group>/<name>`` in Hydra's ConfigStore.
+
+    Called on import; calling it again re-stores the same nodes.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=MainConfig)
+    for group, schemas in _SCHEMAS.items():
+        for name, node in schemas.items():
+            cs.store(group=f"schema/{group}", name=name, node=node)
+
+
+_LAUNCH: datetime.datetime | None = None
+
+
+def _agreed_timestamp(now: float) -> float:
+    """The first timestamp any rank of this torchrun launch offered, via the agent's store."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env:
+        return now
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore(
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=30),
+        )
+        # the run id keeps separate launches apart; restarts of one launch share it
+        key = f"decent_dp/launch_time/{env.get('TORCHELASTIC_RUN_ID', '')}"
+        return float(store.compare_set(key, "", repr(now)).decode())
+    except Exception as exc:  # no store: fall back to this process's clock
+        warnings.warn(
+            f"launch_time: could not agree on a timestamp ({exc}); using the local clock",
+            stacklevel=2,
+        )
+        return now
+
+
+def launch_time(fmt: str) -> str:
+    """``datetime.now().strftime(fmt)``, the same on every rank and restart of one torchrun launch.
+
+    Under torchrun the first rank to ask stores its clock in the elastic
+    agent's key-value store and the others (and restarted workers) read it
+    back. Without torchrun it is this process's start of the first call.
+
+    Args:
+        fmt: A ``strftime`` format, e.g. ``%Y-%m-%d``.
+
+    Returns:
+        The formatted timestamp.
+    """
+    global _LAUNCH
+    if _LAUNCH is None:
+        _LAUNCH = datetime.datetime.fromtimestamp(_agreed_timestamp(time.time()))
+    return _LAUNCH.strftime(fmt)
+
+
+register_configs()
+OmegaConf.register_new_resolver("launch_time", launch_time, replace=True)

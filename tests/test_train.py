@@ -1,0 +1,459 @@
+"""End-to-end tests of train.py and experiments/loop.py on CPU (gloo).
+
+In-process runs use world size 1 (``run(cfg)`` sets up a one-process group);
+the multi-rank paths run ``torchrun --standalone`` subprocesses, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from experiments.logging import MetricsLogger, json_safe, run_name_from_overrides
+from experiments.loop import ConfigError, _first_host, config_hash, run, slurm_env, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
+TRAIN_KEYS = {
+    "step",
+    "epoch",
+    "time_s",
+    "train/loss",
+    "train/acc",
+    "train/lr",
+    "perf/samples_per_s",
+    "perf/step_s",
+}
+SUMMARY_KEYS = {
+    "topology",
+    "world_size",
+    "train/steps",
+    "eval/acc",
+    "eval/acc_local",
+    "perf/samples_per_s",
+    "consensus/distance",
+    "wall_time_s",
+    "dataset",
+    "model",
+    "optim",
+    "network",
+    "emulated",
+    "synthetic",
+    "restarts",
+    "resumed_from_step",
+    "seed",
+}
+
+
+@pytest.fixture(autouse=True)
+def _clear_hydra():
+    yield
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def world_of_one():
+    """Let run() create its one-process group, then restore the environment and destroy it."""
+    saved = dict(os.environ)
+    had_group = dist.is_available() and dist.is_initialized()
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        if not had_group:
+            os.environ.pop(key, None)
+    yield
+    if not had_group and dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*QUICK, *overrides])
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        env.pop(key, None)
+    env["OMP_NUM_THREADS"] = "1"
+    env["WANDB_SILENT"] = "true"
+    return env
+
+
+def _launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _torchrun(nproc: int, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return _launch(
+        [*TORCHRUN, f"--nproc_per_node={nproc}", "train.py", *overrides], timeout=timeout
+    )
+
+
+def _check_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- pure pieces
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world_size", "needle"),
+    [
+        (["train.batch_size=0"], 1, "train.batch_size=0"),
+        (["train.max_steps=0"], 1, "train.max_steps=0"),
+        (["optim.lr=-0.1"], 1, "optim=sgd"),
+        (["optim=accum_adam", "optim.accum_iter=0"], 1, "accum_iter"),
+        (["train.label_smoothing=1.0"], 1, "train.label_smoothing"),
+        (["log.every=0"], 1, "log.every"),
+        (["checkpoint.keep=0"], 1, "checkpoint.keep"),
+        (["dist.timeout_s=0"], 1, "dist.timeout_s"),
+        (["dist.backend=mpi"], 1, "dist.backend"),
+        (["scheduler=step", "scheduler.gamma=0"], 1, "scheduler.gamma"),
+        (["topology=one-peer-exp"], 3, "power-of-two"),
+        (["topology=alternating-exp-ring"], 4, "nodes"),
+        (["topology=random-matching", "+topology.kwargs.colour=1"], 2, "colour"),
+        (["network=custom", "network.bandwidth_gbps=0"], 2, "bandwidth"),
+        (["dataset.partition=dirichlet", "dataset.alpha=0"], 2, "dataset.alpha"),
+    ],
+)
+def test_validate_rejects_with_one_line(overrides, world_size, needle, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError) as info:
+        validate(_cfg(*overrides), world_size)
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "topology", ["complete", "ring", "one-peer-exp", "random-matching", "allreduce"]
+)
+def test_validate_accepts_defaults(topology, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for world_size in (1, 2, 4, 8):
+        validate(_cfg(f"topology={topology}"), world_size)
+
+
+def test_config_hash_sees_values_not_hydra():
+    a, b = _cfg(), _cfg("train.seed=1")
+    assert config_hash(a) == config_hash(_cfg()) != config_hash(b)
+    assert len(config_hash(a)) == 16
+
+
+def test_slurm_env():
+    assert slurm_env({"WORLD_SIZE": "4", "SLURM_PROCID": "1"}) == {}
+    assert slurm_env({"PATH": "/bin"}) == {}
+    env = {
+        "SLURM_PROCID": "9",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "8(x2)",
+        "SLURM_JOB_NODELIST": "gpu[007-008]",
+        "SLURM_JOB_ID": "12345",
+    }
+    assert slurm_env(env) == {
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "8",
+        "MASTER_ADDR": "gpu007",
+        "MASTER_PORT": str(20000 + 12345 % 20000),
+    }
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [("node1", "node1"), ("a,b", "a"), ("gpu[003-010,012],cpu1", "gpu003"), ("n[5,7]-ib", "n5-ib")],
+)
+def test_first_host(nodelist, first):
+    assert _first_host(nodelist) == first
+
+
+def test_run_name_and_json_safe():
+    assert (
+        run_name_from_overrides(["topology=ring", "hydra.run.dir=x", "train.seed=1"])
+        == "topology=ring,train.seed=1"
+    )
+    assert run_name_from_overrides([]) == "default"
+    assert json_safe({"a": float("nan"), "b": [1.0, float("inf")], "c": torch.tensor(2.5)}) == {
+        "a": None,
+        "b": [1.0, None],
+        "c": 2.5,
+    }
+
+
+def test_metrics_logger_writes_jsonl(tmp_path):
+    with MetricsLogger(tmp_path / "run") as logger:
+        logger.log({"step": 1, "epoch": 0.1, "time_s": 0.5, "train/loss": float("nan")})
+        logger.log({"step": 2, "epoch": 0.2, "time_s": 1.0, "train/loss": 0.25})
+    lines = _lines(tmp_path / "run")
+    assert lines == [
+        {"step": 1, "epoch": 0.1, "time_s": 0.5, "train/loss": None},
+        {"step": 2, "epoch": 0.2, "time_s": 1.0, "train/loss": 0.25},
+    ]
+    MetricsLogger(tmp_path / "other", enabled=False).log({"step": 1})
+    assert not (tmp_path / "other").exists()
+
+
+def test_metrics_logger_wandb_offline_in_run_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb_cfg = {"name": "wandb", "mode": "offline", "project": "p", "tags": ["t"]}
+    logger = MetricsLogger(
+        tmp_path, wandb_cfg=wandb_cfg, config={"a": 1}, run_name="topology=ring", group="sweep_1"
+    )
+    try:
+        run_obj = logger._run
+        assert run_obj.group == "sweep_1" and run_obj.name == "topology=ring"
+        assert run_obj.project == "p" and tuple(run_obj.tags) == ("t",)
+        assert Path(logger.wandb_dir).is_relative_to(tmp_path / "wandb")
+        logger.log({"step": 1, "train/loss": 0.5, "data/class_histogram": [[1, 2]]})
+    finally:
+        logger.close()
+    assert _lines(tmp_path)[0]["train/loss"] == 0.5
+
+
+# ---------------------------------------------------------------- in-process, world size 1
+
+
+@pytest.mark.parametrize("topology", ["one-peer-exp", "allreduce"])
+def test_run_in_process(topology, tmp_path, world_of_one):
+    cfg = _cfg(f"topology={topology}", "train.max_steps=12")
+    summary = run(cfg, run_dir=tmp_path)
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["topology"] == topology and summary["world_size"] == 1
+    assert summary["train/steps"] == 12 and summary["resumed_from_step"] is None
+    assert 0.0 <= summary["eval/acc"] <= 1.0 and summary["eval/acc"] == summary["eval/acc_local"]
+    assert (
+        summary["network"] == "none"
+        and summary["emulated"] is False
+        and summary["synthetic"] is False
+    )
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    lines = _lines(tmp_path)
+    train = [line for line in lines if "train/loss" in line]
+    assert [line["step"] for line in train] == [4, 8, 12]
+    assert all(set(line) >= TRAIN_KEYS for line in train)
+    evals = [line for line in lines if "eval/acc" in line]
+    assert evals[-1]["step"] == 12 and evals[-1]["eval/acc"] == summary["eval/acc"]
+    if topology == "allreduce":
+        assert not any("consensus/distance" in line or "comm/wait_s" in line for line in lines)
+    else:
+        cons = [line["consensus/distance"] for line in lines if "consensus/distance" in line]
+        assert cons == [0.0, 0.0, 0.0]  # one worker is always in consensus
+        assert all("comm/wait_s" in line for line in train)
+
+
+def test_nan_policy_error_names_step_and_rank(tmp_path, world_of_one):
+    cfg = _cfg("scheduler=constant", "optim.lr=1e12", "optim.momentum=0", "train.max_steps=40")
+    with pytest.raises(FloatingPointError) as info:
+        run(cfg, run_dir=tmp_path)
+    assert "at step" in str(info.value) and "on rank 0" in str(info.value)
+
+
+@pytest.mark.parametrize("topology", ["ring", "allreduce"])
+def test_nan_policy_skip_keeps_stepping(topology, tmp_path, world_of_one):
+    cfg = _cfg(
+        f"topology={topology}",
+        "scheduler=constant",
+        "optim.lr=1e12",
+        "optim.momentum=0",
+        "train.max_steps=8",
+        "train.nan_policy=skip",
+    )
+    summary = run(cfg, run_dir=tmp_path)
+    assert summary["train/steps"] == 8
+    assert summary["train/skipped_steps"] > 0
+
+
+@pytest.mark.parametrize("topology", ["one-peer-exp", "allreduce"])
+def test_resume_in_process_matches_straight_run(topology, tmp_path, world_of_one):
+    # 11 steps per epoch: the interrupted run stops mid-epoch 0, the resumed one crosses epoch 1
+    common = [
+        f"topology={topology}",
+        "train.batch_size=128",
+        "scheduler=step",
+        "scheduler.step_size_epochs=0.5",
+        "checkpoint.every_steps=3",
+    ]
+    straight = run(_cfg(*common, "train.max_steps=16"), run_dir=tmp_path / "a")
+    first = run(_cfg(*common, "train.max_steps=7"), run_dir=tmp_path / "b")
+    assert first["train/steps"] == 7
+    resumed = run(_cfg(*common, "train.max_steps=16"), run_dir=tmp_path / "b")
+    assert resumed["resumed_from_step"] == 7 and resumed["train/steps"] == 16
+    for key in ("eval/acc", "eval/acc_local", "eval/loss", "train/loss"):
+        assert resumed[key] == straight[key], key
+    _assert_same_final_params(tmp_path / "a", tmp_path / "b", world_size=1)
+    # the resumed run's metrics continue the interrupted file (the stop at 7 added a line)
+    steps = [line["step"] for line in _lines(tmp_path / "b") if "train/loss" in line]
+    assert steps == [4, 7, 8, 12, 16]
+
+
+def test_resume_with_another_topology_needs_allow_reshard(tmp_path, world_of_one):
+    common = ["train.batch_size=128", "checkpoint.every_steps=4", "train.max_steps=4"]
+    run(_cfg("topology=ring", *common), run_dir=tmp_path)
+    with pytest.raises(ValueError, match="allow_reshard"):
+        run(_cfg("topology=complete", *common), run_dir=tmp_path)
+    summary = run(
+        _cfg("topology=complete", *common, "checkpoint.allow_reshard=true"), run_dir=tmp_path
+    )
+    # restarted from the average of the ring checkpoint, with a fresh schedule
+    assert summary["resumed_from_step"] == 4 and summary["train/steps"] == 4
+    assert summary["topology"] == "complete"
+
+
+def _assert_same_final_params(a: Path, b: Path, world_size: int) -> None:
+    from experiments.checkpoint import latest_checkpoint, load_shard
+
+    info_a, info_b = latest_checkpoint(a / "checkpoints"), latest_checkpoint(b / "checkpoints")
+    assert info_a is not None and info_b is not None and info_a.step == info_b.step
+    for rank in range(world_size):
+        sa, sb = load_shard(info_a, rank)["model"], load_shard(info_b, rank)["model"]
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            assert torch.equal(sa[key], sb[key]), f"rank {rank} {key}"
+
+
+# ---------------------------------------------------------------- subprocesses
+
+
+def test_bad_batch_size_exits_with_one_line(tmp_path):
+    start = time.time()
+    args = ["train.batch_size=0", "logger=none", f"hydra.run.dir={tmp_path}"]
+    proc = _launch([sys.executable, "train.py", *args], timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
+    assert errors == [
+        "train.py: error on rank 0: ConfigError: train.batch_size=0 is invalid; it must be an integer > 0"
+    ]
+    assert time.time() - start < 120
+
+
+RESUME_COMMON = [
+    *QUICK,
+    "topology=ring",
+    "scheduler=step",
+    "scheduler.step_size_epochs=0.5",
+    "checkpoint.every_steps=8",
+]
+
+
+@pytest.fixture(scope="module")
+def ring_run(tmp_path_factory) -> Path:
+    """A straight 30-step ring run on 2 ranks (22 steps per epoch), checkpointing every 8."""
+    run_dir = tmp_path_factory.mktemp("ring") / "a"
+    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=30", f"hydra.run.dir={run_dir}"))
+    return run_dir
+
+
+def test_torchrun_two_ranks_writes_metrics_and_summary(ring_run):
+    summary = json.loads((ring_run / "summary.json").read_text())
+    assert set(summary) >= SUMMARY_KEYS
+    assert summary["world_size"] == 2 and summary["topology"] == "ring"
+    assert summary["train/steps"] == 30 and summary["restarts"] == 0
+    assert summary["resumed_from_step"] is None and 0.5 < summary["eval/acc"] <= 1.0
+    lines = _lines(ring_run)
+    assert all({"step", "epoch", "time_s"} <= set(line) for line in lines)
+    train = [line for line in lines if "train/loss" in line]
+    assert [line["step"] for line in train] == [4, 8, 12, 16, 20, 24, 28, 30]
+    assert all(set(line) >= TRAIN_KEYS | {"comm/wait_s"} for line in train)
+    assert math.isclose(train[-1]["epoch"], 30 / 22)
+    assert [line["step"] for line in lines if "consensus/distance" in line] == [
+        4,
+        8,
+        12,
+        16,
+        20,
+        24,
+        28,
+    ]
+    assert math.isclose(summary["consensus/distance"], _mean(lines, "consensus/distance"))
+    # evaluated at the end of epoch 1 (step 22) and at the end
+    assert [line["step"] for line in lines if "eval/acc" in line] == [22, 30]
+    assert summary["eval/acc"] == [line for line in lines if "eval/acc" in line][-1]["eval/acc"]
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_resume_matches_straight_run(ring_run, tmp_path):
+    straight = json.loads((ring_run / "summary.json").read_text())
+    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=16", f"hydra.run.dir={tmp_path}"))
+    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=30", f"hydra.run.dir={tmp_path}"))
+    resumed = json.loads((tmp_path / "summary.json").read_text())
+    assert resumed["resumed_from_step"] == 16 and resumed["train/steps"] == 30
+    for key in ("eval/acc", "eval/acc_local", "eval/loss", "train/loss"):
+        assert resumed[key] == straight[key], key
+    _assert_same_final_params(ring_run, tmp_path, world_size=2)
+
+
+def _mean(lines: list[dict], key: str) -> float:
+    values = [line[key] for line in lines if key in line]
+    return sum(values) / len(values)
+
+
+def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _torchrun(
+        2,
+        "-m",
+        "topology=ring,alternating-exp-ring,allreduce",
+        "train.max_steps=12",
+        "log.progress=false",
+        "log.every=4",
+        "logger=wandb",
+        "dataset.partition=dirichlet",
+        f"hydra.sweep.dir={sweep}",
+        timeout=180,
+    )
+    # alternating-exp-ring needs two nodes: every rank rejects it before communicating,
+    # prints nothing but rank 0's one line, and the sweep goes on; the exit status says it failed
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
+    assert len(errors) == 1
+    assert "ConfigError: topology=alternating-exp-ring with world size 2" in errors[0]
+    assert not (sweep / "1" / "summary.json").exists()
+    for job, topology in ((0, "ring"), (2, "allreduce")):
+        job_dir = sweep / str(job)
+        summary = json.loads((job_dir / "summary.json").read_text())
+        assert summary["topology"] == topology and summary["world_size"] == 2
+        assert summary["train/steps"] == 12
+        assert (job_dir / ".hydra" / "config.yaml").is_file()
+        assert any((job_dir / "wandb").glob("offline-run-*"))
+        assert [line["step"] for line in _lines(job_dir) if "train/loss" in line] == [4, 8, 12]
+    # a non-IID split logs every worker's class counts once, before training
+    hists = [line for line in _lines(sweep / "0") if "data/class_histogram" in line]
+    assert len(hists) == 1 and hists[0]["step"] == 0
+    counts = hists[0]["data/class_histogram"]
+    assert len(counts) == 2 and all(len(c) == 10 for c in counts)
+    assert sum(map(sum, counts)) == 1437  # every digits training image is on some worker

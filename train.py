@@ -1,0 +1,61 @@
+"""Train one configuration (or a sweep) with decentralized or all-reduce data parallelism.
+
+Every option lives in ``conf/`` (Hydra); override anything on the command line::
+
+    make train                                       # 4 CPU workers, digits, one-peer-exp, < 1 min
+    python train.py                                  # no torchrun: one process (world size 1)
+    torchrun --nproc_per_node=4 train.py topology=one-peer-exp
+    torchrun --nproc_per_node=4 train.py -m topology=complete,ring,one-peer-exp,allreduce
+    torchrun --nproc_per_node=4 train.py experiment=cifar10_resnet18 dataset.root=/data/cifar
+    torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
+        train.py experiment=imagenet_resnet50 dataset.root=/data/imagenet
+    python train.py -m hydra/launcher=slurm experiment=imagenet_resnet50   # SLURM, no torchrun
+
+A run writes ``metrics.jsonl``, ``summary.json`` and ``.hydra/`` into
+``outputs/<date>/<time>/`` (a sweep: ``multirun/<date>/<time>/<job>/``);
+``make report`` compares the newest sweep. Under ``-m`` every rank walks the
+same jobs in the same order and the process group is set up once.
+
+Errors print one line and give exit status 1. A bad config value is found on
+every rank before any communication, so a sweep skips that job and goes on;
+any other error stops the process at once, and torchrun stops its peers.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from experiments.loop import ConfigError, run
+
+failed_jobs: list[int] = []
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """One Hydra job: train, evaluate, and return the final ``eval/acc`` (for sweepers)."""
+    try:
+        return run(cfg)["eval/acc"]
+    except Exception as exc:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == 0 or not isinstance(exc, ConfigError):  # a ConfigError is the same on all ranks
+            message = " ".join(str(exc).split())
+            print(
+                f"train.py: error on rank {rank}: {type(exc).__name__}: {message}", file=sys.stderr
+            )
+        if isinstance(exc, ConfigError) and HydraConfig.get().mode == RunMode.MULTIRUN:
+            failed_jobs.append(HydraConfig.get().job.num)
+            return None
+        sys.exit(1)  # a peer may be waiting on this rank: stop here, not in the next job
+
+
+if __name__ == "__main__":
+    main()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.exit(1 if failed_jobs else 0)
