@@ -23,6 +23,7 @@ any other error stops the process at once, and torchrun stops its peers.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hydra
@@ -56,6 +57,7 @@ def main(cfg: DictConfig) -> float | None:
 
 if __name__ == "__main__":
     main()
+    gc.collect()  # free any DDP reducer before its process group goes away
     if dist.is_initialized():
         dist.destroy_process_group()
     sys.exit(1 if failed_jobs else 0)

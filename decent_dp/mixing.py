@@ -44,9 +44,13 @@ def period_contraction(matrices: Sequence[torch.Tensor]) -> float:
     return float(torch.linalg.matrix_norm(dev, ord=2).item())
 
 
-def consensus_rate(matrices: Sequence[torch.Tensor]) -> float:
-    """Average shrink of the disagreement per step: ``1 - contraction^(1/period)``."""
-    return 1.0 - period_contraction(matrices) ** (1.0 / len(matrices))
+def consensus_rate(matrices: Sequence[torch.Tensor], atol: float = 1e-12) -> float:
+    """Average shrink of the disagreement per step: ``1 - contraction^(1/period)``.
+
+    A contraction below ``atol`` is rounding noise of an exact period and gives 1.
+    """
+    contraction = period_contraction(matrices)
+    return 1.0 if contraction <= atol else 1.0 - contraction ** (1.0 / len(matrices))
 
 
 def reaches_exact_consensus(matrices: Sequence[torch.Tensor], atol: float = 1e-12) -> bool:

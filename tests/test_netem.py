@@ -1,0 +1,299 @@
+"""Network emulation: the cost model by hand, profile validation, and real gloo groups."""
+
+import gc
+import importlib.util
+import math
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from experiments import netem
+from experiments.netem import NetworkProfile
+
+ETH = NetworkProfile("eth", latency_ms=0.02, bandwidth_gbps=25.0)
+
+
+# --- cost model, computed by hand -------------------------------------------------------------
+
+
+def test_ring_allreduce_100mb_over_25g_four_workers() -> None:
+    # 25 Gb/s = 3.125e9 B/s; 2*3/4 * 1e8 / 3.125e9 = 0.048 s; latency 2*3*20 us = 120 us.
+    assert netem.ring_allreduce_time(100e6, 4, ETH) == pytest.approx(0.048 + 120e-6, rel=1e-12)
+
+
+def test_ring_allreduce_single_worker_is_free() -> None:
+    assert netem.ring_allreduce_time(100e6, 1, ETH) == 0.0
+    assert netem.gossip_time(100e6, 1, ETH) == 0.0
+
+
+def test_gossip_pair_over_infiniband() -> None:
+    ib = netem.PROFILES["infiniband_100g"]
+    assert (ib.latency_ms, ib.bandwidth_gbps) == (0.002, 100.0)
+    # 100 Gb/s = 1.25e10 B/s: 1e7 / 1.25e10 = 0.8 ms, plus 2 * 2 us.
+    assert netem.gossip_time(10e6, 2, ib) == pytest.approx(0.8e-3 + 4e-6, rel=1e-12)
+
+
+def test_gossip_group_is_a_ring_over_its_members() -> None:
+    # 8 members, 1 MB: 2*7/8 * 1e6 / 3.125e9 = 0.56 ms; 14 latencies of 20 us = 0.28 ms.
+    assert netem.gossip_time(1e6, 8, ETH) == pytest.approx(0.56e-3 + 0.28e-3, rel=1e-12)
+
+
+def test_gossip_delay_fn_values() -> None:
+    delay = netem.make_gossip_delay(ETH, shared_link=False)
+    assert delay(0, 2) == pytest.approx(40e-6)
+    assert delay(3_125_000, 2) == pytest.approx(1e-3 + 40e-6)
+    assert delay(3_125_000, 1) == 0.0
+    assert delay(3_125_000, 4) == pytest.approx(1.5e-3 + 120e-6)
+
+
+def test_gossip_delay_shares_the_link_between_overlapping_gossips() -> None:
+    now = [10.0]
+    delay = netem.make_gossip_delay(ETH, clock=lambda: now[0])
+    pair = 1e-3 + 40e-6  # 3.125 MB over a pair, as above
+    assert delay(3_125_000, 2) == pytest.approx(pair)
+    # Launched at the same instant: waits for the first transfer, then its own.
+    assert delay(3_125_000, 2) == pytest.approx(2 * pair)
+    now[0] += 0.5 * pair  # half-way through the first one
+    assert delay(3_125_000, 2) == pytest.approx(2.5 * pair)
+    assert delay(3_125_000, 1) == 0.0  # a group of one sends nothing
+    now[0] += 10.0  # long idle: the link is free again
+    assert delay(3_125_000, 2) == pytest.approx(pair)
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "n"), [(-1, 2), (float("nan"), 2), (10, 0), (10, -3), (10, 2.5), (10, True)]
+)
+def test_cost_model_rejects_bad_sizes(nbytes: float, n: int) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        netem.ring_allreduce_time(nbytes, n, ETH)
+
+
+# --- profiles ------------------------------------------------------------------------------
+
+
+def test_profile_from_cfg_presets_and_none() -> None:
+    assert netem.profile_from_cfg(None) is None
+    assert netem.profile_from_cfg({"name": "none"}) is None
+    assert netem.profile_from_cfg("none") is None
+    eth = netem.profile_from_cfg(OmegaConf.create({"name": "ethernet_25g"}))
+    assert eth is netem.PROFILES["ethernet_25g"]
+    assert eth.bandwidth_bytes_per_s == 25e9 / 8
+    assert eth.latency_s == pytest.approx(eth.latency_ms / 1000)
+    same = {"name": "infiniband_100g", "latency_ms": 0.002, "bandwidth_gbps": 100}
+    assert netem.profile_from_cfg(same) is netem.PROFILES["infiniband_100g"]
+
+
+def test_profile_from_cfg_custom() -> None:
+    cfg = OmegaConf.create({"name": "custom", "latency_ms": 0.5, "bandwidth_gbps": 10})
+    prof = netem.profile_from_cfg(cfg)
+    assert prof == NetworkProfile("custom", 0.5, 10.0)
+    assert prof.bandwidth_bytes_per_s == 1.25e9
+
+
+def test_profile_from_structured_config_enums() -> None:
+    from experiments.config import NetworkConfig, NetworkName
+
+    cfg = OmegaConf.structured(NetworkConfig(name=NetworkName("custom"), latency_ms=0.5,
+                                             bandwidth_gbps=10.0))  # fmt: skip
+    assert netem.profile_from_cfg(cfg) == NetworkProfile("custom", 0.5, 10.0)
+    preset = OmegaConf.structured(NetworkConfig(name=NetworkName("infiniband_100g")))
+    assert netem.profile_from_cfg(preset) is netem.PROFILES["infiniband_100g"]
+    assert (
+        netem.profile_from_cfg(OmegaConf.structured(NetworkConfig(name=NetworkName("none"))))
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ({"name": "custom", "latency_ms": 0.1, "bandwidth_gbps": 0}, "bandwidth_gbps=0"),
+        ({"name": "custom", "latency_ms": -1, "bandwidth_gbps": 10}, "latency_ms=-1"),
+        ({"name": "custom", "latency_ms": 0.1, "bandwidth_gbps": float("inf")}, "bandwidth_gbps"),
+        ({"name": "custom", "bandwidth_gbps": 10}, "needs latency_ms"),
+        ({"name": "custom", "latency_ms": 0.1}, "needs bandwidth_gbps"),
+        ({"name": "custom", "latency_ms": "fast", "bandwidth_gbps": 10}, "latency_ms='fast'"),
+        ({"name": "wifi"}, "unknown network profile 'wifi'; known profiles: none, ethernet_25g"),
+        ({"name": "ethernet_25g", "bandwidth_gbps": 40}, "use name=custom"),
+        ("custom", "needs latency_ms"),
+    ],
+)
+def test_profile_from_cfg_rejects_bad_values(cfg: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as info:
+        netem.profile_from_cfg(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_apply_network_off_returns_none_and_rejects_other_models() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert netem.apply_network({"name": "none"}, model, 4) is None
+    with pytest.raises(ValueError, match="world_size=0"):
+        netem.apply_network({"name": "ethernet_25g"}, model, 0)
+    if importlib.util.find_spec("decent_dp.ddp") is not None:
+        with pytest.raises(ValueError, match="got Linear"):
+            netem.apply_network({"name": "ethernet_25g"}, model, 2)
+
+
+# --- real 2-process gloo groups ------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# Slow enough that the modelled time dominates the real gloo and compute time on a busy CPU.
+SLOW = {"name": "custom", "latency_ms": 5.0, "bandwidth_gbps": 0.01}
+SLACK_S = 1.5
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Tanh(),
+        torch.nn.Linear(256, 10),
+    )  # fmt: skip
+
+
+def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + rank)
+    return torch.randn(16, 64, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+
+
+def _reference_grads(world_size: int) -> list[torch.Tensor]:
+    """Gradient of the mean of the workers' losses, on one process, without any group."""
+    model = _model()
+    loss = sum(
+        torch.nn.functional.cross_entropy(model(x), y)
+        for x, y in (_batch(r) for r in range(world_size))
+    )
+    (loss / world_size).backward()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _plain_allreduce_hook(
+    state: int, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0] / state)
+
+
+def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        torch.set_num_threads(1)
+        x, y = _batch(rank)
+        expected = _reference_grads(world_size)
+
+        # Off: nothing installed, so registering a hook of our own still works.
+        plain = DistributedDataParallel(_model())
+        assert netem.apply_network({"name": "none"}, plain, world_size) is None
+        plain.register_comm_hook(world_size, _plain_allreduce_hook)
+
+        # apply_network installs the hook (DDP allows only one).
+        applied = DistributedDataParallel(_model())
+        info = netem.apply_network(SLOW, applied, world_size)
+        assert info == {"network": "custom", "latency_ms": 5.0, "bandwidth_gbps": 0.01,
+                        "emulated": True}  # fmt: skip
+        with pytest.raises(RuntimeError):
+            applied.register_comm_hook(world_size, _plain_allreduce_hook)
+
+        # Timing and values, with the state in hand.
+        profile = netem.profile_from_cfg(SLOW)
+        model = DistributedDataParallel(_model(), bucket_cap_mb=0.1)
+        state = netem.EmulatedAllreduceState(profile, world_size)
+        model.register_comm_hook(state, netem.emulated_allreduce_hook)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        counts: list[int] = []
+        for step in range(3):
+            model.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            buckets_before = state.buckets
+            start = time.monotonic()
+            loss.backward()
+            elapsed = time.monotonic() - start
+            buckets = state.buckets - buckets_before
+            # n = 2: every bucket costs bytes / B + 2 latencies, and buckets share the link.
+            modelled = nbytes / profile.bandwidth_bytes_per_s + buckets * 2 * profile.latency_s
+            counts.append(buckets)
+            print(
+                f"rank {rank} step {step}: {buckets} buckets, {elapsed:.3f}s, modelled {modelled:.3f}s"
+            )
+            assert elapsed >= modelled, f"step {step}: {elapsed:.3f}s < modelled {modelled:.3f}s"
+            assert elapsed <= modelled + SLACK_S, f"step {step}: {elapsed:.3f}s vs {modelled:.3f}s"
+            for p, g in zip(model.parameters(), expected):
+                torch.testing.assert_close(p.grad, g)
+        # DDP rebuilds its buckets after the first step; by then they are several.
+        assert counts[-1] >= 2, f"expected several buckets, got {counts}"
+        total_bytes = 3 * nbytes / profile.bandwidth_bytes_per_s
+        assert state.modelled_s == pytest.approx(total_bytes + sum(counts) * 2 * profile.latency_s)
+        del plain, applied, model
+        gc.collect()  # dropping DDP before the group avoids a rare abort at exit
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_ddp_hook_holds_backward_for_the_modelled_time() -> None:
+    mp.spawn(_torch_ddp_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+def _gossip_worker(rank: int, world_size: int, port: int) -> None:
+    from decent_dp import DecentralizedDataParallel
+    from decent_dp.optim import optim_fn_sgd
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        torch.set_num_threads(1)
+        x, y = _batch(rank)
+        profile = netem.profile_from_cfg(SLOW)
+        nbytes = sum(p.numel() * p.element_size() for p in _model().parameters())
+        pair_s = netem.gossip_time(nbytes, 2, profile)
+        finals, times = [], []
+        for net in ({"name": "none"}, SLOW):
+            ddp = DecentralizedDataParallel(
+                _model(), lambda params: optim_fn_sgd(params, lr=0.1), topology="ring"
+            )
+            info = netem.apply_network(net, ddp, world_size)
+            assert (info is None) == (net["name"] == "none")
+            steps = 4
+            dist.barrier()
+            start = time.monotonic()
+            for _ in range(steps):
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            ddp.global_avg()
+            times.append(time.monotonic() - start)
+            finals.append([p.detach().clone() for p in ddp.parameters()])
+            del ddp
+            gc.collect()
+        # Emulation changes timing, never values.
+        for a, b in zip(*finals):
+            torch.testing.assert_close(a, b)
+        # Each gossip is held pair_s after its launch; the next step waits for it.
+        assert times[1] >= (steps - 1) * pair_s, f"{times[1]:.3f}s < {(steps - 1) * pair_s:.3f}s"
+        assert times[1] <= steps * pair_s + times[0] + SLACK_S, f"{times} vs {pair_s:.3f}s/step"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("decent_dp.ddp") is None, reason="decent_dp.ddp is not there yet"
+)
+def test_wrapper_gossip_is_held_for_the_modelled_time() -> None:
+    mp.spawn(_gossip_worker, args=(2, _free_port()), nprocs=2, join=True)
+
+
+def test_profile_constants_are_documented_values() -> None:
+    eth = netem.PROFILES["ethernet_25g"]
+    assert eth.bandwidth_gbps == 25.0 and 0 < eth.latency_ms < 0.1
+    assert math.isclose(netem.INTRA_NODE_PROFILE.bandwidth_gbps, 300 * 8)
