@@ -17,6 +17,7 @@ the rows to ``--out`` as JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -131,6 +132,16 @@ def time_variant(
     return row
 
 
+def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-key median over the repeated runs of one variant."""
+    row = dict(reps[0])
+    for key, value in reps[0].items():
+        if isinstance(value, float):
+            row[key] = statistics.median(r[key] for r in reps)
+    row["repeats"] = len(reps)
+    return row
+
+
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
@@ -143,21 +154,31 @@ def worker(args: argparse.Namespace) -> None:
         except ValueError:
             continue
         variants.append(f"decent/{name}")
+    if args.with_noview:
+        variants += [
+            f"decent-noview/{v.split('/')[1]}" for v in variants if v.startswith("decent/")
+        ]
     rows = []
     for model_name in args.models:
         steps = args.steps if model_name == "mlp" else max(3, args.steps // 4)
         batch = args.batch if model_name == "mlp" else 8
-        for variant in variants:
-            rows.append(time_variant(variant, model_name, batch, args.warmup, steps, local))
-            if dist.get_rank() == 0:
-                r = rows[-1]
-                print(
-                    f"  [{world} procs] {model_name:9s} {variant:28s} {r['median_step_s'] * 1e3:8.1f} ms",
-                    flush=True,
-                )
+        # variants take turns, `repeats` times, so a slow spell of the machine hits all of them
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for rep in range(args.repeats):
+            for variant in variants:
+                r = time_variant(variant, model_name, batch, args.warmup, steps, local)
+                runs[variant].append(r)
+                if dist.get_rank() == 0:
+                    print(
+                        f"  [{world} procs, round {rep + 1}] {model_name:9s} {variant:28s} "
+                        f"{r['median_step_s'] * 1e3:8.1f} ms",
+                        flush=True,
+                    )
+        rows += [_median_row(runs[v]) for v in variants]
     if dist.get_rank() == 0:
         with open(args.out_part, "w") as f:
             json.dump(rows, f)
+    gc.collect()  # free DDP reducers before their process group goes away
     dist.destroy_process_group()
 
 
@@ -189,6 +210,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over all variants")
+    parser.add_argument(
+        "--with-noview", action="store_true", help="also time param_as_bucket_view=False"
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--out", default="outputs/bench/bench.json")
@@ -211,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
         cmd = [
             str(torchrun), "--standalone", f"--nproc_per_node={procs}", "-m", "experiments.bench", "--worker",
             "--out-part", str(part), "--steps", str(args.steps), "--warmup", str(args.warmup),
-            "--batch", str(args.batch), "--threads", str(args.threads), "--models", *args.models,
+            "--batch", str(args.batch), "--threads", str(args.threads), "--repeats", str(args.repeats),
+            "--models", *args.models, *(["--with-noview"] if args.with_noview else []),
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, check=True, env=env)
