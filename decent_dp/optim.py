@@ -82,6 +82,17 @@ def _check_accum_iter(accum_iter: int) -> None:
         raise ValueError(f"accum_iter must be an integer >= 1, got {accum_iter!r}")
 
 
+def _check_adam_args(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> tuple[float, float]:
+    """The checks every Adam-style factory shares; returns the checked betas."""
+    _check_lr(lr)
+    checked = _check_betas(betas)
+    _check_eps(eps)
+    _check_weight_decay(weight_decay)
+    return checked
+
+
 # --------------------------------------------------------------------------- param groups
 
 
@@ -188,10 +199,7 @@ class AccumAdam(Optimizer):
         decoupled: bool = False,
         maximize: bool = False,
     ) -> None:
-        _check_lr(lr)
-        betas = _check_betas(betas)
-        _check_eps(eps)
-        _check_weight_decay(weight_decay)
+        betas = _check_adam_args(lr, betas, eps, weight_decay)
         _check_accum_iter(accum_iter)
         if maximize:
             raise ValueError("maximize must be False for AccumAdam, got True")
@@ -338,10 +346,7 @@ def optim_fn_adam(
         ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
         TypeError: If an element of ``params`` is not a (tensor, name) pair.
     """
-    _check_lr(lr)
-    betas = _check_betas(betas)
-    _check_eps(eps)
-    _check_weight_decay(weight_decay)
+    betas = _check_adam_args(lr, betas, eps, weight_decay)
     groups = _param_groups(params, weight_decay)
     return Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
@@ -369,10 +374,7 @@ def optim_fn_adamw(
         ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
         TypeError: If an element of ``params`` is not a (tensor, name) pair.
     """
-    _check_lr(lr)
-    betas = _check_betas(betas)
-    _check_eps(eps)
-    _check_weight_decay(weight_decay)
+    betas = _check_adam_args(lr, betas, eps, weight_decay)
     groups = _param_groups(params, weight_decay)
     return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
@@ -402,10 +404,7 @@ def optim_fn_accum_adam(
         ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
         TypeError: If an element of ``params`` is not a (tensor, name) pair.
     """
-    _check_lr(lr)
-    betas = _check_betas(betas)
-    _check_eps(eps)
-    _check_weight_decay(weight_decay)
+    betas = _check_adam_args(lr, betas, eps, weight_decay)
     _check_accum_iter(accum_iter)
     groups = _param_groups(params, weight_decay)
     return AccumAdam(
@@ -444,10 +443,7 @@ def optim_fn_accum_adamw(
         ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
         TypeError: If an element of ``params`` is not a (tensor, name) pair.
     """
-    _check_lr(lr)
-    betas = _check_betas(betas)
-    _check_eps(eps)
-    _check_weight_decay(weight_decay)
+    betas = _check_adam_args(lr, betas, eps, weight_decay)
     _check_accum_iter(accum_iter)
     groups = _param_groups(params, weight_decay)
     return AccumAdam(
