@@ -323,8 +323,8 @@ class DecentralizedDataParallel(nn.Module):
         self._my_edges: list[Edge] = [
             self.topology.get_edge(r, self._rank) for r in range(self.topology.period)
         ]
-        for edge in self._my_edges:
-            edge.group = groups.get(tuple(sorted(edge.ranks)))
+        # kept beside the edges: the user's Topology object is not modified
+        self._my_groups = [groups.get(tuple(sorted(e.ranks))) for e in self._my_edges]
         return groups
 
     def _refresh_hooks(self) -> None:
@@ -554,7 +554,8 @@ class DecentralizedDataParallel(nn.Module):
     @torch.no_grad()
     def _launch(self, bucket: _Bucket, for_step: int) -> None:
         """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
-        edge = self._my_edges[(for_step - 1) % self.topology.period]
+        round_index = (for_step - 1) % self.topology.period
+        edge = self._my_edges[round_index]
         k = len(edge.ranks)
         if k == 1:
             bucket.pending = None
@@ -567,7 +568,8 @@ class DecentralizedDataParallel(nn.Module):
         bucket.launch_t = time.perf_counter()
         if self._comm_delay is not None:
             bucket.delay_s = float(self._comm_delay(bucket.numel * bucket.comm.element_size(), k))
-        bucket.work = dist.all_reduce(bucket.comm, group=edge.group, async_op=True)
+        group = self._my_groups[round_index]
+        bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
         self._timers["comm/mix_s"] += time.perf_counter() - t0
 
     # ---------------------------------------------------------------- forward

@@ -52,7 +52,8 @@ class Edge:
             The rest, ``1 - weight``, is split evenly among the other members,
             so ``W[i][i] = weight`` and ``W[i][j] = (1 - weight) / (k - 1)``.
             A group of one member keeps itself whatever the weight.
-        group: The process group, filled in by the wrapper; ``None`` in pure data.
+        group: Optional user data (e.g. a process group); the wrapper creates and keeps
+            its own groups and leaves this untouched.
 
     Example::
 
