@@ -306,19 +306,27 @@ def _line_plot(
 ) -> None:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, ax = plt.subplots(figsize=(10.0, 4.5))
     drawn = 0
+    colors, styles = _styles(runs)
     for run in runs:
         pts = run.series(x, y)
         if logy:
             pts = [p for p in pts if p[1] > 0]
         if pts:
-            ax.plot(*zip(*pts), label=run.label, marker="." if len(pts) < 30 else None)
+            ax.plot(
+                *zip(*pts),
+                label=run.label,
+                color=colors[run.topology],
+                linestyle=styles[run.network],
+                marker="." if len(pts) < 30 else None,
+            )
             drawn += 1
     if logy and drawn:
         ax.set_yscale("log")
     if drawn:
-        ax.legend(fontsize=8)
+        # outside the axes: a sweep easily has a dozen runs
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
         ax.text(0.5, 0.5, f"no run logged {y}", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel(xlabel)
@@ -328,6 +336,21 @@ def _line_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _styles(runs: Sequence[Run]) -> tuple[dict[str, Any], dict[str, str]]:
+    """One colour per topology, one line style per network, stable across plots."""
+    import matplotlib.pyplot as plt
+
+    palette = plt.get_cmap("tab10").colors
+    topologies = sorted({r.topology for r in runs})
+    networks = sorted({r.network for r in runs}, key=lambda n: (n != "none", n))
+    colors = {
+        t: ("black" if t == ALLREDUCE else palette[i % len(palette)])
+        for i, t in enumerate(topologies)
+    }
+    line_styles = ["-", "--", ":", "-."]
+    return colors, {n: line_styles[i % len(line_styles)] for i, n in enumerate(networks)}
 
 
 def _bar_plot(runs: Sequence[Run], path: Path) -> None:
