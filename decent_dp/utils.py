@@ -151,10 +151,22 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
         ):
             kwargs["device_id"] = torch.device("cuda", local_rank)
 
-    dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        timeout=datetime.timedelta(seconds=timeout_s),
-        **kwargs,  # type: ignore[arg-type]
-    )
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's agent keeps one store for all restarts of the group and the env://
+        # rendezvous no longer separates attempts, so a restarted group would read the
+        # dead group's addresses: give every attempt its own key prefix
+        store = dist.PrefixStore(
+            f"decent_dp/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+            dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                _env_int("MASTER_PORT", 0),
+                is_master=False,
+                timeout=timeout,
+            ),
+        )
+        kwargs.update(store=store, rank=_env_int("RANK", 0), world_size=_env_int("WORLD_SIZE", 1))
+    else:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)  # type: ignore[arg-type]
     return dist.get_rank(), dist.get_world_size()
