@@ -19,7 +19,8 @@ that import to be usable from a config.
 ``${launch_time:FORMAT}`` resolver registered here instead of Hydra's
 ``${now:FORMAT}``: every rank of one torchrun launch, and every restart of it,
 gets the same timestamp, so all ranks agree on the directory and a restarted
-job finds its checkpoints.
+job finds its checkpoints. The resolver is cached, so a SLURM job launched by
+submitit (and every requeue of it) keeps the directory printed at submission.
 
 Example::
 
@@ -85,6 +86,7 @@ __all__ = [
     "register_configs",
     "plain",
     "launch_time",
+    "compose_error_line",
 ]
 
 ALLREDUCE = "allreduce"
@@ -405,7 +407,8 @@ class CheckpointConfig:
         every_steps: Save every this many steps (and at the end); 0 = off.
         keep: Complete checkpoints to keep.
         allow_reshard: Resume a checkpoint written with another world size or
-            topology by starting every worker from the global average.
+            topology by starting every worker from the global average; the
+            old checkpoints then move to ``checkpoints/before_reshard_*``.
     """
 
     every_steps: int = 0
@@ -510,6 +513,10 @@ def launch_time(fmt: str) -> str:
     Under torchrun the first rank to ask stores its clock in the elastic
     agent's key-value store and the others (and restarted workers) read it
     back. Without torchrun it is this process's start of the first call.
+    The resolver is registered with ``use_cache=True``: a launcher such as
+    submitit pickles the config it resolved when submitting, with its
+    cache, so a SLURM job (and each requeue of it) writes into the sweep
+    directory that was printed at submission instead of its own clock's.
 
     Args:
         fmt: A ``strftime`` format, e.g. ``%Y-%m-%d``.
@@ -523,5 +530,36 @@ def launch_time(fmt: str) -> str:
     return _LAUNCH.strftime(fmt)
 
 
+def compose_error_line(exc: BaseException) -> str:
+    """Hydra's composition error on one line: message, OmegaConf cause and the options.
+
+    Hydra reports an unknown group option or an invalid value over several
+    lines (options one per line, then its config search path). This keeps
+    what names the bad value and what is allowed, e.g. ``In 'config': Could
+    not find 'topology/foo'; Available options in 'topology': allreduce, ...``.
+
+    Args:
+        exc: A ``hydra.errors.HydraException`` (or any exception).
+
+    Returns:
+        The message without newlines.
+    """
+    text = str(exc).split("Config search path:")[0]
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        text += "\n" + str(cause).strip().splitlines()[0]  # the rest is full_key/object_type
+    segments: list[tuple[str, list[str]]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if raw[0].isspace() and segments:  # an indented option under the line before
+            segments[-1][1].append(line)
+        else:
+            segments.append((line, []))
+    return "; ".join(f"{head} {', '.join(items)}" if items else head for head, items in segments)
+
+
 register_configs()
-OmegaConf.register_new_resolver("launch_time", launch_time, replace=True)
+# cached, so that a pickled config keeps the timestamp it was resolved with (see launch_time)
+OmegaConf.register_new_resolver("launch_time", launch_time, replace=True, use_cache=True)

@@ -45,6 +45,7 @@ import os
 import random
 import re
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,6 +68,7 @@ from experiments.checkpoint import (
     check_compatible,
     global_average_from_checkpoint,
     latest_checkpoint,
+    list_checkpoints,
     load_shard,
     save_checkpoint,
 )
@@ -653,6 +655,8 @@ class _Trainer:
                 "(optimizer state, schedule and data position start afresh)",
                 info.step,
             )
+            if int(self.cfg.checkpoint.every_steps) > 0:
+                self._retire_old_layout(info.step, info.world_size)
             return
         shard = load_shard(info, self.rank)
         self._load_model(shard["model"])
@@ -677,6 +681,33 @@ class _Trainer:
             skipped=int(h.get("skipped", 0)),
         )
         log.info("resumed from step %d (%s)", info.step, info.path)
+
+    def _retire_old_layout(self, step: int, world_size: int) -> None:
+        """Save step 0 of the resharded run, then move the old layout's checkpoints aside.
+
+        Left in place, their higher steps would stay the latest, so a crash before this
+        run passed them would reshard again instead of resuming it. They are moved oldest
+        first, so a crash in between leaves the same newest one to reshard from.
+        """
+        with warnings.catch_warnings():  # the old checkpoints are newer, for a moment
+            warnings.filterwarnings("ignore", message=".*holds complete checkpoints newer")
+            self._save()
+        aside = self.ckpt_root / f"before_reshard_step{step}_ws{world_size}"
+        error: str | None = None
+        if self.rank == 0:
+            try:
+                aside.mkdir(exist_ok=True)
+                for old in list_checkpoints(self.ckpt_root):
+                    if old.step != self.step:
+                        os.replace(old.path, aside / old.path.name)
+            except OSError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        # gathered rather than a barrier, so that a failure on rank 0 stops every rank
+        errors: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(errors, error)
+        if errors[0] is not None:
+            raise RuntimeError(f"could not move the old checkpoints to {aside}: {errors[0]}")
+        log.info("moved the checkpoints of the old layout to %s", aside)
 
     # ---------------------------------------------------------------- metrics
     def _elapsed(self) -> float:
