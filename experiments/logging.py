@@ -101,6 +101,31 @@ class MetricsLogger:
             if mode != "disabled":
                 self._start_wandb(wandb_cfg, mode, config, run_name, group)
 
+    def drop_after(self, step: int) -> int:
+        """Forget the lines logged after ``step``: a resumed run logs those steps again.
+
+        Returns:
+            The number of lines removed (0 on ranks other than 0).
+        """
+        if not self.enabled or self._file is None or not self.path.exists():
+            return 0
+        self._file.close()
+        keep, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                logged = json.loads(line).get("step")
+            except (ValueError, AttributeError):
+                logged = None  # not ours to judge: keep it
+            if isinstance(logged, (int, float)) and logged > step:
+                dropped += 1
+            else:
+                keep.append(line)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        return dropped
+
     def _start_wandb(
         self,
         cfg: Any,

@@ -680,7 +680,13 @@ class _Trainer:
             last_loss=h.get("last_loss"),
             skipped=int(h.get("skipped", 0)),
         )
-        log.info("resumed from step %d (%s)", info.step, info.path)
+        dropped = self.logger.drop_after(self.step)
+        log.info(
+            "resumed from step %d (%s); %d metrics lines after it will be recomputed",
+            info.step,
+            info.path,
+            dropped,
+        )
 
     def _retire_old_layout(self, step: int, world_size: int) -> None:
         """Save step 0 of the resharded run, then move the old layout's checkpoints aside.
