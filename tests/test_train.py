@@ -457,3 +457,11 @@ def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
     counts = hists[0]["data/class_histogram"]
     assert len(counts) == 2 and all(len(c) == 10 for c in counts)
     assert sum(map(sum, counts)) == 1437  # every digits training image is on some worker
+    # the report reads this real sweep
+    from experiments.report import build_report
+
+    report = build_report([sweep], target_acc=0.5, out=tmp_path / "report")
+    text = report.read_text()
+    assert "| ring |" in text and "| allreduce |" in text
+    for png in ("consensus_vs_step.png", "loss_vs_time.png", "acc_vs_epoch.png", "throughput.png"):
+        assert (tmp_path / "report" / png).stat().st_size > 1000
