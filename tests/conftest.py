@@ -1,9 +1,33 @@
-"""Shared pytest configuration: skip ``gpu`` tests where CUDA is not visible."""
+"""Shared pytest configuration: skip ``gpu`` tests where CUDA is not visible; shared fixtures."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 import torch
+import torch.distributed as dist
+
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """Let ``run()`` create its one-process group; restore the environment and destroy it after."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    saved = dict(os.environ)
+    had_group = dist.is_available() and dist.is_initialized()
+    if not had_group:
+        for key in DIST_ENV:
+            os.environ.pop(key, None)
+    yield
+    if not had_group and dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+    GlobalHydra.instance().clear()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

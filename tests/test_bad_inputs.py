@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_harness import run_distributed
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -89,20 +88,6 @@ def _timed(fn: Callable[[], Any]) -> Outcome:
     except Exception as exc:  # the outcome under test
         return Outcome(type(exc).__name__, str(exc), time.monotonic() - start)
     raise AssertionError("the bad input was accepted")
-
-
-@pytest.fixture
-def world_of_one():
-    """Let run() create its one-process group; restore the environment and destroy it after."""
-    saved = dict(os.environ)
-    for key in DIST_ENV:
-        os.environ.pop(key, None)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
-    GlobalHydra.instance().clear()
 
 
 def _run_in_process(tmp_path: Path, *overrides: str) -> Outcome:

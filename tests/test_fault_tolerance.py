@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from dist_harness import free_port, run_distributed
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -50,20 +49,6 @@ def _compose(*overrides: str) -> DictConfig:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=[*QUICK, *overrides])
-
-
-@pytest.fixture
-def world_of_one():
-    """Let run() create its one-process group; restore the environment and destroy it after."""
-    saved = dict(os.environ)
-    for key in DIST_ENV:
-        os.environ.pop(key, None)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
-    GlobalHydra.instance().clear()
 
 
 def _models(info: CheckpointInfo) -> list[dict[str, torch.Tensor]]:

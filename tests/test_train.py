@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -62,28 +61,6 @@ SUMMARY_KEYS = {
 def _clear_hydra():
     yield
     GlobalHydra.instance().clear()
-
-
-@pytest.fixture
-def world_of_one():
-    """Let run() create its one-process group, then restore the environment and destroy it."""
-    saved = dict(os.environ)
-    had_group = dist.is_available() and dist.is_initialized()
-    for key in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
-        if not had_group:
-            os.environ.pop(key, None)
-    yield
-    if not had_group and dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _cfg(*overrides: str):
