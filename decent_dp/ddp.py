@@ -775,6 +775,16 @@ class DecentralizedDataParallel(nn.Module):
         self._relaunch = self._step > 0 and self._buckets is not None
 
     # ------------------------------------------------------------- utilities
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # .to()/.cuda()/.double() would replace the parameters' storage and detach them from
+        # their buckets, so that the optimizer and the gossip would update stale copies
+        if self._buckets is not None:
+            raise RuntimeError(
+                "DecentralizedDataParallel cannot move or cast the model after the first backward "
+                "pass; place the model on its device and dtype before wrapping it"
+            )
+        return super()._apply(fn, *args, **kwargs)
+
     @property
     def step_count(self) -> int:
         """Number of optimizer steps taken."""

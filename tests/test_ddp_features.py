@@ -191,6 +191,9 @@ def test_state_dict_has_the_modules_own_keys() -> None:
     values = ok_values(run_distributed(state_dict_worker, 2))
     assert values[0]["keys"] == ["weight", "bias"]
     assert values[0]["loaded"]
+    # casting after the buckets exist would silently detach the parameters from them
+    assert values[0]["moved"][0] == "RuntimeError" and "before wrapping" in values[0]["moved"][1]
+    assert values[0]["still_float"]
 
 
 def state_dict_worker(rank: int, world: int) -> dict[str, Any]:
@@ -199,4 +202,10 @@ def state_dict_worker(rank: int, world: int) -> dict[str, Any]:
     sd = ddp.state_dict()
     plain = nn.Linear(3, 2)
     plain.load_state_dict(sd)
-    return {"keys": list(sd), "loaded": torch.equal(plain.weight, ddp.module.weight)}
+    moved = _error(lambda: ddp.double())
+    return {
+        "keys": list(sd),
+        "loaded": torch.equal(plain.weight, ddp.module.weight),
+        "moved": moved,
+        "still_float": ddp.module.weight.dtype == torch.float32,
+    }
