@@ -615,8 +615,19 @@ class DecentralizedDataParallel(nn.Module):
             return [v for b in self._buckets for v in b.values()]
         return [p.data for p in self._params]
 
-    def _float_buffers(self) -> list[torch.Tensor]:
-        return [b for b in self.module.buffers() if b.is_floating_point()]
+    def _average_targets(self) -> list[torch.Tensor]:
+        """What global_avg() and averaged() average: parameters, and float buffers if enabled."""
+        buffers = (
+            [b for b in self.module.buffers() if b.is_floating_point()]
+            if self._sync_buffers
+            else []
+        )
+        return self._all_values() + buffers
+
+    def _forget_gossip(self) -> None:
+        """Drop the (drained) gossip results: the next step mixes the identity."""
+        for b in self._buckets or []:
+            b.pending = None
 
     @torch.no_grad()
     def _average_in_place(self, tensors: list[torch.Tensor]) -> None:
@@ -632,10 +643,9 @@ class DecentralizedDataParallel(nn.Module):
         afterwards, so the next step mixes the identity.
         """
         self._drain()
-        targets = self._all_values() + (self._float_buffers() if self._sync_buffers else [])
+        targets = self._average_targets()
         self._average_in_place(targets)
-        for b in self._buckets or []:
-            b.pending = None
+        self._forget_gossip()
         self._relaunch = False
 
     @contextlib.contextmanager
@@ -648,7 +658,7 @@ class DecentralizedDataParallel(nn.Module):
                 acc = evaluate(model)
         """
         self._drain()
-        targets = self._all_values() + (self._float_buffers() if self._sync_buffers else [])
+        targets = self._average_targets()
         with torch.no_grad():
             saved = [t.clone() for t in targets]
         self._average_in_place(targets)
@@ -705,8 +715,7 @@ class DecentralizedDataParallel(nn.Module):
         self._drain()
         result = self.module.load_state_dict(state_dict, strict=strict)
         if self._buckets is not None:
-            for b in self._buckets:
-                b.pending = None
+            self._forget_gossip()
             self._relaunch = self._step > 0
         return result
 
@@ -767,8 +776,7 @@ class DecentralizedDataParallel(nn.Module):
                 b.optimizer.load_state_dict(opt_state)
                 if b.scheduler is not None and sched_state is not None:
                     b.scheduler.load_state_dict(sched_state)
-            for b in self._buckets:
-                b.pending = None
+            self._forget_gossip()
         if self._scaler is not None and state.get("scaler") is not None:
             self._scaler.load_state_dict(state["scaler"])
         self._step = int(state["step"])
