@@ -478,54 +478,63 @@ def _style(i: int, method: str) -> dict[str, Any]:
     }
 
 
-def _plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def _loglog(
+    rows: Sequence[dict[str, Any]],
+    methods: Sequence[str],
+    y: str,
+    ylabel: str,
+    title: str,
+    path: Path,
+) -> Path:
+    """One line per method of ``y`` against ``n`` on log-log axes, saved to ``path``."""
     import matplotlib.pyplot as plt
 
-    written = []
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    for profile in dict.fromkeys(r["profile"] for r in rows):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, m in enumerate(methods):
-            pts = [(r["n"], r["samples_per_s"]) for r in rows
-                   if r["profile"] == profile and r["method"] == m and r["fits"]]  # fmt: skip
-            if pts:
-                ax.plot(*zip(*pts), label=m, **_style(i, m))
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("workers n")
-        ax.set_ylabel("throughput (samples/s)")
-        ax.set_title(f"Simulated throughput, {profile}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out / f"throughput_{profile}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-
-    first = rows[0]["profile"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, m in enumerate(methods):
-        pts = [(r["n"], r["rate_per_step"]) for r in rows
-               if r["profile"] == first and r["method"] == m and r["rate_per_step"]]  # fmt: skip
+        pts = [(r["n"], r[y]) for r in rows if r["method"] == m and r[y]]
         if pts:
             ax.plot(*zip(*pts), label=m, **_style(i, m))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("workers n")
-    ax.set_ylabel("per-step consensus rate 1 - contraction^(1/period)")
-    ax.set_title("Mixing speed of each topology (1 = exact consensus once per period)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
-    path = out / "consensus_rate.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    written.append(path)
+    return path
+
+
+def _plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    written = [
+        _loglog(
+            [r for r in rows if r["profile"] == profile and r["fits"]],
+            methods,
+            "samples_per_s",
+            "throughput (samples/s)",
+            f"Simulated throughput, {profile}",
+            out / f"throughput_{profile}.png",
+        )
+        for profile in dict.fromkeys(r["profile"] for r in rows)
+    ]
+    first = rows[0]["profile"]
+    written.append(
+        _loglog(
+            [r for r in rows if r["profile"] == first],
+            methods,
+            "rate_per_step",
+            "per-step consensus rate 1 - contraction^(1/period)",
+            "Mixing speed of each topology (1 = exact consensus once per period)",
+            out / "consensus_rate.png",
+        )
+    )
     return written
 
 
