@@ -18,9 +18,10 @@ slice of the evaluation set. The names are listed in :data:`DATASETS`:
 Determinism. Every batch is a pure function of ``(seed, epoch, rank, batch index)``: the
 partition, the per-epoch order and the augmentation each draw from their own
 ``torch.Generator`` (the Dirichlet proportions from a ``numpy`` generator, as torch has no
-seeded Dirichlet sampler) and never touch the global RNG. A run resumed at batch ``k`` of
-epoch ``e`` calls ``train.iterate(e, start=k)`` and sees exactly the batches an
-uninterrupted run would have seen.
+seeded Dirichlet sampler) and never touch the global RNG, so a CUDA run sees the same
+batches as a CPU run. A run resumed at batch ``k`` of epoch ``e`` calls
+``train.iterate(e, start=k)`` and sees exactly the batches an uninterrupted run would have
+seen.
 
 Equal step counts. ``len(train)`` is ``(train_size // world_size) // batch_size`` on every
 rank, also under a Dirichlet split where shard sizes differ, so that decentralized workers
@@ -32,6 +33,14 @@ get a random 32x32 crop of the 4-pixel zero-padded image and a horizontal flip; 
 uses a random resized crop and a flip. In-memory sets are augmented batch-wise on
 ``device`` and then normalised with the per-channel mean and standard deviation of their
 training set; ImageNet uses the usual ImageNet statistics.
+
+No waiting on the host. Batches of in-memory sets are gathered, augmented and normalised on
+the device, so producing a batch neither copies from host memory nor reads a value back
+(the sets themselves are copied once, at start). The epoch's index order and the random
+offsets of all its augmented batches are drawn on the host when the epoch starts, from the
+same per-batch generators as ever, and copied to the device in one go from pinned memory;
+image-folder batches come from pinned memory too (``pin_memory``, ``non_blocking=True``).
+Pinning is used only when the device is CUDA.
 """
 
 from __future__ import annotations
@@ -93,6 +102,13 @@ def derive_seed(*parts: int) -> int:
 
 def _generator(*parts: int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(*parts))
+
+
+def _to_device(t: Tensor, device: torch.device) -> Tensor:
+    """Copy a CPU tensor to ``device``; to CUDA asynchronously, through pinned memory."""
+    if device.type != "cuda" or t.device == device:
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 # --------------------------------------------------------------------------- partitions
@@ -308,15 +324,33 @@ def _channel_stats(images: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass(frozen=True)
 class _TensorAugment:
-    """Batch-wise random crop of the zero-padded image (a shift) and optional flip."""
+    """Batch-wise random crop of the zero-padded image (a shift) and optional flip.
+
+    :meth:`draw` makes a batch's random choices on the host, :meth:`apply` uses them on the
+    images' device; the loader draws a whole epoch's at once and copies them together.
+    """
 
     pad: int
     flip: bool
 
+    def draw(self, batch_size: int, gen: torch.Generator) -> Tensor:
+        """``(batch_size, 3)`` int64 on the CPU: row offset, column offset, flip (0 or 1)."""
+        offsets = torch.randint(0, 2 * self.pad + 1, (batch_size, 2), generator=gen)
+        flips = (
+            (torch.rand(batch_size, generator=gen) < 0.5).long()
+            if self.flip
+            else torch.zeros(batch_size, dtype=torch.long)
+        )
+        return torch.cat([offsets, flips[:, None]], dim=1)
+
     def __call__(self, x: Tensor, gen: torch.Generator) -> Tensor:
+        return self.apply(x, self.draw(x.shape[0], gen).to(x.device))
+
+    def apply(self, x: Tensor, choices: Tensor) -> Tensor:
+        """Shift (and flip) ``x`` as :meth:`draw`'s ``choices``, which live on ``x``'s device."""
         b, _, h, w = x.shape
-        offsets = torch.randint(0, 2 * self.pad + 1, (b, 2), generator=gen).to(x.device)
-        flips = (torch.rand(b, generator=gen) < 0.5).to(x.device) if self.flip else None
+        offsets = choices[:, :2]
+        flips = choices[:, 2].bool() if self.flip else None
         padded = F.pad(x, (self.pad, self.pad, self.pad, self.pad))
         rows = offsets[:, :1] + torch.arange(h, device=x.device)
         cols = offsets[:, 1:] + torch.arange(w, device=x.device)
@@ -362,13 +396,22 @@ class TensorShardLoader(ShardLoader):
         self._augment = augment
 
     def _batches(self, order: Tensor, epoch: int, start: int) -> Iterator[tuple[Tensor, Tensor]]:
-        order = order.to(self._images.device)
+        device = self._images.device
         bs = self.batch_size
+        # one host-to-device copy per epoch instead of one per batch
+        order = _to_device(order, device)
+        choices = None
+        if self._augment is not None and start < self.num_batches:
+            drawn = [
+                self._augment.draw(bs, self._batch_generator(epoch, b))
+                for b in range(start, self.num_batches)
+            ]
+            choices = _to_device(torch.stack(drawn), device)
         for b in range(start, self.num_batches):
             idx = order[b * bs : (b + 1) * bs]
             x = _to_unit(self._images[idx])
-            if self._augment is not None:
-                x = self._augment(x, self._batch_generator(epoch, b))
+            if self._augment is not None and choices is not None:
+                x = self._augment.apply(x, choices[b - start])
             yield self._normalize(x), self._labels[idx]
 
 
