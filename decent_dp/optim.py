@@ -33,8 +33,11 @@ from torch.optim.lr_scheduler import LambdaLR, StepLR
 
 __all__ = [
     "AccumAdam",
+    "AccumAdamW",
+    "QGMSGD",
     "NamedParams",
     "optim_fn_sgd",
+    "optim_fn_qgm_sgd",
     "optim_fn_adam",
     "optim_fn_adamw",
     "optim_fn_accum_adam",
@@ -287,6 +290,210 @@ class AccumAdam(Optimizer):
         return loss
 
 
+class AccumAdamW(AccumAdam):
+    """:class:`AccumAdam` with decoupled (AdamW-style) weight decay, ``p *= 1 - lr * wd``.
+
+    The name and keywords of decent-dp 0.2.x, so that its scripts keep working
+    (``from decent_dp.optim import AccumAdamW``). The update rule is the one
+    documented on :class:`AccumAdam`.
+
+    Args:
+        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
+        lr: Learning rate, ``>= 0``.
+        betas: Moment decay rates, each in ``[0, 1)``.
+        eps: Added to the denominator, ``> 0``.
+        weight_decay: Decoupled decay coefficient, ``>= 0``.
+        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range.
+
+    Example::
+
+        opt = AccumAdamW(model.parameters(), lr=1e-3, weight_decay=0.1, accum_iter=4)
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        accum_iter: int = 4,
+    ) -> None:
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            accum_iter=accum_iter,
+            decoupled=True,
+        )
+
+
+# --------------------------------------------------------------------------- QGM
+
+
+class QGMSGD(Optimizer):
+    r"""SGD with quasi-global momentum (Lin et al., ICML 2021), for heterogeneous data.
+
+    Plain momentum on a worker whose data differ from its neighbours' keeps
+    pushing towards the worker's own optimum. Quasi-global momentum builds the
+    buffer from how the model actually moved across the whole step, gossip
+    included, which approximates the global direction instead.
+
+    With gradient ``g(t)`` at ``x(t-1)`` (plus ``wd * x(t-1)`` when
+    ``weight_decay > 0``), momentum ``beta`` and ``mu`` (``beta`` by default),
+    one step does::
+
+        m(t) = g(t) + beta * mhat(t-1)                        # mhat(0) = 0
+        d(t) = -lr * m(t)              (nesterov: -lr * (g(t) + beta * m(t)))
+        x(t) = sum_j W_ij x_j(t-1) + d(t)                     # the wrapper's mixing
+        mhat(t) = mu * mhat(t-1) + (1 - mu) * (x(t-1) - x(t)) / lr
+
+    Mapping onto the paper's Algorithm 1 (QG-DSGDm): the paper takes the
+    local step first and gossips the result, ``x(t+1) = W (x(t) - lr m(t))``;
+    :class:`~decent_dp.ddp.DecentralizedDataParallel` gossips ``x(t-1)`` while
+    the gradient is computed and adds the local update afterwards. The
+    momentum rule, ``m = g + beta * mhat`` and ``mhat = mu * mhat + (1 - mu)
+    (x_before - x_after) / lr`` over the full step, is the paper's, with the
+    paper's choice ``mu = beta``; only the order of mixing and update differs,
+    as it does for every optimizer under the wrapper.
+
+    :meth:`step` computes ``d(t)`` while the parameters hold ``x(t-1)`` and
+    saves ``x(t-1)``; :meth:`post_average_hook`, which the wrapper calls once
+    the parameters hold ``x(t)``, folds the model difference into ``mhat``.
+    Without the hook (a plain loop, torch DDP) the next :meth:`step` folds it
+    from the parameters it finds, which is the same update; with no gossip
+    it reduces to ``mhat = mu * mhat + (1 - mu) * m``. A step with ``lr = 0``
+    moves nothing of its own and leaves ``mhat`` unchanged.
+
+    Args:
+        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
+        lr: Learning rate, ``>= 0``.
+        momentum: ``beta``, in ``[0, 1)``.
+        weight_decay: L2 coefficient added to the gradient, ``>= 0``.
+        nesterov: Use the Nesterov form of the update (needs ``momentum > 0``).
+        mu: Decay of the quasi-global buffer, in ``[0, 1)``; ``None`` uses ``momentum``.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range.
+
+    Example::
+
+        model = DecentralizedDataParallel(
+            net, optim_fn=partial(optim_fn_qgm_sgd, lr=0.1, momentum=0.9), topology="ring"
+        )
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        mu: float | None = None,
+    ) -> None:
+        _check_qgm_args(lr, momentum, weight_decay, nesterov, mu)
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "mu": mu,
+        }
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _fold(p: torch.Tensor, state: dict[str, Any], mu: float) -> None:
+        """mhat = mu * mhat + (1 - mu) * (x_prev - x) / lr_prev, with x the current parameters."""
+        state["pending"] = False
+        lr = state["prev_lr"]
+        if lr == 0.0:
+            return
+        diff = state["prev"].sub_(p).div_(lr)  # the saved copy is not needed any more
+        state["momentum_buffer"].mul_(mu).add_(diff, alpha=1.0 - mu)
+
+    def _fold_pending(self) -> None:
+        for group in self.param_groups:
+            mu = group["momentum"] if group["mu"] is None else group["mu"]
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and state.get("pending", False):
+                    self._fold(p, state, mu)
+
+    @torch.no_grad()
+    def post_average_hook(self) -> None:
+        """Fold the step's model change ``(x(t-1) - x(t)) / lr`` into the buffer.
+
+        Called by the wrapper once the parameters hold ``x(t)``; calling it
+        again, or without a step in between, does nothing.
+        """
+        self._fold_pending()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Take ``d(t) = -lr * m(t)`` from the parameters' current value and save that value.
+
+        Args:
+            closure: Optional callable that re-evaluates the model and returns the loss.
+
+        Returns:
+            The loss returned by ``closure``, or ``None``.
+
+        Raises:
+            RuntimeError: If a gradient is sparse.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._fold_pending()  # no post_average_hook since the last step: fold from x(t-1) here
+        for group in self.param_groups:
+            lr = float(group["lr"])
+            beta = group["momentum"]
+            wd = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.is_sparse:
+                    raise RuntimeError("QGMSGD does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, memory_format=torch.preserve_format
+                    )
+                    state["prev"] = torch.empty_like(p, memory_format=torch.preserve_format)
+                    state["prev_lr"] = 0.0
+                    state["pending"] = False
+                if wd != 0.0:
+                    g = g.add(p, alpha=wd)
+                m = g.add(state["momentum_buffer"], alpha=beta)
+                d = g.add(m, alpha=beta) if group["nesterov"] else m
+                state["prev"].copy_(p)
+                state["prev_lr"] = lr
+                state["pending"] = True
+                p.add_(d, alpha=-lr)
+        return loss
+
+
+def _check_qgm_args(
+    lr: float, momentum: float, weight_decay: float, nesterov: bool, mu: float | None
+) -> None:
+    _check_lr(lr)
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    if mu is not None and not 0.0 <= mu < 1.0:
+        raise ValueError(f"mu must be in [0, 1) or None (= momentum), got {mu}")
+    if nesterov and momentum == 0.0:
+        raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
+    _check_weight_decay(weight_decay)
+
+
 # --------------------------------------------------------------------------- optimizer factories
 
 
@@ -321,6 +528,38 @@ def optim_fn_sgd(
     _check_weight_decay(weight_decay)
     groups = _param_groups(params, weight_decay)
     return SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+
+
+def optim_fn_qgm_sgd(
+    params: NamedParams,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    nesterov: bool = False,
+    mu: float | None = None,
+) -> QGMSGD:
+    """Build :class:`QGMSGD` (quasi-global momentum) with weight decay on weights only.
+
+    Args:
+        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
+        lr: Learning rate, ``>= 0``.
+        momentum: ``beta``, in ``[0, 1)``.
+        weight_decay: L2 coefficient for weights, ``>= 0``.
+        nesterov: Use the Nesterov form (needs ``momentum > 0``).
+        mu: Decay of the quasi-global buffer, in ``[0, 1)``; ``None`` uses ``momentum``.
+
+    Returns:
+        A :class:`QGMSGD` with one or two param groups.
+
+    Raises:
+        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
+        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+    """
+    _check_qgm_args(lr, momentum, weight_decay, nesterov, mu)
+    groups = _param_groups(params, weight_decay)
+    return QGMSGD(
+        groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, mu=mu
+    )
 
 
 def optim_fn_adam(
@@ -425,8 +664,8 @@ def optim_fn_accum_adamw(
     eps: float = 1e-8,
     weight_decay: float = 0.01,
     accum_iter: int = 4,
-) -> AccumAdam:
-    """Build :class:`AccumAdam` with decoupled (AdamW-style) decay on weights only.
+) -> AccumAdamW:
+    """Build :class:`AccumAdamW` (decoupled, AdamW-style decay) with decay on weights only.
 
     Args:
         params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
@@ -437,7 +676,7 @@ def optim_fn_accum_adamw(
         accum_iter: Steps between moment refreshes, an integer ``>= 1``.
 
     Returns:
-        An :class:`AccumAdam` with ``decoupled=True``.
+        An :class:`AccumAdamW` (an :class:`AccumAdam` with ``decoupled=True``).
 
     Raises:
         ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
@@ -446,14 +685,8 @@ def optim_fn_accum_adamw(
     betas = _check_adam_args(lr, betas, eps, weight_decay)
     _check_accum_iter(accum_iter)
     groups = _param_groups(params, weight_decay)
-    return AccumAdam(
-        groups,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        accum_iter=accum_iter,
-        decoupled=True,
+    return AccumAdamW(
+        groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, accum_iter=accum_iter
     )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "OnePeerExpTopology",
     "AlternatingExpRingTopology",
     "RandomMatchingTopology",
+    "LocalSGDTopology",
     "mixing_matrices",
     "spectral_gap",
     "period_contraction",
@@ -484,6 +485,51 @@ class RandomMatchingTopology(Topology):
                 edges.append(Edge(sorted(perm[cut:]), 1.0 / 3))
             rounds.append(edges)
         return rounds
+
+
+@TopologyReg.register("local-sgd")
+class LocalSGDTopology(Topology):
+    """Periodic global averaging (local SGD): ``period - 1`` local rounds, then one complete round.
+
+    Rounds ``0 .. period-2`` are singletons: every rank keeps its own model and
+    nothing is sent (the wrapper skips both the copy and the collective for a
+    group of one). Round ``period-1`` is one group of all ranks, weight
+    ``1/n``. In ``x(t) = W(t) x(t-1) + d(t)`` the workers therefore take
+    ``period`` local steps between averages, which is the inner loop of
+    DiLoCo and the schedule of torch's ``PostLocalSGDOptimizer``. With
+    ``period=1`` it is :class:`CompleteTopology`.
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        period: Steps between global averages ``H``, an integer ``>= 1``.
+
+    Raises:
+        ValueError: ``period`` is not an integer ``>= 1``.
+
+    Example::
+
+        topo = LocalSGDTopology(world_size=8, period=4)   # or TopologyReg.create("local-sgd", 8, period=4)
+        [len(edges) for edges in topo.rounds]              # [8, 8, 8, 1]
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        period: int = 8,
+    ):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period={period!r} is invalid; it must be an integer >= 1")
+        self._period_arg = period
+        super().__init__(world_size, local_world_size)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        local = [Edge([i], 1.0) for i in range(n)]
+        return [list(local) for _ in range(self._period_arg - 1)] + [[Edge(range(n), 1.0 / n)]]
 
 
 def mixing_matrices(

@@ -68,6 +68,7 @@ __all__ = [
     "ImageNetConfig",
     "SyntheticConfig",
     "SGDConfig",
+    "QGMSGDConfig",
     "AdamConfig",
     "AdamWConfig",
     "AccumAdamConfig",
@@ -113,7 +114,7 @@ ModelName = _names("ModelName", ["small_cnn", "resnet18_cifar", "resnet50", "vit
 NormName = _names("NormName", ["group", "batch"])
 DatasetName = _names("DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic"])
 PartitionName = _names("PartitionName", ["iid", "dirichlet"])
-OptimName = _names("OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw"])
+OptimName = _names("OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "qgm_sgd"])
 SchedulerName = _names("SchedulerName", ["cosine_warmup", "constant", "step"])
 NetworkName = _names("NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"])
 LoggerName = _names("LoggerName", ["wandb", "none"])
@@ -230,6 +231,16 @@ class SGDConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     nesterov: bool = False
+
+
+@dataclass
+class QGMSGDConfig(SGDConfig):
+    """``optim=qgm_sgd``: maps to ``decent_dp.optim.optim_fn_qgm_sgd`` (quasi-global momentum).
+
+    ``mu`` is the decay of the quasi-global buffer; ``None`` uses ``momentum``.
+    """
+
+    mu: float | None = None
 
 
 @dataclass
@@ -390,12 +401,17 @@ class LogConfig:
 
     Attributes:
         every: Write a metrics line every this many steps.
-        consensus_every: Compute the exact consensus distance every this many steps; 0 = never.
+        consensus_every: Also compute the exact consensus distance every this many steps
+            (it is always computed at every evaluation and at the end); 0 = only then.
+        consensus_sketch: Size ``k`` of the count-sketch estimate of the consensus
+            distance logged on every metrics line (``k`` numbers of communication);
+            0 = no sketch.
         progress: Show a tqdm progress bar on rank 0.
     """
 
     every: int = 10
     consensus_every: int = 50
+    consensus_sketch: int = 1024
     progress: bool = True
 
 
@@ -451,6 +467,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "dataset": {"dataset": DatasetConfig, "imagenet": ImageNetConfig, "synthetic": SyntheticConfig},
     "optim": {
         "sgd": SGDConfig,
+        "qgm_sgd": QGMSGDConfig,
         "adam": AdamConfig,
         "adamw": AdamWConfig,
         "accum_adam": AccumAdamConfig,

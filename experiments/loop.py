@@ -92,6 +92,7 @@ log = logging.getLogger(__name__)
 
 OPTIM_FNS: dict[str, Callable[..., Any]] = {
     "sgd": dopt.optim_fn_sgd,
+    "qgm_sgd": dopt.optim_fn_qgm_sgd,
     "adam": dopt.optim_fn_adam,
     "adamw": dopt.optim_fn_adamw,
     "accum_adam": dopt.optim_fn_accum_adam,

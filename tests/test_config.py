@@ -64,7 +64,9 @@ def test_default_config_composes():
 def test_group_options_exist():
     assert _options("model") == sorted(["small_cnn", "resnet18_cifar", "resnet50", "vit_small"])
     assert _options("dataset") == sorted(["digits", "cifar10", "cifar100", "imagenet", "synthetic"])
-    assert _options("optim") == sorted(["sgd", "adam", "adamw", "accum_adam", "accum_adamw"])
+    assert _options("optim") == sorted(
+        ["sgd", "qgm_sgd", "adam", "adamw", "accum_adam", "accum_adamw"]
+    )
     assert _options("scheduler") == sorted(["cosine_warmup", "constant", "step"])
     assert _options("topology") == sorted([*TopologyReg.names(), "allreduce"])
     assert _options("network") == sorted(["none", "ethernet_25g", "infiniband_100g", "custom"])

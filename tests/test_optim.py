@@ -14,6 +14,7 @@ from torch.testing import assert_close
 
 from decent_dp.optim import (
     AccumAdam,
+    AccumAdamW,
     lr_scheduler_fn_constant,
     lr_scheduler_fn_cosine_with_warmup,
     lr_scheduler_fn_step,
@@ -103,7 +104,7 @@ def test_defaults() -> None:
         (optim_fn_adam, torch.optim.Adam, 0.0),
         (optim_fn_adamw, torch.optim.AdamW, 0.01),
         (optim_fn_accum_adam, AccumAdam, 0.0),
-        (optim_fn_accum_adamw, AccumAdam, 0.01),
+        (optim_fn_accum_adamw, AccumAdamW, 0.01),
     ]:
         opt = fn(pairs)
         assert type(opt) is cls
