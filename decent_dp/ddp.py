@@ -2,30 +2,34 @@
 
 Worker ``i`` at iteration ``t`` computes::
 
-    x_i(t) = sum_j W_ij(t) x_j(t-1) + d_i(t)
+    x_i(t) = (1 - a) x_i(t-1) + a sum_j W_ij(t) x_j(t-1) + d_i(t)
 
 where ``d_i(t)`` is the local optimizer update computed from the gradient at
-``x_i(t-1)`` on the worker's own batch and ``W(t)`` is the mixing matrix of the
-topology's round ``(t-1) mod period``. The gossip of ``x(t-1)`` is launched
-asynchronously right after step ``t-1`` and completes while iteration ``t``
-runs its forward and backward pass; the local update never waits for the
-neighbours' models of the same iteration.
+``x_i(t-1)`` on the worker's own batch, ``W(t)`` is the mixing matrix of the
+topology's round ``(t-1) mod period`` and ``a`` is the mixing step size (1 by
+default, :meth:`DecentralizedDataParallel.set_adaptive_factor`). The gossip of
+``x(t-1)`` is launched asynchronously right after step ``t-1`` and completes
+while iteration ``t`` runs its forward and backward pass; the local update
+never waits for the neighbours' models of the same iteration.
 
 Parameters are cut into buckets in the order their gradients become ready
-(recorded on the first backward). Each bucket owns a contiguous block of
-parameters (the parameters are views into it), a gradient block, one
-communication block, and its own optimizer and LR scheduler. When a bucket's
-last gradient arrives, a post-accumulate-grad hook waits for that bucket's
-previous gossip, mixes, steps the optimizer and scheduler, and launches the
-next gossip. Buckets not complete when backward ends (parameters without a
-gradient this iteration) are stepped from a callback at the end of backward,
-so every bucket is stepped and gossiped exactly once per iteration.
+(recorded on the first backward). Each bucket owns a contiguous, 256-byte
+aligned block of parameters (the parameters are views into it), a gradient
+block, one communication block, and its own optimizer and LR scheduler. When a
+bucket's last gradient arrives, a post-accumulate-grad hook waits for that
+bucket's previous gossip, mixes, steps the optimizer and scheduler, and
+launches the next gossip. On CUDA that work runs on a side stream, so a slow
+gossip delays only its own bucket, not the rest of backward. Buckets not
+complete when backward ends (parameters without a gradient this iteration) are
+stepped from a callback at the end of backward, so every bucket is stepped and
+gossiped exactly once per iteration.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,101 +37,65 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
+from torch.utils._pytree import tree_flatten
 
+from ._bucket import Bucket, is_dense
+from ._factories import check_scheduler, resolve_optim_fn
+from ._timers import SpanTimers
 from .metrics import count_sketch
 from .topo import Edge, Topology, TopologyReg
 
-__all__ = ["DecentralizedDataParallel", "OptimFn", "LRSchedulerFn", "CommDelayFn"]
+__all__ = [
+    "DecentralizedDataParallel",
+    "OptimFn",
+    "LRSchedulerFn",
+    "CommDelayFn",
+    "OPTIM_FN_TYPE",
+    "LR_SCHEDULER_FN_TYPE",
+]
 
 OptimFn = Callable[[list[tuple[torch.Tensor, str]]], Optimizer]
 LRSchedulerFn = Callable[[Optimizer], Any]
 CommDelayFn = Callable[[int, int], float]
+# the names decent-dp 0.2.x scripts import
+OPTIM_FN_TYPE = OptimFn
+LR_SCHEDULER_FN_TYPE = LRSchedulerFn
 
 _TIMER_KEYS = ("comm/wait_s", "comm/mix_s", "comm/optim_s")
 
 
-def _flat_view(buf: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A view of ``buf[offset:offset+numel]`` with ``like``'s shape and strides."""
-    n = like.numel()
-    if like.is_contiguous():
-        return buf[offset : offset + n].view(like.shape)
-    # channels_last and other dense permuted layouts keep their strides
-    return buf.as_strided(like.shape, like.stride(), buf.storage_offset() + offset)
+def _unwrap_compiled(model: nn.Module) -> nn.Module:
+    """The module behind ``torch.compile(module)``, whose names carry no ``_orig_mod.``."""
+    inner = getattr(model, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else model
 
 
-def _is_dense(t: torch.Tensor) -> bool:
-    if t.is_contiguous():
-        return True
-    if t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last):
-        return True
-    return t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)
+class _Resources:
+    """What a wrapper must release: hooks, in-flight gossip and its own process groups.
 
+    Kept apart from the wrapper so that a finalizer can release it after the
+    wrapper is gone.
+    """
 
-class _Bucket:
-    """A block of parameters that is stepped and gossiped as one unit."""
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.groups: list[Any] = []
+        self.buckets: list[Bucket] = []
 
-    def __init__(self, index: int, params: list[nn.Parameter], names: list[str], as_view: bool):
-        self.index = index
-        self.params = params
-        self.names = names
-        self.as_view = as_view
-        ref = params[0]
-        self.dtype, self.device = ref.dtype, ref.device
-        self.numel = sum(p.numel() for p in params)
-        self.offsets: list[int] = []
-        off = 0
-        for p in params:
-            self.offsets.append(off)
-            off += p.numel()
-        self.comm = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-        self.flat: torch.Tensor | None = None
-        self.grad_flat: torch.Tensor | None = None
-        self.grad_views: list[torch.Tensor] = []
-        if as_view:
-            self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
-            self.grad_flat = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-            with torch.no_grad():
-                for p, off in zip(params, self.offsets):
-                    view = _flat_view(self.flat, off, p)
-                    view.copy_(p.data)
-                    p.data = view
-                    gview = _flat_view(self.grad_flat, off, p)
-                    if p.grad is not None:
-                        gview.copy_(p.grad)
-                    p.grad = gview
-                    self.grad_views.append(gview)
-            self.comm_views = [self.comm]
-        else:
-            self.comm_views = [
-                self.comm[o : o + p.numel()].view(p.shape) for p, o in zip(params, self.offsets)
-            ]
-        self.optimizer: Optimizer | None = None
-        self.scheduler: Any = None
-        # gossip state: the work handle and the mixing weights of the value in `comm`
-        self.work: Any = None
-        self.pending: tuple[float, float] | None = None
-        self.launch_t = 0.0
-        self.delay_s = 0.0
-        # per-iteration state
-        self.fired = [False] * len(params)  # a gradient arrived in the current backward pass
-        self.used = [False] * len(params)  # a gradient arrived since the last step
-        self.expected = 0
-        self.n_fired = 0
-        self.stepped = False
-
-    def values(self) -> list[torch.Tensor]:
-        """The parameter storage: one flat block, or the parameters themselves."""
-        return [self.flat] if self.flat is not None else [p.data for p in self.params]
-
-    def grads(self) -> list[torch.Tensor]:
-        if self.grad_flat is not None:
-            return [self.grad_flat]
-        return [p.grad for p in self.params if p.grad is not None]
-
-    def reset_iteration(self) -> None:
-        self.fired = [False] * len(self.params)
-        self.n_fired = 0
-        self.stepped = False
+    def release(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        for b in self.buckets:
+            if b.work is not None:
+                with contextlib.suppress(Exception):  # a dead peer must not block the release
+                    b.work.wait()
+                b.work = None
+        for group in self.groups:
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):  # already gone with the default group
+                    dist.destroy_process_group(group)
+        self.groups.clear()
 
 
 class DecentralizedDataParallel(nn.Module):
@@ -138,16 +106,25 @@ class DecentralizedDataParallel(nn.Module):
     optimizer and LR scheduler step *inside* ``loss.backward()``, bucket by
     bucket, so a training loop is just forward plus backward.
 
+    Only parameters with ``requires_grad=True`` at wrapping time are trained and
+    gossiped; frozen ones stay out of the buckets, as with torch's DDP.
+
     Args:
-        model: The module to train, already on its device.
+        model: The module to train, already on its device and in its dtype. A
+            ``torch.compile``-d module works too; names and checkpoints use the
+            original module's keys.
         optim_fn: Builds an optimizer from a list of ``(parameter, name)``
             pairs; called once per bucket (see :mod:`decent_dp.optim`).
+            Functions written for decent-dp 0.2.x, which take ``(name,
+            parameter)`` pairs, are detected and work unchanged.
         lr_scheduler_fn: Builds an LR scheduler from an optimizer; stepped once
             per optimizer step. ``None`` keeps the learning rate constant.
         topology: A registered topology name or a :class:`Topology` instance.
         scaler: A ``torch.amp.GradScaler`` for fp16 training. An inf/NaN in any
-            gradient of any worker skips the step of every bucket of every
-            worker, and the scale stays identical across workers.
+            gradient of any worker skips the step (optimizer and scheduler) of
+            every bucket of every worker, and the scale stays identical across
+            workers. The parameters must not be fp16 themselves: keep them fp32
+            and use ``torch.autocast``.
         grad_clip_norm: Clip the worker's global gradient norm (over all
             parameters, as ``clip_grad_norm_`` does) to this value; 0 disables.
         param_as_bucket_view: Make the parameters views into each bucket's
@@ -158,24 +135,27 @@ class DecentralizedDataParallel(nn.Module):
         local_world_size: Ranks per node, for hierarchical topologies; default
             from ``LOCAL_WORLD_SIZE``.
         topology_kwargs: Extra keyword arguments for a topology given by name.
+        _local_world_size: decent-dp 0.2.x's name for ``local_world_size``.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
         ValueError: Unknown topology, a topology that does not fit the world
-            size, a negative bucket size, or model shapes that differ across ranks.
+            size, a negative bucket size, fp16 parameters with a GradScaler, an
+            ``optim_fn`` whose optimizer does not hold exactly the parameters it
+            is given, or model shapes that differ across ranks.
         TypeError: ``optim_fn`` or ``lr_scheduler_fn`` returns the wrong type.
 
     Example::
 
         rank, world = decent_dp.utils.initialize_dist()
-        model = DecentralizedDataParallel(
+        with DecentralizedDataParallel(
             net.to(decent_dp.utils.get_device()),
             optim_fn=partial(optim_fn_adamw, lr=1e-3),
             lr_scheduler_fn=partial(lr_scheduler_fn_cosine_with_warmup, t_max=1000, t_warmup=50),
             topology="one-peer-exp",
-        )
-        for x, y in loader:
-            loss_fn(model(x), y).backward()   # steps and gossips inside backward
+        ) as model:
+            for x, y in loader:
+                loss_fn(model(x), y).backward()   # steps and gossips inside backward
     """
 
     def __init__(
@@ -191,6 +171,7 @@ class DecentralizedDataParallel(nn.Module):
         bucket_size_in_mb: float = 25,
         local_world_size: int | None = None,
         topology_kwargs: dict[str, Any] | None = None,
+        _local_world_size: int | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -209,7 +190,10 @@ class DecentralizedDataParallel(nn.Module):
             )
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if local_world_size is None:
+            local_world_size = _local_world_size
         self.module = model
+        self._plain = _unwrap_compiled(model)
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()
         self.topology = TopologyReg.create(
@@ -220,7 +204,6 @@ class DecentralizedDataParallel(nn.Module):
                 f"topology {self.topology!r} is built for world_size={self.topology.world_size}, "
                 f"but the process group has {self._world_size} ranks"
             )
-        self._optim_fn = optim_fn
         self._lr_scheduler_fn = lr_scheduler_fn
         self._scaler = scaler
         self._grad_clip_norm = float(grad_clip_norm)
@@ -228,12 +211,14 @@ class DecentralizedDataParallel(nn.Module):
         self._sync_buffers = bool(sync_buffer_in_global_avg)
         self._bucket_bytes = int(bucket_size_in_mb * 1024 * 1024)
 
-        named = [(n, p) for n, p in model.named_parameters()]
-        if not named:
+        every = list(self._plain.named_parameters())
+        if not every:
             raise ValueError("model has no parameters; there is nothing to train")
+        named = [(n, p) for n, p in every if p.requires_grad]
+        if not named:
+            raise ValueError("every parameter has requires_grad=False; there is nothing to train")
         self._names = [n for n, _ in named]
         self._params = [p for _, p in named]
-        self._index = {id(p): i for i, p in enumerate(self._params)}
         backend = dist.get_backend()
         for n, p in named:
             if backend == "nccl" and p.device.type != "cuda":
@@ -241,46 +226,49 @@ class DecentralizedDataParallel(nn.Module):
                     f"parameter '{n}' is on {p.device} but the backend is nccl; move the model to "
                     "cuda:LOCAL_RANK before wrapping it, or use the gloo backend"
                 )
-        self._initial_lr = self._check_factories(named)
+            if p.dtype == torch.float16 and scaler is not None and scaler.is_enabled():
+                raise ValueError(
+                    f"parameter '{n}' is float16, which a GradScaler cannot unscale; keep the "
+                    "parameters float32 and run the forward under torch.autocast(dtype=torch.float16)"
+                )
+        self._build_optim, trial = resolve_optim_fn(optim_fn, named)
+        check_scheduler(lr_scheduler_fn, trial)
+        self._initial_lr = float(trial.param_groups[0]["lr"])
+        del trial
 
-        self._check_ranks_agree(named)
+        self._check_ranks_agree(every)
         self._broadcast_from_rank0()
-        self._groups = self._make_groups()
+        self._res = _Resources()
+        self._make_groups()
 
-        self._buckets: list[_Bucket] | None = None
-        self._bucket_of: dict[int, tuple[_Bucket, int]] = {}
+        self._device = self._params[0].device
+        # bucket work runs beside the backward pass on CUDA (see _side)
+        self._stream = torch.cuda.Stream(self._device) if self._device.type == "cuda" else None
+        self._buckets: list[Bucket] | None = None
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
         self._seen_first: list[bool] = [False] * len(self._params)
-        self._hooks: dict[int, Any] = {}
         self._step = 0
         self._accumulate = False
-        self._in_backward = False
+        self._bwd_active = False
         self._next_launch = 0
         self._relaunch = False
+        self._alpha = 1.0
+        self._backup: tuple[int, list[torch.Tensor], list[Any]] | None = None
         self._comm_delay: CommDelayFn | None = None
-        self._timers = dict.fromkeys(_TIMER_KEYS, 0.0)
-        self._refresh_hooks()
+        self._timers = SpanTimers(_TIMER_KEYS, self._device)
+        self._closed = False
+        me = weakref.ref(self)
+        for i, p in enumerate(self._params):
+            self._res.handles.append(p.register_post_accumulate_grad_hook(_grad_hook(me, i)))
+        self._finalizer = weakref.finalize(self, self._res.release)
+        # at interpreter exit the default group may already be gone; nothing is left to free
+        self._finalizer.atexit = False
 
     # ------------------------------------------------------------------ setup
-    def _check_factories(self, named: list[tuple[str, nn.Parameter]]) -> float:
-        """Build a throwaway optimizer/scheduler to reject bad factories up front."""
-        opt = self._optim_fn([(p, n) for n, p in named])
-        if not isinstance(opt, Optimizer):
-            raise TypeError(
-                f"optim_fn returned {type(opt).__name__}; it must return a torch.optim.Optimizer"
-            )
-        if self._lr_scheduler_fn is not None:
-            sched = self._lr_scheduler_fn(opt)
-            if not callable(getattr(sched, "step", None)) or not hasattr(sched, "state_dict"):
-                raise TypeError(
-                    f"lr_scheduler_fn returned {type(sched).__name__}; it must return an LR scheduler "
-                    "with step() and state_dict()"
-                )
-        return float(opt.param_groups[0]["lr"])
-
     def _check_ranks_agree(self, named: list[tuple[str, nn.Parameter]]) -> None:
         sig = {
-            "params": [(n, tuple(p.shape), str(p.dtype)) for n, p in named],
+            "params": [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in named],
             "topology": (self.topology.name, self.topology.world_size, self.topology.period),
         }
         gathered: list[Any] = [None] * self._world_size
@@ -300,17 +288,18 @@ class DecentralizedDataParallel(nn.Module):
                 if pa != pb:
                     raise ValueError(
                         f"model parameters differ across ranks: rank 0 has {pa}, rank {r} has {pb} "
-                        f"(parameter #{i}); every rank must build the same model"
+                        f"(parameter #{i}: name, shape, dtype, requires_grad); every rank must "
+                        "build the same model"
                     )
 
     @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
         if self._world_size == 1:
             return
-        for t in list(self.module.parameters()) + list(self.module.buffers()):
+        for t in list(self._plain.parameters()) + list(self._plain.buffers()):
             dist.broadcast(t.data, src=0)
 
-    def _make_groups(self) -> dict[tuple[int, ...], Any]:
+    def _make_groups(self) -> None:
         """One process group per distinct multi-rank edge, created in the same order on every rank."""
         groups: dict[tuple[int, ...], Any] = {}
         full = tuple(range(self._world_size))
@@ -319,24 +308,17 @@ class DecentralizedDataParallel(nn.Module):
                 key = tuple(sorted(edge.ranks))
                 if len(key) < 2 or key in groups:
                     continue
-                groups[key] = dist.group.WORLD if key == full else dist.new_group(list(key))
+                if key == full:
+                    groups[key] = dist.group.WORLD
+                else:
+                    groups[key] = dist.new_group(list(key))
+                    self._res.groups.append(groups[key])
         self._my_edges: list[Edge] = [
             self.topology.get_edge(r, self._rank) for r in range(self.topology.period)
         ]
         # kept beside the edges: the user's Topology object is not modified
         self._my_groups = [groups.get(tuple(sorted(e.ranks))) for e in self._my_edges]
-        return groups
-
-    def _refresh_hooks(self) -> None:
-        for i, p in enumerate(self._params):
-            if p.requires_grad and i not in self._hooks:
-                self._hooks[i] = p.register_post_accumulate_grad_hook(self._make_hook(i))
-
-    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
-        def hook(param: torch.Tensor) -> None:
-            self._on_grad(index)
-
-        return hook
+        self._alone = Edge([self._rank], 1.0)
 
     def _build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:
         if layout is not None:
@@ -348,40 +330,16 @@ class DecentralizedDataParallel(nn.Module):
                 )
             groups = [[pos[n] for n in names] for names in layout]
         else:
-            # the gradient order can differ between ranks (rank-dependent branches): use rank 0's
-            shared: list[Any] = [self._order]
-            if self._world_size > 1:
-                dist.broadcast_object_list(shared, src=0)
-            recorded = list(shared[0])
-            rest = [i for i in reversed(range(len(self._params))) if i not in set(recorded)]
-            order = recorded + rest
-            groups = []
-            current: list[int] = []
-            size = 0
-            for i in order:
-                p = self._params[i]
-                nbytes = p.numel() * p.element_size()
-                if current:
-                    head = self._params[current[0]]
-                    if (
-                        head.dtype != p.dtype
-                        or head.device != p.device
-                        or size + nbytes > self._bucket_bytes
-                    ):
-                        groups.append(current)
-                        current, size = [], 0
-                current.append(i)
-                size += nbytes
-            if current:
-                groups.append(current)
+            groups = self._plan_buckets()
         buckets = []
         for b, idx in enumerate(groups):
             params = [self._params[i] for i in idx]
             for p in params:
-                if self._as_view and not _is_dense(p):
+                if self._as_view and not is_dense(p):
                     p.data = p.data.contiguous()
-            bucket = _Bucket(b, params, [self._names[i] for i in idx], self._as_view)
-            bucket.optimizer = self._optim_fn([(p, self._names[i]) for p, i in zip(params, idx)])
+            names = [self._names[i] for i in idx]
+            bucket = Bucket(b, params, names, self._as_view)
+            bucket.optimizer = self._build_optim(list(zip(names, params)))
             if self._lr_scheduler_fn is not None:
                 bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
             for j, i in enumerate(idx):
@@ -389,6 +347,37 @@ class DecentralizedDataParallel(nn.Module):
                 bucket.used[j] = self._seen_first[i]
             buckets.append(bucket)
         self._buckets = buckets
+        self._res.buckets[:] = buckets
+
+    def _plan_buckets(self) -> list[list[int]]:
+        """Parameter indices per bucket, in rank 0's gradient order, cut at the size target."""
+        # the gradient order can differ between ranks (rank-dependent branches): use rank 0's
+        shared: list[Any] = [self._order]
+        if self._world_size > 1:
+            dist.broadcast_object_list(shared, src=0)
+        recorded = list(shared[0])
+        seen = set(recorded)
+        order = recorded + [i for i in reversed(range(len(self._params))) if i not in seen]
+        groups: list[list[int]] = []
+        current: list[int] = []
+        size = 0
+        for i in order:
+            p = self._params[i]
+            nbytes = p.numel() * p.element_size()
+            if current:
+                head = self._params[current[0]]
+                if (
+                    head.dtype != p.dtype
+                    or head.device != p.device
+                    or size + nbytes > self._bucket_bytes
+                ):
+                    groups.append(current)
+                    current, size = [], 0
+            current.append(i)
+            size += nbytes
+        if current:
+            groups.append(current)
+        return groups
 
     # --------------------------------------------------------------- backward
     @property
@@ -396,13 +385,30 @@ class DecentralizedDataParallel(nn.Module):
         """Global-norm clipping and loss scaling need every gradient before any step."""
         return self._grad_clip_norm > 0 or (self._scaler is not None and self._scaler.is_enabled())
 
+    def _side(self) -> contextlib.AbstractContextManager[Any]:
+        """Bucket work runs on the side stream, after everything queued so far on the caller's."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        self._stream.wait_stream(torch.cuda.current_stream(self._device))
+        return torch.cuda.stream(self._stream)
+
+    def _begin_backward(self) -> None:
+        """Queue the end-of-backward work on the backward pass that is running now."""
+        self._bwd_active = True
+        if self._buckets is not None:
+            for b in self._buckets:
+                b.expected = sum(1 for p in b.params if p.requires_grad)
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def _on_output_grad(self) -> None:
+        # the forward's outputs get their gradient first, always in the outer backward; a
+        # parameter's may come from a nested one (reentrant checkpointing), whose end is too early
+        if not self._bwd_active:
+            self._begin_backward()
+
     def _on_grad(self, index: int) -> None:
-        if not self._in_backward:
-            self._in_backward = True
-            if self._buckets is not None:
-                for b in self._buckets:
-                    b.expected = sum(1 for p in b.params if p.requires_grad)
-            torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+        if not self._bwd_active:
+            self._begin_backward()  # a backward that did not pass through forward()'s outputs
         if self._buckets is None:
             if not self._seen_first[index]:
                 self._seen_first[index] = True
@@ -426,11 +432,12 @@ class DecentralizedDataParallel(nn.Module):
         if self._accumulate or self._deferred or bucket.stepped:
             return
         if bucket.n_fired >= bucket.expected:
-            self._step_bucket(bucket, skip_update=False)
-            self._launch_in_order()
+            with self._side():
+                self._step_bucket(bucket, skip_update=False)
+                self._launch_in_order()
 
     def _on_backward_end(self) -> None:
-        self._in_backward = False
+        self._bwd_active = False
         if self._buckets is None:
             if self._accumulate:
                 return
@@ -440,32 +447,65 @@ class DecentralizedDataParallel(nn.Module):
             for b in self._buckets:
                 b.reset_iteration()
             return
-        skip = False
-        if self._deferred:
-            skip = self._unscale_and_clip()
-        for b in self._buckets:
-            if not b.stepped:
-                self._step_bucket(b, skip_update=skip)
-        self._launch_in_order(force=True)
+        skip = self._unscale_and_clip() if self._deferred else False
+        self._finish_iteration(skip)
+
+    def _finish_iteration(self, skip: bool) -> None:
+        """Step what is left, launch every remaining gossip in order, and count the step."""
+        assert self._buckets is not None
+        with self._side():
+            for b in self._buckets:
+                if not b.stepped:
+                    self._step_bucket(b, skip_update=skip)
+            self._launch_in_order(force=True)
+        if self._stream is not None:
+            torch.cuda.current_stream(self._device).wait_stream(self._stream)
         for b in self._buckets:
             b.reset_iteration()
         self._next_launch = 0
         self._step += 1
 
+    def _recover_failed_backward(self) -> None:
+        """Complete an iteration whose backward raised, so that every rank stays in step.
+
+        Buckets that had stepped keep their update and their launched gossip.
+        The others drop their partial gradients and only mix (``d = 0``), so
+        this rank issues the same collectives as a normal iteration. With loss
+        scaling the rank reports an inf, so every worker skips that step.
+        Under gradient accumulation the partial gradients stay accumulated.
+        """
+        self._bwd_active = False
+        if self._buckets is None:
+            return
+        if self._accumulate:
+            for b in self._buckets:
+                b.reset_iteration()
+            return
+        for b in self._buckets:
+            if not b.stepped:
+                b.zero_grads()
+        skip = self._unscale_and_clip(failed=True) if self._deferred else True
+        self._finish_iteration(skip)
+
     @torch.no_grad()
-    def _unscale_and_clip(self) -> bool:
+    def _unscale_and_clip(self, failed: bool = False) -> bool:
         """Unscale (GradScaler) and clip the worker's global gradient norm; True skips the step."""
         assert self._buckets is not None
         grads = [g for b in self._buckets for g in b.grads()]
-        skip = False
+        skip = failed
         scaler = self._scaler
         if scaler is not None and scaler.is_enabled():
             scale = scaler._scale  # GradScaler keeps its scale as a 1-element tensor
-            inv = scale.double().reciprocal().float().to(grads[0].device) if grads else None
-            found = torch.zeros(1, dtype=torch.float32, device=scale.device)
-            for g in grads:
-                g.mul_(inv.to(g.dtype) if inv is not None else 1.0)
-                found += (~torch.isfinite(g)).any().to(found.dtype).to(found.device)
+            found = torch.full((1,), float(failed), dtype=torch.float32, device=scale.device)
+            if grads:
+                inv = scale.double().reciprocal().float().to(grads[0].device)
+                for g in grads:
+                    g.mul_(inv.to(g.dtype))
+                found += (
+                    torch.stack([(~torch.isfinite(g)).any() for g in grads])
+                    .any()
+                    .to(found.device, found.dtype)
+                )
             # every worker must skip together and keep the same scale
             dist.all_reduce(found, op=dist.ReduceOp.MAX)
             torch._amp_update_scale_(
@@ -476,7 +516,7 @@ class DecentralizedDataParallel(nn.Module):
                 scaler.get_backoff_factor(),
                 scaler.get_growth_interval(),
             )
-            skip = bool(found.item() > 0)
+            skip = bool(found.item() > 0)  # the optimizer step is host-side control flow
         if not skip and self._grad_clip_norm > 0 and grads:
             norms = torch.stack(
                 [torch.linalg.vector_norm(g.detach(), dtype=torch.float64) for g in grads]
@@ -488,58 +528,71 @@ class DecentralizedDataParallel(nn.Module):
         return skip
 
     @torch.no_grad()
-    def _wait(self, bucket: _Bucket) -> None:
+    def _wait(self, bucket: Bucket) -> None:
         if bucket.work is None:
             return
-        t0 = time.perf_counter()
+        t0 = self._timers.mark()
         bucket.work.wait()
         if self._comm_delay is not None:
             remaining = bucket.launch_t + bucket.delay_s - time.perf_counter()
             if remaining > 0:
                 time.sleep(remaining)
         bucket.work = None
-        self._timers["comm/wait_s"] += time.perf_counter() - t0
+        self._timers.add("comm/wait_s", t0, self._timers.mark())
 
     @torch.no_grad()
-    def _step_bucket(self, bucket: _Bucket, skip_update: bool) -> None:
-        """x(t) = W x(t-1) + d(t) for one bucket: wait, mix, local step, apply."""
+    def _step_bucket(self, bucket: Bucket, skip_update: bool) -> None:
+        """x(t) = x(t-1) + a (W x(t-1) - x(t-1)) + d(t) for one bucket: wait, mix, step, apply."""
         self._wait(bucket)
-        t0 = time.perf_counter()
-        mixing = bucket.pending is not None
-        if mixing:
-            self_w, peer_w = bucket.pending  # type: ignore[misc]
-            # comm holds peer_w * sum_j x_j; turn it into W x(t-1) - x_i(t-1)
-            for c, v in zip(bucket.comm_views, bucket.values()):
-                c.add_(v, alpha=self_w - peer_w - 1.0)
-        t1 = time.perf_counter()
+        t0 = self._timers.mark()
+        pending = bucket.pending
+        if pending is not None:
+            self._mix_correction(bucket)  # comm := W x(t-1) - x(t-1)
+        t1 = self._timers.mark()
+        opt = bucket.optimizer
+        assert opt is not None
         if not skip_update:
-            assert bucket.optimizer is not None
+            edge = pending[0] if pending is not None else self._alone
+            pre = getattr(opt, "pre_average_hook", None)
+            if pre is not None:
+                pre(edge, edge.self_weight)
             hidden = [j for j in range(len(bucket.params)) if not bucket.used[j]]
             for j in hidden:
-                bucket.params[
-                    j
-                ].grad = None  # skipped by the optimizer, as with zero_grad(set_to_none)
-            bucket.optimizer.step()
+                # skipped by the optimizer, as after zero_grad(set_to_none=True)
+                bucket.params[j].grad = None
+            opt.step()
             if bucket.scheduler is not None:
                 bucket.scheduler.step()
-            for j in hidden:
-                if bucket.grad_flat is not None:
+            if bucket.grad_flat is not None:
+                for j in hidden:
                     bucket.params[j].grad = bucket.grad_views[j]
-        t2 = time.perf_counter()
-        if mixing:
+        t2 = self._timers.mark()
+        if pending is not None:
             for c, v in zip(bucket.comm_views, bucket.values()):
-                v.add_(c)
+                v.add_(c, alpha=self._alpha)
+        if not skip_update:
+            post = getattr(opt, "post_average_hook", None)
+            if post is not None:
+                post()
         bucket.pending = None
-        if bucket.grad_flat is not None:
-            bucket.grad_flat.zero_()
-        else:
+        if self._stream is not None and bucket.grad_flat is None:
             for p in bucket.params:
-                p.grad = None
+                if p.grad is not None:
+                    p.grad.record_stream(self._stream)  # made on the backward's stream
+        bucket.zero_grads()
         bucket.used = [False] * len(bucket.params)
         bucket.stepped = True
-        t3 = time.perf_counter()
-        self._timers["comm/mix_s"] += (t1 - t0) + (t3 - t2)
-        self._timers["comm/optim_s"] += t2 - t1
+        t3 = self._timers.mark()
+        self._timers.add("comm/mix_s", t0, t1)
+        self._timers.add("comm/optim_s", t1, t2)
+        self._timers.add("comm/mix_s", t2, t3)
+
+    def _mix_correction(self, bucket: Bucket) -> None:
+        """Turn the received gossip in ``comm`` into ``W x(t-1) - x(t-1)``."""
+        _, self_w, peer_w = bucket.pending
+        # comm holds peer_w * sum_j x_j(t-1), own value included
+        for c, v in zip(bucket.comm_views, bucket.values()):
+            c.add_(v, alpha=self_w - peer_w - 1.0)
 
     def _launch_in_order(self, force: bool = False) -> None:
         """Launch gossips in bucket order, so every rank issues its collectives in the same order."""
@@ -552,35 +605,54 @@ class DecentralizedDataParallel(nn.Module):
             self._next_launch += 1
 
     @torch.no_grad()
-    def _launch(self, bucket: _Bucket, for_step: int) -> None:
+    def _launch(self, bucket: Bucket, for_step: int) -> None:
         """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
         round_index = (for_step - 1) % self.topology.period
         edge = self._my_edges[round_index]
         k = len(edge.ranks)
         if k == 1:
-            bucket.pending = None
+            bucket.pending = None  # a round alone costs nothing: no copy, no collective
             return
-        t0 = time.perf_counter()
+        t0 = self._timers.mark()
         peer_w = edge.peer_weight
         for c, v in zip(bucket.comm_views, bucket.values()):
             torch.mul(v, peer_w, out=c)  # copy and weight in one pass
-        bucket.pending = (edge.self_weight, peer_w)
+        bucket.pending = (edge, edge.self_weight, peer_w)
         bucket.launch_t = time.perf_counter()
         if self._comm_delay is not None:
             bucket.delay_s = float(self._comm_delay(bucket.numel * bucket.comm.element_size(), k))
         group = self._my_groups[round_index]
         bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
-        self._timers["comm/mix_s"] += time.perf_counter() - t0
+        self._timers.add("comm/mix_s", t0, self._timers.mark())
 
     # ---------------------------------------------------------------- forward
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module; parameters are exactly ``x(t-1)``."""
+        self._pre_forward()
+        out = self.module(*args, **kwargs)
+        self._watch_outputs(out)
+        return out
+
+    @torch.compiler.disable
+    def _pre_forward(self) -> None:
+        if self._closed:
+            raise RuntimeError("this DecentralizedDataParallel was closed; wrap the model again")
+        if self._bwd_active and torch._C._current_autograd_node() is None:
+            # a backward began and never finished: it raised
+            self._recover_failed_backward()
         if self._relaunch and self._buckets is not None:
             self._relaunch = False
             for b in self._buckets:
                 self._launch(b, self._step + 1)
-        self._refresh_hooks()
-        return self.module(*args, **kwargs)
+
+    @torch.compiler.disable
+    def _watch_outputs(self, out: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        me = weakref.ref(self)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(_output_hook(me))
 
     # ------------------------------------------------------- accumulation API
     @contextlib.contextmanager
@@ -604,6 +676,18 @@ class DecentralizedDataParallel(nn.Module):
         """Switch gradient accumulation on (no stepping) or off."""
         self._accumulate = bool(enable)
 
+    def set_adaptive_factor(self, factor: float) -> None:
+        """Set the mixing step size ``a`` of ``x(t) = (1-a) x(t-1) + a W x(t-1) + d(t)``.
+
+        ``a = 1`` (the default) is plain gossip, ``a = 0`` local training.
+
+        Raises:
+            ValueError: ``factor`` is not a number in ``[0, 1]``.
+        """
+        if not isinstance(factor, (int, float)) or not 0.0 <= float(factor) <= 1.0:
+            raise ValueError(f"adaptive factor {factor!r} is invalid; it must be in [0, 1]")
+        self._alpha = float(factor)
+
     # ------------------------------------------------------------ averaging
     def _drain(self) -> None:
         """Finish in-flight gossip (the results stay pending for the next step)."""
@@ -618,16 +702,18 @@ class DecentralizedDataParallel(nn.Module):
     def _average_targets(self) -> list[torch.Tensor]:
         """What global_avg() and averaged() average: parameters, and float buffers if enabled."""
         buffers = (
-            [b for b in self.module.buffers() if b.is_floating_point()]
+            [b for b in self._plain.buffers() if b.is_floating_point()]
             if self._sync_buffers
             else []
         )
         return self._all_values() + buffers
 
-    def _forget_gossip(self) -> None:
-        """Drop the (drained) gossip results: the next step mixes the identity."""
+    def _forget_gossip(self) -> list[Any]:
+        """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
+        dropped = [b.pending for b in self._buckets or []]
         for b in self._buckets or []:
             b.pending = None
+        return dropped
 
     @torch.no_grad()
     def _average_in_place(self, tensors: list[torch.Tensor]) -> None:
@@ -636,17 +722,54 @@ class DecentralizedDataParallel(nn.Module):
             t.div_(self._world_size)
 
     @torch.no_grad()
-    def global_avg(self) -> None:
+    def global_avg(self, will_revert: bool = True, return_d2c: bool = False) -> float | None:
         """Replace every worker's parameters (and float buffers, if enabled) by the global mean.
 
-        Gossip in flight is drained and discarded: all workers are identical
+        Gossip in flight is drained and set aside: all workers are identical
         afterwards, so the next step mixes the identity.
+
+        Args:
+            will_revert: Keep a copy of the current values (and the gossip set
+                aside) for :meth:`revert_global_avg`, as decent-dp 0.2.x does.
+            return_d2c: Return this worker's distance to the centre,
+                ``||x_i - xbar||`` (the Euclidean norm over all parameters).
+
+        Returns:
+            The distance to the centre when ``return_d2c``, else ``None``.
         """
         self._drain()
         targets = self._average_targets()
+        saved = [t.clone() for t in targets] if (will_revert or return_d2c) else []
         self._average_in_place(targets)
-        self._forget_gossip()
+        dropped = self._forget_gossip()
         self._relaunch = False
+        self._backup = (self._step, saved, dropped) if will_revert else None
+        if not return_d2c:
+            return None
+        n = len(self._all_values())
+        sq = sum((t.double() - s.double()).pow(2).sum() for t, s in zip(targets[:n], saved[:n]))
+        return float(torch.as_tensor(sq).sqrt().item())
+
+    @torch.no_grad()
+    def revert_global_avg(self) -> None:
+        """Restore the values saved by the last ``global_avg(will_revert=True)``.
+
+        Called before any further step, the gossip that was set aside is
+        restored too, so training continues as if nothing happened.
+
+        Raises:
+            RuntimeError: There is nothing to revert.
+        """
+        if self._backup is None:
+            raise RuntimeError("no global average to revert; call global_avg(will_revert=True)")
+        step, saved, dropped = self._backup
+        self._drain()
+        for t, s in zip(self._average_targets(), saved):
+            t.copy_(s)
+        if step == self._step:
+            for b, pending in zip(self._buckets or [], dropped):
+                b.pending = pending
+        self._backup = None
 
     @contextlib.contextmanager
     def averaged(self) -> Iterator[nn.Module]:
@@ -703,8 +826,14 @@ class DecentralizedDataParallel(nn.Module):
 
     # ---------------------------------------------------------- checkpoints
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped module's state dict, with its own keys (no wrapper prefix)."""
-        return self.module.state_dict(*args, **kwargs)
+        """The wrapped module's state dict, with its own keys (no wrapper or compile prefix).
+
+        ``torch.compile(wrapper).state_dict()`` gives the same keys, so that a
+        checkpoint loads into compiled and eager runs alike.
+        """
+        if kwargs.get("prefix") == "_orig_mod.":
+            kwargs["prefix"] = ""  # called by torch.compile's wrapper around this one
+        return self._plain.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
         """Load into the wrapped module in place; gossip restarts from the loaded values."""
@@ -713,7 +842,7 @@ class DecentralizedDataParallel(nn.Module):
                 "assign=True would detach parameters from their buckets; use assign=False"
             )
         self._drain()
-        result = self.module.load_state_dict(state_dict, strict=strict)
+        result = self._plain.load_state_dict(state_dict, strict=strict)
         if self._buckets is not None:
             self._forget_gossip()
             self._relaunch = self._step > 0
@@ -782,6 +911,25 @@ class DecentralizedDataParallel(nn.Module):
         self._step = int(state["step"])
         self._relaunch = self._step > 0 and self._buckets is not None
 
+    # ------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Finish in-flight gossip, remove the hooks and destroy the wrapper's process groups.
+
+        Idempotent. The parameters keep their current values and stay usable as
+        a plain module; this wrapper cannot train any more. Dropping the last
+        reference to a wrapper releases the same resources.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> DecentralizedDataParallel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     # ------------------------------------------------------------- utilities
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         # .to()/.cuda()/.double() would replace the parameters' storage and detach them from
@@ -804,14 +952,17 @@ class DecentralizedDataParallel(nn.Module):
             return float(self._buckets[0].optimizer.param_groups[0]["lr"])
         return self._initial_lr
 
+    def get_lr(self) -> float:
+        """decent-dp 0.2.x's name for :meth:`current_lr`."""
+        return self.current_lr()
+
     def pop_timers(self) -> dict[str, float]:
         """Seconds spent since the last call: waiting for gossip, mixing, and in the optimizer.
 
-        On CUDA the wait is the host-side time only (the device waits on a stream).
+        On CUDA these are device times measured with events on the stream that
+        does the bucket work; reading them synchronizes with those events.
         """
-        out = dict(self._timers)
-        self._timers = dict.fromkeys(_TIMER_KEYS, 0.0)
-        return out
+        return self._timers.pop()
 
     def set_comm_delay(self, fn: CommDelayFn | None) -> None:
         """Hold each gossip's completion until ``fn(nbytes, group_size)`` seconds after launch.
@@ -822,7 +973,7 @@ class DecentralizedDataParallel(nn.Module):
 
     @property
     def buckets_info(self) -> list[dict[str, Any]]:
-        """Name list, element count and dtype of each bucket (empty before the first backward)."""
+        """Name list, element count (padding included) and dtype of each bucket (empty before the first backward)."""
         return [
             {"names": list(b.names), "numel": b.numel, "dtype": str(b.dtype)}
             for b in (self._buckets or [])
@@ -830,3 +981,27 @@ class DecentralizedDataParallel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"topology={self.topology.name}, world_size={self._world_size}, step={self._step}"
+
+
+def _grad_hook(
+    ref: weakref.ReferenceType[DecentralizedDataParallel], index: int
+) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook that holds its wrapper weakly (it lives on the parameter)."""
+
+    def hook(param: torch.Tensor) -> None:
+        owner = ref()
+        if owner is not None:
+            owner._on_grad(index)
+
+    return hook
+
+
+def _output_hook(
+    ref: weakref.ReferenceType[DecentralizedDataParallel],
+) -> Callable[[torch.Tensor], None]:
+    def hook(grad: torch.Tensor) -> None:
+        owner = ref()
+        if owner is not None:
+            owner._on_output_grad()
+
+    return hook

@@ -12,11 +12,24 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp.topo import mixing_matrices
 
 D_IN, BATCH = 4, 8
+
+
+class _Bomb(torch.autograd.Function):
+    """Identity forward; its backward raises (a failure in the middle of backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("bomb: backward failed on purpose")
 
 
 class Net(nn.Module):
@@ -36,6 +49,8 @@ class Net(nn.Module):
         if kind == "conv":
             self.conv = nn.Conv2d(2, 3, kernel_size=(2, 1))
             self.head = nn.Linear(3, 1)
+        if kind == "frozen":
+            self.l2.weight.requires_grad_(False)
 
     def forward(self, x: torch.Tensor, step: int = 1, rank: int = 0) -> torch.Tensor:
         if self.kind == "lsq":
@@ -44,7 +59,12 @@ class Net(nn.Module):
             img = x.view(-1, 2, 2, 1).contiguous(memory_format=torch.channels_last)
             return self.head(torch.tanh(self.conv(img)).flatten(1))
         h = torch.tanh(self.l1(x))
+        if getattr(self, "bomb", False):
+            h = _Bomb.apply(h)
         h = torch.tanh(self.l2(h))
+        if self.kind == "ckpt":
+            # the head's gradients, the first of the backward, come from a nested backward
+            return checkpoint(self.head, h, use_reentrant=True)
         if self.kind == "tied":
             h = torch.tanh(self.l2(h))  # the same weights used twice in one pass
         out = self.head(h)
@@ -137,23 +157,50 @@ def train_steps(
                 out = ddp(a, t, rank) if kind != "lsq" else ddp(a)
                 ((out - b) ** 2).mean().backward()
         a, b = batch(rank, t)
+        failing = cfg.get("fail_at") == (t, rank)
+        ddp.module.bomb = failing
         out = ddp(a, t, rank) if kind != "lsq" else ddp(a)
+        ddp.module.bomb = False
         loss = ((out - b) ** 2).mean()
         if cfg.get("inf_at") == (t, rank):
             loss = loss * float("inf")
         if scaler is not None:
             loss = scaler.scale(loss)
+        if failing:
+            try:
+                loss.backward()
+            except RuntimeError as exc:
+                assert "bomb" in str(exc)
+            else:
+                raise AssertionError("the failing backward did not fail")
+            continue
         loss.backward()
         if cfg.get("global_avg_at") == t:
             ddp.global_avg()
 
 
+def compile_mode(model: nn.Module, cfg: dict[str, Any]) -> nn.Module:
+    """Compile the way users do: the module's forward, or the module itself, before wrapping."""
+    how = cfg.get("compile")
+    backend = cfg.get("compile_backend", "aot_eager")
+    if how == "forward":
+        model.forward = torch.compile(model.forward, backend=backend)  # type: ignore[method-assign]
+    elif how == "module":
+        model = torch.compile(model, backend=backend)  # type: ignore[assignment]
+    return model
+
+
 def train_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Train ``cfg['steps']`` steps; rank r starts from seed r, so the broadcast matters."""
-    model = make_model(cfg.get("kind", "mlp"), seed=rank)
+    model = compile_mode(make_model(cfg.get("kind", "mlp"), seed=rank), cfg)
     ddp = wrap(model, cfg)
+    if cfg.get("alpha") is not None:
+        ddp.set_adaptive_factor(cfg["alpha"])
+    if cfg.get("compile") == "wrapper":
+        ddp = torch.compile(ddp, backend=cfg.get("compile_backend", "aot_eager"))
     train_steps(ddp, rank, cfg, 1, cfg["steps"])
     out: dict[str, Any] = {"params": flat(ddp.module), "step": ddp.step_count}
+    out["keys"] = sorted(ddp.state_dict())
     if cfg.get("consensus"):
         out["consensus"] = ddp.consensus_distance()
         out["sketch"] = ddp.consensus_distance(sketch=cfg["consensus"])
@@ -199,6 +246,9 @@ def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
             loss_of(m, i, t, 0, kind).backward()
             if cfg.get("clip"):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
+            if cfg.get("fail_at") == (t, i):
+                # the backward stopped before l1: its buckets take no step this iteration
+                m.l1.weight.grad = m.l1.bias.grad = None
             if cfg.get("inf_at", (None,))[0] != t:  # an inf anywhere skips every worker's update
                 opt.step()
             if scheds[i] is not None and cfg.get("inf_at", (None,))[0] != t:
@@ -206,8 +256,10 @@ def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
         new = [flat(m) for m in models]
         w = mats[(t - 1) % len(mats)]
         stacked = torch.stack(old)
+        alpha = cfg.get("alpha", 1.0)
         for i, m in enumerate(models):
-            set_flat(m, (w[i].unsqueeze(1) * stacked).sum(0) + (new[i] - old[i]))
+            mixed = (w[i].unsqueeze(1) * stacked).sum(0)
+            set_flat(m, old[i] + alpha * (mixed - old[i]) + (new[i] - old[i]))
         if cfg.get("global_avg_at") == t:
             mean = torch.stack([flat(m) for m in models]).mean(0)
             for m in models:
