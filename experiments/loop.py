@@ -18,6 +18,26 @@
 5. Resume from the newest complete checkpoint in ``<run dir>/checkpoints``.
 6. Train for ``train.max_steps`` (or ``train.epochs``) steps, log metrics,
    evaluate every epoch and at the end, save checkpoints; write ``summary.json``.
+7. Close the wrapper and the metrics sinks, in a ``finally``.
+
+The hot path never waits on the host. A training step only queues work: the
+window's loss, accuracy and sample sums stay on the device
+(:class:`experiments.logging.TrainWindow`) and are read back once per metrics
+line, and batches come from loaders that do not copy from pageable memory.
+Every host read happens in a host phase, on steps that log, evaluate or save.
+On CUDA the throughput windows (``perf/samples_per_s``, ``perf/step_s``) close
+after ``torch.cuda.synchronize()``. The one exception is fp16 loss scaling
+(``train.amp=fp16``): torch's ``GradScaler.step`` and the wrapper read the
+found-inf flag on the host once per step, as they must to decide whether the
+optimizer steps.
+
+Consensus distance, in every run however short: the count-sketch estimate
+``consensus/distance_sketch`` (``log.consensus_sketch`` numbers of communication)
+on every training metrics line, and the exact ``consensus/distance`` on every
+evaluation line (every epoch and at the end) and every ``log.consensus_every``
+steps. Under ``allreduce`` both are 0 by construction and logged as 0.0, so
+every topology has the keys. Both are collectives, computed at the same steps
+on every rank.
 
 Evaluation: ``eval/acc`` is the accuracy of the globally averaged model (the
 wrapper's ``averaged()``, which also averages floating-point buffers such as
@@ -27,11 +47,22 @@ correct answers summed over workers, i.e. the workers' mean accuracy
 estimated on disjoint shards. Under ``allreduce`` all workers hold the same
 model and both numbers coincide.
 
-``train.nan_policy=skip``: a rank whose loss is not finite back-propagates a
-zero that still touches every parameter instead, so it takes part in the same
+Non-finite losses are found without a per-step host read. Each step records on
+the device whether its loss is finite; the next host phase reads that record.
+``train.nan_policy=error`` then stops every rank together (one small
+all-gather), naming the first such step and its rank, before any checkpoint
+could save the damaged model: training may have gone on for up to
+``log.every - 1`` steps past the bad one. ``train.nan_policy=skip``: gradient
+hooks replace every gradient of a step whose loss is not finite by zeros
+(``torch.where`` on the device flag), so that rank still takes part in the same
 optimizer step and gossip as every other rank (with a zero gradient; momentum
-and weight decay still apply). Skipping the backward instead would desynchronise
-the ranks' step counters and hang the next gossip.
+and weight decay still apply). Skipping the backward instead would
+desynchronise the ranks' step counters and hang the next gossip. Skipped steps
+are counted and reported at the next host phase.
+
+fp16 loss scaling: a step whose scaled gradients overflow skips both the
+optimizer and the LR scheduler, in the wrapper and in the ``allreduce``
+baseline alike (torch's usual recipe would step the scheduler anyway).
 """
 
 from __future__ import annotations
@@ -74,7 +105,13 @@ from experiments.checkpoint import (
 )
 from experiments.config import ALLREDUCE, plain
 from experiments.data import build_data
-from experiments.logging import MetricsLogger, json_safe, run_name_from_overrides
+from experiments.logging import (
+    MetricsLogger,
+    TrainWindow,
+    WindowClock,
+    json_safe,
+    run_name_from_overrides,
+)
 from experiments.models import build_model
 from experiments.netem import apply_network, profile_from_cfg
 
@@ -225,7 +262,13 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             "log.consensus_every",
             cfg.log.consensus_every,
             cfg.log.consensus_every >= 0,
-            ">= 0 (0 = never)",
+            ">= 0 (0 = only at evaluations)",
+        ),
+        (
+            "log.consensus_sketch",
+            cfg.log.consensus_sketch,
+            _is_int(cfg.log.consensus_sketch) and cfg.log.consensus_sketch >= 0,
+            "an integer >= 0 (0 = no sketch)",
         ),
         (
             "checkpoint.every_steps",
@@ -365,24 +408,6 @@ def _all_reduce(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
-def _zero_loss(params: list[nn.Parameter]) -> torch.Tensor:
-    """A loss of zero whose gradient is exactly zero for every parameter."""
-    return torch.stack([p.sum() for p in params]).sum() * 0.0
-
-
-@dataclass
-class _Window:
-    """Training statistics since the last metrics line (local to the rank)."""
-
-    loss_sum: float = 0.0
-    batches: int = 0
-    correct: float = 0.0
-    samples: int = 0
-
-    def state(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
-
-
 @dataclass
 class _History:
     """What the summary averages, saved in checkpoints so a resumed run sums the same."""
@@ -430,23 +455,25 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
     )
     job = _agree_on_job(cfg, run_dir, world_size)
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    trainer = _Trainer(cfg, job, rank, world_size, wall_start)
-    # opened once data and model exist, so a job that cannot start leaves no empty run behind
-    trainer.logger = MetricsLogger(
-        job.run_dir,
-        enabled=rank == 0,
-        wandb_cfg=cfg.logger,
-        config=job.config,
-        run_name=job.run_name,
-        group=job.group,
-    )
+    trainer: _Trainer | None = None
     ok = False
     try:
+        trainer = _Trainer(cfg, job, rank, world_size, wall_start)
+        # opened once data and model exist, so a job that cannot start leaves no empty run behind
+        trainer.logger = MetricsLogger(
+            job.run_dir,
+            enabled=rank == 0,
+            wandb_cfg=cfg.logger,
+            config=job.config,
+            run_name=job.run_name,
+            group=job.group,
+        )
         summary = trainer.fit()
         ok = True
         return summary
     finally:
-        trainer.logger.close()
+        if trainer is not None:
+            trainer.close()
         # only a clean job waits for its peers; after an error a peer may never arrive
         if ok and dist.is_initialized():
             dist.barrier()
@@ -471,7 +498,12 @@ class _Trainer:
         self.decentralized = self.topology != ALLREDUCE
         self.ckpt_root = job.run_dir / CHECKPOINT_DIR
         self.history = _History()
-        self.window = _Window()
+        self.window = TrainWindow(self.device)
+        self.clock = WindowClock(self.device)
+        self._handles: list[Any] = []  # hooks this job put on the model and optimizer
+        # the device flag that the gradient hooks of nan_policy=skip read
+        self._loss_finite: torch.Tensor | None = None
+        self._optimizer_stepped = False
         self.step = 0
         self.time_offset = 0.0
         self.resumed_from: int | None = None
@@ -504,8 +536,26 @@ class _Trainer:
         torch.manual_seed(int(t.seed) * 1000 + rank)
         self._setup_amp()
         self._wrap(model)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=float(t.label_smoothing))
-        self.network = apply_network(cfg.network, self.model, world_size)
+        try:
+            self.criterion = nn.CrossEntropyLoss(label_smoothing=float(t.label_smoothing))
+            self.network = apply_network(cfg.network, self.model, world_size)
+            if str(t.nan_policy) == "skip":
+                self._mask_nonfinite_grads()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release the hooks, the wrapper and the metrics sinks; safe to call twice."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        try:
+            model = getattr(self, "model", None)
+            if hasattr(model, "close"):  # the wrapper frees its hooks, groups and buffers
+                model.close()
+        finally:
+            self.logger.close()
 
     # ---------------------------------------------------------------- setup
     def _setup_amp(self) -> None:
@@ -568,6 +618,26 @@ class _Trainer:
             )
             self.optimizer = self._optim_fn()(list(model.named_parameters()))
             self.scheduler = self._scheduler_fn()(self.optimizer)
+            # GradScaler.step skips optimizer.step on overflow; this is how the loop learns of it
+            self._handles.append(self.optimizer.register_step_post_hook(self._note_step))
+
+    def _note_step(self, *_: Any) -> None:
+        self._optimizer_stepped = True
+
+    def _mask_nonfinite_grads(self) -> None:
+        """nan_policy=skip: zero every gradient of a step whose loss is not finite, on the device.
+
+        The hooks run before the gradient reaches ``.grad``, so before the wrapper's
+        step hooks and before DDP's all-reduce: the rank contributes exact zeros.
+        """
+
+        def mask(grad: torch.Tensor) -> torch.Tensor:
+            finite = self._loss_finite
+            return grad if finite is None else torch.where(finite, grad, 0.0)
+
+        for p in self.params:
+            if p.requires_grad:
+                self._handles.append(p.register_hook(mask))
 
     @property
     def ddp(self) -> DecentralizedDataParallel:
@@ -667,13 +737,7 @@ class _Trainer:
             torch.cuda.set_rng_state(shard["rng"]["cuda"], self.device)
         self.step = int(shard["step"])
         self.time_offset = float(shard.get("time_s", 0.0))
-        w = shard.get("window", {})
-        self.window = _Window(
-            loss_sum=float(w.get("loss_sum", 0.0)),
-            batches=int(w.get("batches", 0)),
-            correct=float(w.get("correct", 0.0)),
-            samples=int(w.get("samples", 0)),
-        )
+        self.window.load_state(shard.get("window", {}))
         h = shard.get("history", {})
         self.history = _History(
             samples_per_s=[float(v) for v in h.get("samples_per_s", [])],
@@ -738,12 +802,12 @@ class _Trainer:
 
     def _log_train(self, window_time: float, window_steps: int) -> dict[str, Any]:
         """The metrics line of the window that ends now (one small all-reduce)."""
-        w = self.window
         timers = self.ddp.pop_timers() if self.decentralized else {}
         keys = sorted(timers)
-        totals = _all_reduce(
-            [w.loss_sum, w.batches, w.correct, w.samples] + [timers[k] for k in keys], self.device
-        )
+        extra = torch.tensor([timers[k] for k in keys], dtype=torch.float64)
+        both = torch.cat([self.window.sums(), extra.to(self.device)])
+        dist.all_reduce(both)
+        totals = both.tolist()
         line = self._line()
         if totals[1] > 0:
             line["train/loss"] = totals[0] / totals[1]
@@ -763,8 +827,49 @@ class _Trainer:
         # the wrapper's timers: seconds per step, averaged over ranks
         for k, total in zip(keys, totals[4:]):
             line[k] = total / self.world_size / max(window_steps, 1)
-        self.window = _Window()
+        self.window.reset()
         return line
+
+    def _consensus(self, sketch: int | None = None) -> float:
+        """Consensus distance (a collective); 0 under allreduce, whose workers agree exactly."""
+        if not self.decentralized:
+            return 0.0
+        return self.ddp.consensus_distance(sketch=sketch)
+
+    def _check_finite(self) -> None:
+        """Read the non-finite-loss record of the steps since the last host phase.
+
+        Under ``nan_policy=error`` every rank learns of every rank's record (one
+        all-gather) and all stop with the same message, so none waits for a peer
+        that has stopped.
+        """
+        count, first = self.window.pop_nonfinite()
+        if str(self.cfg.train.nan_policy) != "error":
+            if count:
+                self.history.skipped += count
+                log.warning(
+                    "rank %d: %d step(s) up to step %d had a non-finite loss (first at step %d); "
+                    "their gradients were replaced by zeros",
+                    self.rank,
+                    count,
+                    self.step,
+                    first,
+                )
+            return
+        mine = torch.tensor(
+            [math.inf if first is None else float(first)], dtype=torch.float64, device=self.device
+        )
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        firsts = torch.cat(gathered).tolist()
+        bad = min(range(self.world_size), key=lambda r: (firsts[r], r))
+        if math.isinf(firsts[bad]):
+            return
+        kept = f"; checkpoints in {self.ckpt_root} are kept" if self.ckpt_root.exists() else ""
+        raise FloatingPointError(
+            f"non-finite loss at step {int(firsts[bad])} on rank {bad}{kept}; "
+            "lower optim.lr or set train.nan_policy=skip"
+        )
 
     @torch.no_grad()
     def _evaluate_local(self) -> list[float]:
@@ -797,6 +902,8 @@ class _Trainer:
         c_avg, l_avg, n, c_own = _all_reduce([avg[0], avg[1], avg[2], own[0]], self.device)
         n = max(n, 1.0)
         result = {"eval/acc": c_avg / n, "eval/acc_local": c_own / n, "eval/loss": l_avg / n}
+        result["consensus/distance"] = self._consensus()
+        self.history.consensus.append(result["consensus/distance"])
         self.last_eval, self.last_eval_step = result, self.step
         return result
 
@@ -823,24 +930,10 @@ class _Trainer:
         with self._autocast():
             out = self.model(x)
             loss = self.criterion(out.float(), y)
-        value = float(loss.detach())
-        if math.isfinite(value):
-            self.window.loss_sum += value
-            self.window.batches += 1
-            self.window.correct += float((out.detach().argmax(dim=1) == y).sum())
-            self.window.samples += y.numel()
-        else:
-            where = f"non-finite loss ({value}) at step {self.step + 1} on rank {self.rank}"
-            if str(self.cfg.train.nan_policy) == "error":
-                kept = (
-                    f"; checkpoints in {self.ckpt_root} are kept" if self.ckpt_root.exists() else ""
-                )
-                raise FloatingPointError(
-                    f"{where}{kept}; lower optim.lr or set train.nan_policy=skip"
-                )
-            log.warning("%s: skipping this batch's gradient", where)
-            self.history.skipped += 1
-            loss = _zero_loss(self.params)
+        # recorded on the device; the next host phase reads it (see _check_finite)
+        correct = (out.detach().argmax(dim=1) == y).sum()
+        finite = self.window.add(loss, correct, y.numel(), self.step + 1)
+        self._loss_finite = finite  # read by the gradient hooks of nan_policy=skip
         backward_loss = self.scaler.scale(loss) if self.scaler is not None else loss
         backward_loss.backward()  # the wrapper steps and gossips inside backward
         if not self.decentralized:
@@ -853,13 +946,19 @@ class _Trainer:
             if clip > 0:
                 self.scaler.unscale_(self.optimizer)
                 nn.utils.clip_grad_norm_(self.params, clip)
+            # GradScaler.step reads its found-inf flag on the host and skips optimizer.step on
+            # overflow; the step hook tells us, so no second read is needed
+            self._optimizer_stepped = False
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            # as in the wrapper: a skipped step holds the schedule back too
+            if self._optimizer_stepped:
+                self.scheduler.step()
         else:
             if clip > 0:
                 nn.utils.clip_grad_norm_(self.params, clip)
             self.optimizer.step()
-        self.scheduler.step()
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def fit(self) -> dict[str, Any]:
@@ -878,42 +977,62 @@ class _Trainer:
             self.steps_per_epoch,
             int(cfg.train.batch_size),
         )
-        every, cons_every = int(cfg.log.every), int(cfg.log.consensus_every)
-        ck_every = int(cfg.checkpoint.every_steps)
         bar = self._progress()
         redirect = logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext()
         self.model.train()
         # the throughput window counts training only: logging, evaluation and saving are excluded
-        window_start, window_steps = time.time(), 0
+        self.clock.start()
         with redirect:
             for x, y in self._batches():
                 self._train_step(x, y)
                 bar.update(1)
-                window_steps += 1
-                step = self.step
-                line: dict[str, Any] | None = None
-                if step % every == 0 or step == self.total_steps:
-                    line = self._log_train(time.time() - window_start, window_steps)
-                    window_steps = 0
-                paused = time.time()
-                if self.decentralized and cons_every > 0 and step % cons_every == 0:
-                    line = line if line is not None else self._line()
-                    line["consensus/distance"] = self.ddp.consensus_distance()
-                    self.history.consensus.append(line["consensus/distance"])
-                if line is not None:
-                    self.logger.log(line)
-                    self._report(bar, line)
-                if step % self.steps_per_epoch == 0 or step == self.total_steps:
-                    self._log_eval()
-                if ck_every > 0 and (step % ck_every == 0 or step == self.total_steps):
-                    self._save()
-                window_start = (
-                    time.time() if window_steps == 0 else window_start + (time.time() - paused)
-                )
+                self.clock.tick()
+                self._after_step(bar)
         bar.close()
         if self.last_eval_step != self.step:  # resumed at the very end: nothing was trained
             self._log_eval()
         return self._finish()
+
+    def _after_step(self, bar: Any) -> None:
+        """Hand the step to the host phase if it logs, evaluates or saves; else return at once."""
+        cfg, step, last = self.cfg, self.step, self.step == self.total_steps
+        every, cons_every = int(cfg.log.every), int(cfg.log.consensus_every)
+        ck_every = int(cfg.checkpoint.every_steps)
+        log_due = step % every == 0 or last
+        eval_due = step % self.steps_per_epoch == 0 or last
+        save_due = ck_every > 0 and (step % ck_every == 0 or last)
+        # an evaluation line carries the exact value anyway
+        cons_due = cons_every > 0 and step % cons_every == 0 and not eval_due
+        if log_due or eval_due or save_due or cons_due:
+            self._host_phase(bar, log_due, eval_due, save_due, cons_due)
+
+    def _host_phase(
+        self, bar: Any, log_due: bool, eval_due: bool, save_due: bool, cons_due: bool
+    ) -> None:
+        """Everything that reads the device or talks to the host; the same steps on every rank."""
+        if log_due:
+            seconds, steps = self.clock.close()
+        else:
+            self.clock.pause()
+        self._check_finite()
+        line: dict[str, Any] | None = None
+        if log_due:
+            line = self._log_train(seconds, steps)
+            sketch = int(self.cfg.log.consensus_sketch)
+            if sketch > 0:
+                line["consensus/distance_sketch"] = self._consensus(sketch=sketch)
+        if cons_due:
+            line = line if line is not None else self._line()
+            line["consensus/distance"] = self._consensus()
+            self.history.consensus.append(line["consensus/distance"])
+        if line is not None:
+            self.logger.log(line)
+            self._report(bar, line)
+        if eval_due:
+            self._log_eval()
+        if save_due:
+            self._save()
+        self.clock.resume()
 
     def _log_eval(self) -> None:
         result = self._evaluate()

@@ -35,6 +35,7 @@ TRAIN_KEYS = {
     "train/lr",
     "perf/samples_per_s",
     "perf/step_s",
+    "consensus/distance_sketch",
 }
 SUMMARY_KEYS = {
     "topology",
@@ -245,11 +246,18 @@ def test_run_in_process(topology, tmp_path, world_of_one):
     assert all(set(line) >= TRAIN_KEYS for line in train)
     evals = [line for line in lines if "eval/acc" in line]
     assert evals[-1]["step"] == 12 and evals[-1]["eval/acc"] == summary["eval/acc"]
+    # exact at every consensus_every step, and on the evaluation line (step 12) instead of the
+    # train line; one worker is always in consensus, and allreduce logs 0.0 by construction
+    exact = [
+        (line["step"], line["consensus/distance"]) for line in lines if "consensus/distance" in line
+    ]
+    assert exact == [(4, 0.0), (8, 0.0), (12, 0.0)]
+    assert "consensus/distance" in evals[-1] and "consensus/distance" not in train[-1]
+    assert [line["consensus/distance_sketch"] for line in train] == [0.0, 0.0, 0.0]
+    assert summary["consensus/distance"] == 0.0
     if topology == "allreduce":
-        assert not any("consensus/distance" in line or "comm/wait_s" in line for line in lines)
+        assert not any("comm/wait_s" in line for line in lines)
     else:
-        cons = [line["consensus/distance"] for line in lines if "consensus/distance" in line]
-        assert cons == [0.0, 0.0, 0.0]  # one worker is always in consensus
         assert all("comm/wait_s" in line for line in train)
 
 
@@ -273,6 +281,58 @@ def test_nan_policy_skip_keeps_stepping(topology, tmp_path, world_of_one):
     summary = run(cfg, run_dir=tmp_path)
     assert summary["train/steps"] == 8
     assert summary["train/skipped_steps"] > 0
+
+
+def _loss_scaling_on_cpu(monkeypatch, overflow_step: int | None) -> None:
+    """fp16-style loss scaling on the CPU: a GradScaler("cpu") without autocast.
+
+    With ``overflow_step``, the gradient of the first parameter becomes inf/NaN at that
+    step (1-based), as an fp16 overflow would make it.
+    """
+    from experiments import loop
+
+    def setup_amp(self) -> None:
+        self.amp_dtype = None
+        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+
+    wrap = loop._Trainer._wrap
+
+    def wrap_and_overflow(self, model) -> None:
+        wrap(self, model)
+        if overflow_step is not None:
+            self.params[0].register_hook(
+                lambda g: g * math.inf if self.step + 1 == overflow_step else g
+            )
+
+    monkeypatch.setattr(loop._Trainer, "_setup_amp", setup_amp)
+    monkeypatch.setattr(loop._Trainer, "_wrap", wrap_and_overflow)
+
+
+def test_fp16_overflow_holds_the_schedule_back_in_wrapper_and_allreduce(
+    tmp_path, world_of_one, monkeypatch
+):
+    # cosine warm-up: the LR changes at every step, so a held-back schedule shows
+    common = ["train.max_steps=6", "log.every=1", "log.consensus_every=0"]
+    lrs, losses = {}, {}
+    for name, topology, overflow in (
+        ("plain", "allreduce", None),
+        ("allreduce", "allreduce", 3),
+        ("wrapper", "one-peer-exp", 3),
+    ):
+        _loss_scaling_on_cpu(monkeypatch, overflow)
+        summary = run(_cfg(f"topology={topology}", *common), run_dir=tmp_path / name)
+        assert summary["train/steps"] == 6
+        train = [line for line in _lines(tmp_path / name) if "train/lr" in line]
+        assert [line["step"] for line in train] == [1, 2, 3, 4, 5, 6]
+        lrs[name] = [line["train/lr"] for line in train]
+        losses[name] = [line["train/loss"] for line in train]
+    # the LR logged after a step is the one the next step uses: step 3 skipped its scheduler step
+    assert lrs["allreduce"] == lrs["plain"][:2] + lrs["plain"][1:5]
+    assert lrs["wrapper"] == pytest.approx(lrs["allreduce"], rel=1e-12)
+    assert len(set(lrs["plain"])) == 6
+    # both skipped the optimizer step too (an inf gradient applied would end in NaN losses)
+    assert losses["wrapper"] == pytest.approx(losses["allreduce"], rel=1e-4)
+    assert losses["allreduce"][:3] == pytest.approx(losses["plain"][:3], rel=1e-6)
 
 
 @pytest.mark.parametrize("topology", ["one-peer-exp", "allreduce"])
@@ -338,21 +398,69 @@ def test_bad_batch_size_exits_with_one_line(tmp_path):
     assert time.time() - start < 120
 
 
-RESUME_COMMON = [
-    *QUICK,
+# the default log.consensus_every (50): a 30-step run must log consensus distances anyway
+RING = [
+    "log.progress=false",
+    "log.every=4",
     "topology=ring",
     "scheduler=step",
     "scheduler.step_size_epochs=0.5",
     "checkpoint.every_steps=8",
 ]
+RESUME_COMMON = [*RING, "logger=none"]
 
 
 @pytest.fixture(scope="module")
 def ring_run(tmp_path_factory) -> Path:
-    """A straight 30-step ring run on 2 ranks (22 steps per epoch), checkpointing every 8."""
+    """A straight 30-step ring run on 2 ranks (22 steps per epoch), checkpointing every 8.
+
+    wandb runs offline into the run directory.
+    """
     run_dir = tmp_path_factory.mktemp("ring") / "a"
-    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=30", f"hydra.run.dir={run_dir}"))
+    _check_ok(_torchrun(2, *RING, "logger=wandb", "train.max_steps=30", f"hydra.run.dir={run_dir}"))
     return run_dir
+
+
+def _wandb_history(run_dir: Path) -> list[dict]:
+    """The history rows of the offline wandb run in ``run_dir``, read from its ``.wandb`` file.
+
+    The file is a LevelDB-style log (a 7-byte header, then records of checksum, length and
+    type in 32 KiB blocks) of ``wandb_internal_pb2.Record`` messages.
+    """
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    payloads, pos, block, partial = [], 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the rest of a block is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:  # full
+            payloads.append(chunk)
+        elif kind == 2:  # first
+            partial = chunk
+        elif kind == 3:  # middle
+            partial += chunk
+        elif kind == 4:  # last
+            payloads.append(partial + chunk)
+    rows = []
+    for payload in payloads:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+            )
+    return rows
 
 
 def test_torchrun_two_ranks_writes_metrics_and_summary(ring_run):
@@ -367,15 +475,15 @@ def test_torchrun_two_ranks_writes_metrics_and_summary(ring_run):
     assert [line["step"] for line in train] == [4, 8, 12, 16, 20, 24, 28, 30]
     assert all(set(line) >= TRAIN_KEYS | {"comm/wait_s"} for line in train)
     assert math.isclose(train[-1]["epoch"], 30 / 22)
-    assert [line["step"] for line in lines if "consensus/distance" in line] == [
-        4,
-        8,
-        12,
-        16,
-        20,
-        24,
-        28,
-    ]
+    # consensus_every=50 never fires: the exact value comes with each evaluation
+    exact = {
+        line["step"]: line["consensus/distance"] for line in lines if "consensus/distance" in line
+    }
+    assert list(exact) == [22, 30] and all(v > 0 for v in exact.values())
+    sketch = {line["step"]: line["consensus/distance_sketch"] for line in train}
+    assert all(v > 0 for v in sketch.values())
+    # unbiased, with a relative standard error of at most sqrt(2/1024) = 4.4%
+    assert abs(sketch[30] - exact[30]) <= 0.3 * exact[30]
     assert math.isclose(summary["consensus/distance"], _mean(lines, "consensus/distance"))
     # evaluated at the end of epoch 1 (step 22) and at the end
     assert [line["step"] for line in lines if "eval/acc" in line] == [22, 30]
@@ -392,6 +500,24 @@ def test_torchrun_two_ranks_resume_matches_straight_run(ring_run, tmp_path):
     for key in ("eval/acc", "eval/acc_local", "eval/loss", "train/loss"):
         assert resumed[key] == straight[key], key
     _assert_same_final_params(ring_run, tmp_path, world_size=2)
+
+
+def test_torchrun_short_run_logs_consensus_to_wandb_too(ring_run):
+    rows = _wandb_history(ring_run)
+    exact = {r["_step"]: r["consensus/distance"] for r in rows if "consensus/distance" in r}
+    sketch = {
+        r["_step"]: r["consensus/distance_sketch"] for r in rows if "consensus/distance_sketch" in r
+    }
+    lines = _lines(ring_run)
+    assert exact == {
+        line["step"]: line["consensus/distance"] for line in lines if "consensus/distance" in line
+    }
+    assert sketch == {
+        line["step"]: line["consensus/distance_sketch"]
+        for line in lines
+        if "consensus/distance_sketch" in line
+    }
+    assert sorted(exact) == [22, 30] and sorted(sketch) == [4, 8, 12, 16, 20, 24, 28, 30]
 
 
 def _mean(lines: list[dict], key: str) -> float:

@@ -1,0 +1,126 @@
+"""The training loop's hot path never waits on the host, and it closes what it opens.
+
+A real in-process run (world size 1, gloo) counts every call of ``Tensor.item``,
+``Tensor.__float__``, ``Tensor.__bool__`` and ``Tensor.tolist``: none may happen
+between two metrics lines except in the host phases (logging, evaluation,
+checkpoints), whatever the topology, clipping or ``nan_policy``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from decent_dp.ddp import DecentralizedDataParallel
+from experiments import loop
+from experiments.loop import run
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
+COUNTED = ("item", "__float__", "__bool__", "tolist")
+EXPLODE = ["scheduler=constant", "optim.lr=1e12", "optim.momentum=0", "train.nan_policy=skip"]
+
+
+@pytest.fixture(autouse=True)
+def _clear_hydra():
+    yield
+    GlobalHydra.instance().clear()
+
+
+def _cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*QUICK, *overrides])
+
+
+class _HostReads:
+    """Counts host reads of tensors by phase: before the first metrics line, steps, host phases."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.phase = "setup"  # the first backward builds the buckets: not counted
+        self.in_steps: list[str] = []
+        self.in_host = 0
+        self.steps = 0
+        for name in COUNTED:
+            monkeypatch.setattr(
+                torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name)
+            )
+        host_phase, train_step = loop._Trainer._host_phase, loop._Trainer._train_step
+        finish = loop._Trainer._finish
+        reads = self
+
+        def counted_host_phase(trainer: Any, bar: Any, log_due: bool, *rest: Any) -> None:
+            before, reads.phase = reads.phase, "host"
+            try:
+                host_phase(trainer, bar, log_due, *rest)
+            finally:
+                reads.phase = "steps" if log_due or before == "steps" else before
+
+        def counted_train_step(trainer: Any, *args: Any) -> None:
+            reads.steps += reads.phase == "steps"
+            train_step(trainer, *args)
+
+        def counted_finish(trainer: Any) -> Any:
+            reads.phase = "done"
+            return finish(trainer)
+
+        monkeypatch.setattr(loop._Trainer, "_host_phase", counted_host_phase)
+        monkeypatch.setattr(loop._Trainer, "_train_step", counted_train_step)
+        monkeypatch.setattr(loop._Trainer, "_finish", counted_finish)
+
+    def _counting(self, original: Any, name: str) -> Any:
+        reads = self
+
+        def counting(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if reads.phase == "steps":
+                reads.in_steps.append(name)
+            elif reads.phase == "host":
+                reads.in_host += 1
+            return original(tensor, *args, **kwargs)
+
+        return counting
+
+
+@pytest.mark.parametrize(
+    ("topology", "extra"),
+    [
+        ("one-peer-exp", ["train.grad_clip_norm=1.0"]),
+        ("allreduce", ["train.grad_clip_norm=1.0"]),
+        ("ring", EXPLODE),
+        ("allreduce", EXPLODE),
+    ],
+    ids=["wrapper-clip", "allreduce-clip", "wrapper-nan-skip", "allreduce-nan-skip"],
+)
+def test_no_host_reads_between_metrics_lines(topology, extra, tmp_path, world_of_one, monkeypatch):
+    reads = _HostReads(monkeypatch)
+    # metrics lines at 4, 8, 12; a checkpoint at 6 is a host phase that is not a metrics line
+    cfg = _cfg(f"topology={topology}", "train.max_steps=12", "checkpoint.every_steps=6", *extra)
+    summary = run(cfg, run_dir=tmp_path)
+    assert summary["train/steps"] == 12
+    assert reads.steps == 8  # steps 5..12 were watched
+    assert reads.in_steps == [], f"host reads inside training steps: {reads.in_steps}"
+    assert reads.in_host > 0  # the counters do see the reads of the host phases
+    if "train.nan_policy=skip" in extra:
+        # the skip decision happens on the device; the count arrives at the next host phase
+        assert summary["train/skipped_steps"] > 0
+
+
+def test_run_closes_the_wrapper_on_success_and_on_error(tmp_path, world_of_one, monkeypatch):
+    closed: list[DecentralizedDataParallel] = []
+    close = DecentralizedDataParallel.close
+
+    def recording_close(self: DecentralizedDataParallel) -> None:
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(DecentralizedDataParallel, "close", recording_close)
+    run(_cfg("topology=ring", "train.max_steps=2"), run_dir=tmp_path / "ok")
+    assert len(closed) == 1
+    bad = _cfg("topology=ring", "train.max_steps=12", "scheduler=constant", "optim.lr=1e12")
+    with pytest.raises(FloatingPointError, match="non-finite loss at step"):
+        run(bad, run_dir=tmp_path / "nan")
+    assert len(closed) == 2 and closed[0] is not closed[1]
