@@ -6,7 +6,10 @@ directory holding ``metrics.jsonl`` and/or ``summary.json``, searched
 recursively) and writes ``report.md`` and four PNG plots into ``--out``, or
 into the first given directory:
 
-* ``consensus_vs_step.png``: consensus distance against optimizer steps (log y);
+* ``consensus_vs_step.png``: consensus distance against optimizer steps (log y): the
+  exact values (logged with every evaluation) as points, and the count-sketch estimate
+  of every metrics line (``consensus/distance_sketch``) as a thin line of the same
+  colour and style;
 * ``loss_vs_time.png``: training loss against wall-clock seconds;
 * ``acc_vs_epoch.png``: accuracy of the globally averaged model against epochs;
 * ``throughput.png``: mean samples/s of every run.
@@ -303,25 +306,42 @@ def _line_plot(
     title: str,
     path: Path,
     logy: bool,
-) -> None:
+    thin: str | None = None,
+    thin_label: str | None = None,
+) -> list[tuple[str, str, int]]:
+    """Plot ``y`` of every run against ``x``; with ``thin``, ``y`` as points and ``thin`` as lines.
+
+    Returns:
+        ``(run label, key, number of points)`` of every line drawn.
+    """
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10.0, 4.5))
-    drawn = 0
+    drawn: list[tuple[str, str, int]] = []
     colors, styles = _styles(runs)
     for run in runs:
         pts = run.series(x, y)
+        thin_pts = run.series(x, thin) if thin is not None else []
         if logy:
             pts = [p for p in pts if p[1] > 0]
-        if pts:
-            ax.plot(
-                *zip(*pts),
-                label=run.label,
-                color=colors[run.topology],
-                linestyle=styles[run.network],
-                marker="." if len(pts) < 30 else None,
-            )
-            drawn += 1
+            thin_pts = [p for p in thin_pts if p[1] > 0]
+        style = {"color": colors[run.topology], "linestyle": styles[run.network]}
+        if pts and thin is not None:
+            # sparse exact values: points only, a line between them would hide what the
+            # thin line shows
+            ax.plot(*zip(*pts), label=run.label, marker="o", markersize=4, linestyle="none",
+                    color=style["color"])  # fmt: skip
+            drawn.append((run.label, y, len(pts)))
+        elif pts:
+            ax.plot(*zip(*pts), label=run.label, marker="." if len(pts) < 30 else None, **style)
+            drawn.append((run.label, y, len(pts)))
+        if thin_pts:
+            # labelled only when the run has no main line, so that it still appears in the legend
+            label = None if pts else run.label
+            ax.plot(*zip(*thin_pts), label=label, linewidth=0.7, alpha=0.6, **style)
+            drawn.append((run.label, str(thin), len(thin_pts)))
+    if thin is not None and any(key == thin for _, key, _ in drawn):
+        ax.plot([], [], color="gray", linewidth=0.7, alpha=0.6, label=thin_label or thin)
     if logy and drawn:
         ax.set_yscale("log")
     if drawn:
@@ -336,6 +356,7 @@ def _line_plot(
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return drawn
 
 
 def _styles(runs: Sequence[Run]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -382,8 +403,10 @@ def _plots(runs: Sequence[Run], out: Path) -> dict[str, Path]:
     paths = {key: out / name for key, name in PLOTS.items()}
     _plot_labels(runs)
     _line_plot(runs, "step", "consensus/distance", "optimizer step",
-               "consensus distance (1/n) Σ‖x_i − x̄‖² (log)", "Consensus distance",
-               paths["consensus"], logy=True)  # fmt: skip
+               "consensus distance (1/n) Σ‖x_i − x̄‖² (log)",
+               "Consensus distance (points: exact; thin lines: count-sketch estimate)",
+               paths["consensus"], logy=True, thin="consensus/distance_sketch",
+               thin_label="thin lines: count-sketch estimate")  # fmt: skip
     _line_plot(runs, "time_s", "train/loss", "wall-clock time (s)", "training loss",
                "Training loss vs time", paths["loss"], logy=False)  # fmt: skip
     _line_plot(runs, "epoch", "eval/acc", "epoch", "eval accuracy (averaged model, fraction)",

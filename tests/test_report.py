@@ -42,6 +42,8 @@ def _write_run(
                 "perf/step_s": 0.01,
                 "comm/wait_s": 0.001,
             }
+            if consensus is not None:  # the sketch estimate, on every metrics line
+                line["consensus/distance_sketch"] = 1.1 * consensus[epoch - 1]
             logger.log(line)
         eval_line = {"step": step, "epoch": float(epoch), "time_s": 10.0 * epoch,
                      "eval/acc": acc, "eval/acc_local": acc - 0.01, "eval/loss": 1 - acc}  # fmt: skip
@@ -139,6 +141,31 @@ def test_report_table_values(sweep: Path) -> None:
         data = (sweep / name).read_bytes()
         assert data[:4] == b"\x89PNG" and len(data) > 5000, name
         assert f"]({name})" in text
+
+
+def test_consensus_plot_draws_exact_points_and_the_sketch_thin(
+    sweep: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plotted: dict[str, list[tuple[str, str, int]]] = {}
+    line_plot = report._line_plot
+
+    def recording(runs: Any, x: str, y: str, *args: Any, **kwargs: Any) -> Any:
+        plotted[y] = line_plot(runs, x, y, *args, **kwargs)
+        return plotted[y]
+
+    monkeypatch.setattr(report, "_line_plot", recording)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report.build_report([sweep])
+    drawn = plotted["consensus/distance"]
+    # every run with consensus values: its 3 exact points (one per evaluation) and its
+    # 6 sketch points (one per metrics line); the allreduce runs logged neither here
+    exact = sorted(label for label, key, n in drawn if key == "consensus/distance" and n == 3)
+    sketch = sorted(
+        label for label, key, n in drawn if key == "consensus/distance_sketch" and n == 6
+    )
+    assert len(exact) == 5 and exact == sketch
+    assert len(drawn) == 10
 
 
 def test_report_to_other_dir_and_target(sweep: Path, tmp_path: Path) -> None:
