@@ -15,6 +15,7 @@ registered topology.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import random
@@ -36,6 +37,8 @@ __all__ = [
     "AlternatingExpRingTopology",
     "RandomMatchingTopology",
     "LocalSGDTopology",
+    "BaseKTopology",
+    "base_k_period_bound",
     "mixing_matrices",
     "spectral_gap",
     "period_contraction",
@@ -102,7 +105,10 @@ class Topology:
 
     Subclasses override :meth:`_get_topo_edges` and return one list of
     :class:`Edge` per round of the period. Every rank must appear in exactly
-    one edge of every round, and every weight must lie in ``[0, 1]``.
+    one edge of every round, and every weight must lie in ``[0, 1]``. Inside
+    :meth:`_get_topo_edges`, as in decent-dp 0.2.x, ``self._world_size``,
+    ``self._local_world_size`` and ``self._n_nodes`` (``world_size //
+    local_world_size``, the number of whole nodes) are already set.
 
     Args:
         world_size: Number of workers ``n``; taken from ``torch.distributed``
@@ -132,6 +138,8 @@ class Topology:
             raise ValueError(f"local_world_size={local} is invalid; it must be >= 1")
         self._world_size = n
         self._local_world_size = local
+        # decent-dp 0.2.x subclasses read these three in _get_topo_edges()
+        self._n_nodes = n // local
         self._rounds = self._get_topo_edges()
         self._validate()
 
@@ -381,7 +389,8 @@ class OnePeerExpTopology(Topology):
             return _trivial()
         if not _is_power_of_two(n):
             raise ValueError(
-                f"one-peer-exp needs a power-of-two world size, got n={n}; use 'ring' for other sizes"
+                f"one-peer-exp needs a power-of-two world size, got n={n}; use 'base-k' (one "
+                "peer, exact average for any n) or 'ring' for other sizes"
             )
         return [
             [Edge(pair, 0.5) for pair in _greedy_shift_pairs(n, 2**r)]
@@ -530,6 +539,218 @@ class LocalSGDTopology(Topology):
             return _trivial()
         local = [Edge([i], 1.0) for i in range(n)]
         return [list(local) for _ in range(self._period_arg - 1)] + [[Edge(range(n), 1.0 / n)]]
+
+
+# --------------------------------------------------------------------------- base-(k+1)
+
+# a group as (ranks, weight) and a round as a tuple of groups: hashable, so schedules are cached
+_Group = tuple[tuple[int, ...], float]
+_Sched = tuple[tuple[_Group, ...], ...]
+
+
+def _leading_digit(n: int, base: int) -> tuple[int, int]:
+    """``(a, p)`` with ``a * base**p <= n < (a + 1) * base**p`` and ``1 <= a < base``."""
+    p = 0
+    while base ** (p + 1) <= n:
+        p += 1
+    return n // base**p, p
+
+
+@functools.cache
+def _smooth_factors(n: int, base: int) -> tuple[int, ...] | None:
+    """Fewest factors, each in ``2..base``, whose product is ``n``; ``None`` if there are none."""
+    if n == 1:
+        return ()
+    options = [
+        (d, *rest)
+        for d in range(min(base, n), 1, -1)
+        if n % d == 0 and (rest := _smooth_factors(n // d, base)) is not None
+    ]
+    return min(options, key=len) if options else None
+
+
+def _hyper_hypercube(nodes: Sequence[int], factors: Sequence[int]) -> _Sched:
+    """Exact averaging of ``nodes`` in ``len(factors)`` rounds.
+
+    Node ``i`` is written in the mixed radix ``factors``; round ``j`` averages
+    uniformly each group of nodes that differ only in digit ``j``.
+    """
+    rounds = []
+    stride = 1
+    for f in factors:
+        groups = tuple(
+            (tuple(nodes[i + d * stride] for d in range(f)), 1.0 / f)
+            for i in range(len(nodes))
+            if (i // stride) % f == 0
+        )
+        rounds.append(groups)
+        stride *= f
+    return tuple(rounds)
+
+
+def _side_by_side(*schedules: _Sched) -> _Sched:
+    """Run schedules on disjoint nodes in parallel; a finished one leaves its nodes alone."""
+    length = max((len(s) for s in schedules), default=0)
+    return tuple(tuple(g for s in schedules if r < len(s) for g in s[r]) for r in range(length))
+
+
+def _relabel(schedule: _Sched, offset: int) -> _Sched:
+    return tuple(
+        tuple((tuple(r + offset for r in ranks), w) for ranks, w in groups) for groups in schedule
+    )
+
+
+def _deferred(nodes: tuple[int, ...], base: int) -> tuple[_Sched, _Sched]:
+    """Split exact averaging of ``nodes`` into phases ``(A, B)``.
+
+    After phase A every node holds a value whose *block* (a group that phase B
+    averages exactly) has the mean of all ``nodes``; nodes outside every block
+    already hold that mean. Phase B averages each block. Hence any step that
+    replaces every value ``y`` by ``(1 - c) y + c z``, with one ``z`` for all
+    of ``nodes``, may sit between the phases: the result is still the mean,
+    shifted the same way. This lets the exchange of an enclosing level
+    overlap phase B of the levels below it.
+    """
+    m = len(nodes)
+    a, p = _leading_digit(m, base)
+    factors = _smooth_factors(m, base)
+    # one pass when it is no longer than the leading block's (64 = 2^6 for k=2 is not)
+    if factors is not None and len(factors) <= p + (a > 1):
+        return (), _hyper_hypercube(nodes, factors)
+    v = a * base**p
+    block, tail = nodes[:v], nodes[v:]
+    block_pass = _hyper_hypercube(block, _smooth_factors(v, base) or ())
+    tail_a, tail_b = _deferred(tail, base)
+    before = _side_by_side(block_pass, tail_a)
+    # each tail node meets its own block node (len(tail) < base**p <= v); both keep s/m, with
+    # s = len(tail): the tail moves to (s y + v A) / m, and the block's mean becomes
+    # (v A + s B) / m, with A the block's and B the tail's mean
+    s = len(tail)
+    exchange = tuple(((t, b), s / m) for t, b in zip(tail, block))
+    return before + (exchange,), _side_by_side(block_pass, tail_b)
+
+
+@functools.cache
+def _base_k_schedule(n: int, base: int) -> _Sched:
+    """The shortest of: hyper-hypercube (smooth ``n``), the digit chain, and products."""
+    phase_a, phase_b = _deferred(tuple(range(n)), base)
+    best = phase_a + phase_b
+    factors = _smooth_factors(n, base)
+    if factors is not None and len(factors) < len(best):
+        best = _hyper_hypercube(range(n), factors)
+    # n = c * m with c smooth: average m-rank rows side by side, then each c-rank column
+    for c in range(2, n // 2 + 1):
+        col = _smooth_factors(c, base) if n % c == 0 else None
+        if col is None:
+            continue
+        m = n // c
+        row = _base_k_schedule(m, base)
+        if len(row) + len(col) >= len(best):
+            continue
+        rows = _side_by_side(*[_relabel(row, q * m) for q in range(c)])
+        cols = _side_by_side(
+            *[_hyper_hypercube([q * m + j for q in range(c)], col) for j in range(m)]
+        )
+        best = rows + cols
+    return best
+
+
+def base_k_period_bound(n: int, k: int) -> int:
+    """The period :class:`BaseKTopology` never exceeds: ``2p + 2 + [a > 1]``.
+
+    With ``n = a (k+1)^p + r``, ``1 <= a <= k`` and ``0 <= r < (k+1)^p`` (``a``
+    is the leading base-``(k+1)`` digit), and ``0`` for ``n = 1``. A world
+    size that factors into numbers ``<= k+1`` needs only its hyper-hypercube
+    (at most ``p + 1`` rounds). For ``k <= 3`` the bound is at most
+    ``2 log_{k+1}(n) + 2``, the bound of Takezawa et al. (NeurIPS 2023).
+    """
+    if n == 1:
+        return 0
+    a, p = _leading_digit(n, k + 1)
+    return 2 * p + 2 + (1 if a > 1 else 0)
+
+
+@TopologyReg.register("base-k")
+class BaseKTopology(Topology):
+    """Base-(k+1) graph: exact averaging after a finite period, any world size, ``<= k`` peers.
+
+    After Takezawa et al., "Beyond Exponential Graph: Communication-Efficient
+    Topologies for Decentralized Learning via Finite-time Convergence",
+    NeurIPS 2023. The product of one period's mixing matrices is exactly
+    ``11^T / n`` and no rank talks to more than ``k`` peers in a round. This
+    answers "one-peer-exp needs a power of two": ``base-k`` with ``k=1`` is a
+    one-peer topology with exact consensus for every ``n``.
+
+    Construction, with ``b = k + 1``:
+
+    - If ``n`` factors into numbers ``f_1 ... f_L <= b``, the *hyper-hypercube*:
+      write each rank in the mixed radix ``(f_1, ..., f_L)``; round ``j``
+      averages uniformly the ``f_j`` ranks that differ only in digit ``j``.
+      ``L`` rounds (the fewest factors).
+    - Otherwise split ``n`` by its leading base-``b`` digit, ``n = v + s`` with
+      ``v = a b^p`` and ``s < b^p``. The first ``v`` ranks run the
+      hyper-hypercube of ``v`` (average ``A``) while the other ``s`` ranks run
+      the first phase of the same construction for ``s`` (recursively). Then
+      one exchange round pairs each of the ``s`` ranks with its own rank of the
+      first ``v``; both keep ``s/n`` and take ``v/n`` (a uniform two-rank
+      edge). The ``s`` ranks now hold ``(s y + v A) / n``, whose mean over every
+      block still to be averaged is the global mean, and the ``v`` ranks hold
+      values whose mean is the global mean. Finally the ``v`` ranks run their
+      hyper-hypercube again while the ``s`` ranks finish theirs. Every edge is
+      uniform, with at most ``b`` members.
+    - If ``n = c m`` with ``c`` factoring into numbers ``<= b``, also consider
+      running the construction for ``m`` on ``c`` rows side by side and then
+      the hyper-hypercube of ``c`` on each column; the shortest wins.
+
+    Period bound (tested for every ``n`` up to 1024 and ``k`` up to 7): with
+    leading digit ``a`` and exponent ``p`` of ``n`` in base ``b``, the period is
+    at most ``2p + 2 + [a > 1]`` (:func:`base_k_period_bound`): the exchange at
+    level ``l`` happens after ``max(p_l + 1, p_{l+1} + 2) <= p_l + 2`` rounds of
+    its level, and the final pass adds ``p_1 + [a > 1]``. For ``k <= 3`` this
+    is at most ``2 log_{k+1}(n) + 2`` (``a >= 2 >= sqrt(k+1)``), the length
+    the paper states for its Base-(k+1) graph.
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        k: Maximum number of peers per round, an integer ``>= 1``.
+
+    Raises:
+        ValueError: ``k`` is not an integer ``>= 1``.
+
+    Example::
+
+        topo = BaseKTopology(world_size=6, k=1)    # or TopologyReg.create("base-k", 6, k=1)
+        topo.period                                 # 4; exact average after every 4 steps
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        k: int = 1,
+    ):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} is invalid; it must be an integer >= 1 (peers per round)")
+        self._k = k
+        super().__init__(world_size, local_world_size)
+
+    @property
+    def k(self) -> int:
+        """Maximum number of peers per round."""
+        return self._k
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        rounds = []
+        for groups in _base_k_schedule(n, self._k + 1):
+            busy = {r for ranks, _ in groups for r in ranks}
+            # ranks a round leaves alone keep their own model
+            rest = [((r,), 1.0) for r in range(n) if r not in busy]
+            rounds.append([Edge(ranks, w) for ranks, w in sorted([*groups, *rest])])
+        return rounds
 
 
 def mixing_matrices(
