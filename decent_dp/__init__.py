@@ -29,6 +29,11 @@ _EXPORTS = {
     "consensus_distance_sketch": "metrics",
     "count_sketch": "metrics",
     "AccumAdam": "optim",
+    "AccumAdamW": "optim",
+    "QGMSGD": "optim",
+    "optim_fn_qgm_sgd": "optim",
+    "LocalSGDTopology": "topo",
+    "BaseKTopology": "topo",
     "optim_fn_sgd": "optim",
     "optim_fn_adam": "optim",
     "optim_fn_adamw": "optim",
@@ -54,6 +59,11 @@ __all__ = [
     "consensus_distance_sketch",
     "count_sketch",
     "AccumAdam",
+    "AccumAdamW",
+    "QGMSGD",
+    "optim_fn_qgm_sgd",
+    "LocalSGDTopology",
+    "BaseKTopology",
     "optim_fn_sgd",
     "optim_fn_adam",
     "optim_fn_adamw",
@@ -70,7 +80,9 @@ if TYPE_CHECKING:
     from .ddp import DecentralizedDataParallel
     from .metrics import consensus_distance_exact, consensus_distance_sketch, count_sketch
     from .optim import (
+        QGMSGD,
         AccumAdam,
+        AccumAdamW,
         lr_scheduler_fn_constant,
         lr_scheduler_fn_cosine_with_warmup,
         lr_scheduler_fn_step,
@@ -78,9 +90,19 @@ if TYPE_CHECKING:
         optim_fn_accum_adamw,
         optim_fn_adam,
         optim_fn_adamw,
+        optim_fn_qgm_sgd,
         optim_fn_sgd,
     )
-    from .topo import Edge, Topology, TopologyReg, mixing_matrices, period_contraction, spectral_gap
+    from .topo import (
+        BaseKTopology,
+        Edge,
+        LocalSGDTopology,
+        Topology,
+        TopologyReg,
+        mixing_matrices,
+        period_contraction,
+        spectral_gap,
+    )
     from .utils import get_device, initialize_dist
 
 
