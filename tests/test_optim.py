@@ -431,3 +431,27 @@ def test_step_and_constant_schedulers() -> None:
         lr_scheduler_fn_step(_two_group_sgd(), step_size=0)
     with pytest.raises(ValueError, match="gamma"):
         lr_scheduler_fn_step(_two_group_sgd(), step_size=2, gamma=0.0)
+
+
+# --------------------------------------------------------------------------- 0.2.x names
+
+
+@pytest.mark.parametrize(("cls", "decoupled"), [(AccumAdam, False), (AccumAdamW, True)])
+def test_v02_classes_from_param_groups(cls, decoupled) -> None:
+    # decent-dp 0.2.x scripts build these from param groups with lr, betas, eps, weight_decay,
+    # accum_iter; the result must equal the factory with the same decay on the same group
+    gen = torch.Generator().manual_seed(3)
+    init = torch.randn(3, 2, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(3, 2, generator=gen, dtype=torch.float64) for _ in range(7)]
+    hp = {"lr": 0.05, "betas": (0.8, 0.9), "eps": 1e-6, "weight_decay": 0.1, "accum_iter": 3}
+    p = init.clone().requires_grad_(True)
+    q = init.clone().requires_grad_(True)
+    opt = cls([{"params": [p], "weight_decay": hp["weight_decay"]}], **hp)
+    ref = (optim_fn_accum_adamw if decoupled else optim_fn_accum_adam)([(q, "w")], **hp)
+    assert opt.defaults["decoupled"] is decoupled
+    for g in grads:
+        p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    assert torch.equal(p.detach(), q.detach())
+    assert type(optim_fn_accum_adamw([(q, "w")])) is AccumAdamW
