@@ -56,7 +56,10 @@ class Bucket:
     """A block of parameters that is stepped and gossiped as one unit.
 
     The padding between parameters is zero in every block and stays zero: the
-    optimizer never sees it and mixing zeros gives zero.
+    optimizer never sees it and mixing zeros gives zero. Gradients are the
+    parameters' own tensors: set to ``None`` after each step, so that autograd
+    hands its gradient over without an accumulation pass, and zeroing costs
+    nothing.
     """
 
     def __init__(self, index: int, params: list[nn.Parameter], names: list[str], as_view: bool):
@@ -69,21 +72,13 @@ class Bucket:
         self.offsets, self.numel = aligned_offsets(params, ref.element_size())
         self.comm = aligned_zeros(self.numel, self.dtype, self.device)
         self.flat: torch.Tensor | None = None
-        self.grad_flat: torch.Tensor | None = None
-        self.grad_views: list[torch.Tensor] = []
         if as_view:
             self.flat = aligned_zeros(self.numel, self.dtype, self.device)
-            self.grad_flat = aligned_zeros(self.numel, self.dtype, self.device)
             with torch.no_grad():
                 for p, off in zip(params, self.offsets):
                     view = flat_view(self.flat, off, p)
                     view.copy_(p.data)
                     p.data = view
-                    gview = flat_view(self.grad_flat, off, p)
-                    if p.grad is not None:
-                        gview.copy_(p.grad)
-                    p.grad = gview
-                    self.grad_views.append(gview)
             self.comm_views = [self.comm]
         else:
             self.comm_views = [
@@ -98,7 +93,6 @@ class Bucket:
         self.delay_s = 0.0
         # per-iteration state
         self.fired = [False] * len(params)  # a gradient arrived in the current backward pass
-        self.used = [False] * len(params)  # a gradient arrived since the last step
         self.expected = len(params)
         self.n_fired = 0
         self.stepped = False
@@ -108,18 +102,13 @@ class Bucket:
         return [self.flat] if self.flat is not None else [p.data for p in self.params]
 
     def grads(self) -> list[torch.Tensor]:
-        """The gradient storage that holds this iteration's gradients."""
-        if self.grad_flat is not None:
-            return [self.grad_flat]
+        """This iteration's gradients (parameters without one are skipped, as by optimizers)."""
         return [p.grad for p in self.params if p.grad is not None]
 
     def zero_grads(self) -> None:
-        """Zero the flat gradient block, or drop the parameters' own gradients."""
-        if self.grad_flat is not None:
-            self.grad_flat.zero_()
-        else:
-            for p in self.params:
-                p.grad = None
+        """Drop the gradients, so that the next backward hands its own tensors over uncopied."""
+        for p in self.params:
+            p.grad = None
 
     def reset_iteration(self) -> None:
         self.fired = [False] * len(self.params)

@@ -344,7 +344,6 @@ class DecentralizedDataParallel(nn.Module):
                 bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
             for j, i in enumerate(idx):
                 self._bucket_of[i] = (bucket, j)
-                bucket.used[j] = self._seen_first[i]
             buckets.append(bucket)
         self._buckets = buckets
         self._res.buckets[:] = buckets
@@ -415,16 +414,6 @@ class DecentralizedDataParallel(nn.Module):
                 self._order.append(index)
             return
         bucket, j = self._bucket_of[index]
-        p = bucket.params[j]
-        if (
-            bucket.grad_flat is not None
-            and p.grad is not None
-            and p.grad.data_ptr() != bucket.grad_views[j].data_ptr()
-        ):
-            # the gradient was replaced (e.g. zero_grad(set_to_none=True)); fold it back into the bucket
-            bucket.grad_views[j].copy_(p.grad)
-            p.grad = bucket.grad_views[j]
-        bucket.used[j] = True
         if bucket.fired[j]:
             return
         bucket.fired[j] = True
@@ -556,16 +545,10 @@ class DecentralizedDataParallel(nn.Module):
             pre = getattr(opt, "pre_average_hook", None)
             if pre is not None:
                 pre(edge, edge.self_weight)
-            hidden = [j for j in range(len(bucket.params)) if not bucket.used[j]]
-            for j in hidden:
-                # skipped by the optimizer, as after zero_grad(set_to_none=True)
-                bucket.params[j].grad = None
+            # parameters without a gradient since the last step have grad None: skipped
             opt.step()
             if bucket.scheduler is not None:
                 bucket.scheduler.step()
-            if bucket.grad_flat is not None:
-                for j in hidden:
-                    bucket.params[j].grad = bucket.grad_views[j]
         t2 = self._timers.mark()
         if pending is not None:
             for c, v in zip(bucket.comm_views, bucket.values()):
@@ -575,12 +558,11 @@ class DecentralizedDataParallel(nn.Module):
             if post is not None:
                 post()
         bucket.pending = None
-        if self._stream is not None and bucket.grad_flat is None:
+        if self._stream is not None:
             for p in bucket.params:
                 if p.grad is not None:
                     p.grad.record_stream(self._stream)  # made on the backward's stream
         bucket.zero_grads()
-        bucket.used = [False] * len(bucket.params)
         bucket.stepped = True
         t3 = self._timers.mark()
         self._timers.add("comm/mix_s", t0, t1)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_cases import flat, make_model, replay, train_steps, wrap
+from ddp_cases import flat, loss_of, make_model, replay, train_steps, wrap
 from dist_harness import ok_values, run_distributed
 from torch import nn
 from torch.testing import assert_close
@@ -103,8 +103,11 @@ def channels_last_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str
     ddp = wrap(make_model("conv", seed=rank), cfg)
     train_steps(ddp, rank, cfg, 1, cfg["steps"])
     w = ddp.module.conv.weight
+    params = flat(ddp.module)
+    with ddp.no_sync():  # gradients are dropped after each step; accumulate one to look at it
+        loss_of(ddp, rank, cfg["steps"] + 1, kind="conv").backward()
     return {
-        "params": flat(ddp.module),
+        "params": params,
         "channels_last": w.is_contiguous(memory_format=torch.channels_last)
         and not w.is_contiguous(),
         "grad_channels_last": w.grad is not None and w.grad.stride() == w.stride(),
