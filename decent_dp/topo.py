@@ -702,7 +702,7 @@ class BaseKTopology(Topology):
       running the construction for ``m`` on ``c`` rows side by side and then
       the hyper-hypercube of ``c`` on each column; the shortest wins.
 
-    Period bound (tested for every ``n`` up to 1024 and ``k`` up to 7): with
+    Period bound (checked for every ``n`` up to 1024 and ``k`` up to 7): with
     leading digit ``a`` and exponent ``p`` of ``n`` in base ``b``, the period is
     at most ``2p + 2 + [a > 1]`` (:func:`base_k_period_bound`): the exchange at
     level ``l`` happens after ``max(p_l + 1, p_{l+1} + 2) <= p_l + 2`` rounds of
