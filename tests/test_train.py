@@ -117,6 +117,7 @@ def _check_ok(proc: subprocess.CompletedProcess) -> None:
         (["optim=accum_adam", "optim.accum_iter=0"], 1, "accum_iter"),
         (["train.label_smoothing=1.0"], 1, "train.label_smoothing"),
         (["log.every=0"], 1, "log.every"),
+        (["log.consensus_sketch=-1"], 1, "log.consensus_sketch=-1"),
         (["checkpoint.keep=0"], 1, "checkpoint.keep"),
         (["dist.timeout_s=0"], 1, "dist.timeout_s"),
         (["dist.backend=mpi"], 1, "dist.backend"),
@@ -398,7 +399,8 @@ def ring_run(tmp_path_factory) -> Path:
     wandb runs offline into the run directory.
     """
     run_dir = tmp_path_factory.mktemp("ring") / "a"
-    _check_ok(_torchrun(2, *RING, "logger=wandb", "train.max_steps=30", f"hydra.run.dir={run_dir}"))
+    args = [*RING, "logger=wandb", "train.max_steps=30", f"hydra.run.dir={run_dir}"]
+    _check_ok(_torchrun(2, *args, timeout=240))  # wandb's service adds to the start-up
     return run_dir
 
 
