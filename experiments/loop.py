@@ -473,7 +473,13 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
         return summary
     finally:
         if trainer is not None:
-            trainer.close()
+            try:
+                trainer.close()
+            except Exception:
+                if ok:
+                    raise
+                # after an error (a lost peer, say) the first error is the one to report
+                log.warning("closing the job after an error failed too", exc_info=True)
         # only a clean job waits for its peers; after an error a peer may never arrive
         if ok and dist.is_initialized():
             dist.barrier()
