@@ -8,8 +8,8 @@ by a random factor of mean 1 drawn afresh every step (:class:`Jitter`), so the
 slowest worker changes from step to step.
 
 Transfers. A collective over ``k`` members moves ``S`` bytes as a ring: it takes
-``collective_ms + 2 (k-1) latency_ms + 2 (k-1)/k * S / (efficiency * B)``
-(:meth:`Link.collective_s`). ``efficiency`` is the fraction of line rate the
+``collective_ms`` + the latency of ``2 (k-1)`` hops + ``2 (k-1)/k * S / (efficiency * B)``
+(:func:`collective_s`). ``efficiency`` is the fraction of line rate the
 collective library reaches on that link type; ``collective_ms`` is the fixed
 cost of one collective call. A group inside one node uses the intra-node link;
 a group spanning nodes uses the network, and its ring crosses each spanned
