@@ -5,10 +5,10 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu lint format train sweep bench report simulate topo clean
+.PHONY: help install test test-all test-gpu lint format train sweep bench bench-upstream report simulate topo clean
 
 help: ## Show this help
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
 install: ## Create .venv and install the package with the experiments and dev extras
 	python3 -m venv .venv
@@ -41,6 +41,9 @@ sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default da
 
 bench: ## Step-time benchmark: local vs torch DDP vs every topology, 2 and 4 processes
 	$(PY) -m experiments.bench $(ARGS)
+
+bench-upstream: ## Step time vs decent-dp 0.2.3 (own venv in .bench/) and torch DDP; ARGS=--profile
+	$(PY) -m experiments.bench_upstream $(ARGS)
 
 report: ## Report over the newest sweep (or DIRS=...)
 	$(PY) -m experiments.report $(or $(DIRS),$(shell ls -td multirun/*/*/ 2>/dev/null | head -1)) $(ARGS)

@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from decent_dp import DecentralizedDataParallel
-from decent_dp.optim import optim_fn_sgd
-from decent_dp.topo import TopologyReg
-
+# decent_dp is imported inside the functions that use it: experiments.bench_upstream
+# reuses this module under decent-dp 0.2.3, which has the same import name
 MODELS = ("mlp", "resnet18")
 
 
@@ -67,14 +66,67 @@ def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def synthetic_batches(
+    batch: int, shape: tuple[int, ...], classes: int, seed: int, n: int = 4
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` random (input, label) batches that a benchmark cycles through."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(batch, *shape, generator=gen),
+            torch.randint(0, classes, (batch,), generator=gen),
+        )
+        for _ in range(n)
+    ]
+
+
+def timed_steps(
+    step: Callable[[int], None],
+    warmup: int,
+    steps: int,
+    after_warmup: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """Run ``warmup`` then ``steps`` steps and time them.
+
+    Returns:
+        ``median_step_s``: the median step time of the slowest rank;
+        ``cpu_step_s``: CPU seconds per step of a whole process (every thread,
+        gloo's included), the mean over ranks. Other users of the machine barely
+        change it, so it tells the work apart from the waiting for a core.
+    """
+    for i in range(warmup):
+        step(i)
+    if after_warmup is not None:
+        after_warmup()
+    dist.barrier()
+    times = []
+    cpu0 = time.process_time()
+    for i in range(steps):
+        t0 = time.perf_counter()
+        step(warmup + i)
+        times.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - cpu0) / steps
+    dist.barrier()
+    # the slowest rank sets the pace
+    med = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    mean_cpu = torch.tensor([cpu], dtype=torch.float64)
+    dist.all_reduce(mean_cpu)
+    return {
+        "median_step_s": float(med.item()),
+        "cpu_step_s": float(mean_cpu.item()) / dist.get_world_size(),
+    }
+
+
 def time_variant(
     variant: str, model_name: str, batch: int, warmup: int, steps: int, local_world_size: int
 ) -> dict[str, Any]:
+    from decent_dp import DecentralizedDataParallel
+    from decent_dp.optim import optim_fn_sgd
+
     rank, world = dist.get_rank(), dist.get_world_size()
     model, shape, classes = build(model_name)
-    gen = torch.Generator().manual_seed(rank)
-    xs = [torch.randn(batch, *shape, generator=gen) for _ in range(4)]
-    ys = [torch.randint(0, classes, (batch,), generator=gen) for _ in range(4)]
+    data = synthetic_batches(batch, shape, classes, seed=rank)
     loss_fn = nn.CrossEntropyLoss()
     optim_fn = partial(optim_fn_sgd, lr=0.01, momentum=0.9, weight_decay=0.0)
     wrapper: DecentralizedDataParallel | None = None
@@ -92,34 +144,21 @@ def time_variant(
         net = wrapper
 
     def step(i: int) -> None:
-        loss = loss_fn(net(xs[i % 4]), ys[i % 4])
-        loss.backward()
+        x, y = data[i % len(data)]
+        loss_fn(net(x), y).backward()
         if wrapper is None:
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-    for i in range(warmup):
-        step(i)
-    if wrapper is not None:
-        wrapper.pop_timers()
-    dist.barrier()
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        step(i)
-        times.append(time.perf_counter() - t0)
-    dist.barrier()
+    timed = timed_steps(step, warmup, steps, wrapper.pop_timers if wrapper is not None else None)
     timers = wrapper.pop_timers() if wrapper is not None else {}
-    # the slowest rank sets the pace
-    med = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
     row: dict[str, Any] = {
         "model": model_name,
         "params_m": n_params(model) / 1e6,
         "world_size": world,
         "batch": batch,
         "variant": variant,
-        "median_step_s": float(med.item()),
+        "median_step_s": timed["median_step_s"],
     }
     for key, value in timers.items():
         row[key.replace("comm/", "") + "_per_step"] = value / steps
@@ -143,6 +182,8 @@ def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    from decent_dp.topo import TopologyReg
+
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
