@@ -32,7 +32,8 @@ overlap, sets the pace there.
 step into compute, gradient accumulation, mixing, optimizer, waiting, zeroing,
 launching the gossip, and Python/other overhead. ``--candidate NAME=FILE``
 times a modified wrapper (a file defining ``DecentralizedDataParallel`` with
-this package's signature) as one more implementation.
+this package's signature) as one more implementation; ``--candidate
+NAME=REV`` times ``decent_dp`` as of a git revision (before/after a change).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -168,6 +170,9 @@ def _check_import(impl: str, impl_file: str) -> None:
 
 
 def _wrapper_class(impl: str, impl_file: str) -> Any:
+    if impl_file and Path(impl_file).is_dir():  # an exported git revision
+        sys.path.append(str(Path(impl_file).parent))
+        return importlib.import_module(f"{Path(impl_file).name}.ddp").DecentralizedDataParallel
     if impl_file:
         spec = importlib.util.spec_from_file_location(f"candidate_{impl}", impl_file)
         assert spec is not None and spec.loader is not None
@@ -268,6 +273,8 @@ def _category(ev: Any) -> str:
                 return "python_other"
             if ev.name in _ZERO_OPS:
                 return "zero"
+            if ev.name.startswith(("aten::_fused_", "aten::_foreach_")):
+                return "optimizer"  # an optimizer built by the wrapper itself, unlabelled
             return "mix" if ev.name in _MIX_OPS else "python_other"
         if "AccumulateGrad" in name:
             in_accumulate = True
@@ -532,8 +539,8 @@ def tables(results: dict[str, Any]) -> str:
     """Markdown: step times, ratios against the targets, and the profile breakdown."""
     lines = [
         "| procs | topology | impl | median step (ms) | rounds (ms) | CPU per step and rank (ms) "
-        "| wait | mix | optim |",
-        "|---:|---|---|---:|---|---:|---:|---:|---:|",
+        "| page faults per step | wait | mix | optim |",
+        "|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for cfg in results["configs"]:
         for r in cfg["rows"]:
@@ -544,7 +551,7 @@ def tables(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {cfg['procs']} | {cfg['topology']} | {r['impl']} | {ms('median_step_s')} | "
                 f"{' '.join(f'{x:.0f}' for x in r['rounds_ms'])} | {ms('cpu_step_s')} | "
-                f"{ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} |"
+                f"{r.get('faults_per_step', float('nan')):.0f} | {ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} |"
             )
     loads = ", ".join(
         f"{c['procs']} procs {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
@@ -623,13 +630,46 @@ def _config(text: str) -> tuple[int, str]:
     return int(procs), topo
 
 
+def _export_revision(rev: str) -> Path | None:
+    """``decent_dp`` as of git revision ``rev``, as a package of its own under ``.bench/revs``."""
+    res = subprocess.run(
+        ["git", "rev-parse", "--verify", "--short", f"{rev}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        return None
+    sha = res.stdout.strip()
+    # its own import name, so that it loads beside today's decent_dp (its imports are relative)
+    pkg = VENV.parent / "revs" / sha / f"decent_dp_{sha}"
+    if not (pkg / "ddp.py").exists():
+        tmp = pkg.parent / "tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", sha, "decent_dp"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        (tmp / "decent_dp").rename(pkg)
+        tmp.rmdir()
+    return pkg
+
+
 def _candidate(text: str) -> tuple[str, str]:
-    name, _, path = text.partition("=")
-    if not name or name in IMPLS or not Path(path).is_file():
+    name, _, where = text.partition("=")
+    if not name or name in IMPLS or not where:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not NAME=FILE with an existing FILE and a NAME other than {IMPLS}"
+            f"{text!r} is not NAME=FILE or NAME=GIT_REVISION with a NAME other than {IMPLS}"
         )
-    return name, str(Path(path).resolve())
+    if Path(where).is_file():
+        return name, str(Path(where).resolve())
+    pkg = _export_revision(where)
+    if pkg is None:
+        raise argparse.ArgumentTypeError(
+            f"{where!r} in {text!r} is neither a file nor a git revision of this repository"
+        )
+    return name, str(pkg)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -642,7 +682,15 @@ def main(argv: list[str] | None = None) -> None:
         help="PROCS:TOPOLOGY pairs",
     )
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
-    parser.add_argument("--candidate", type=_candidate, action="append", default=[])
+    parser.add_argument(
+        "--candidate",
+        type=_candidate,
+        action="append",
+        default=[],
+        metavar="NAME=FILE|NAME=REV",
+        help="also time a wrapper from FILE (defines DecentralizedDataParallel) or from a git "
+        "revision's decent_dp",
+    )
     parser.add_argument("--rounds", type=int, default=10, help="turns of each implementation")
     parser.add_argument("--steps", type=int, default=15, help="timed steps per turn")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before round 1")
