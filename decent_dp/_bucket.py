@@ -72,11 +72,17 @@ class Bucket:
         self.offsets, self.numel = aligned_offsets(params, ref.element_size())
         self.comm = aligned_zeros(self.numel, self.dtype, self.device)
         self.flat: torch.Tensor | None = None
+        # per-parameter views of `flat` and of `comm`, exchanged by swap_blocks()
+        self.param_views: list[torch.Tensor] = []
+        self.comm_param_views: list[torch.Tensor] = []
         if as_view:
             self.flat = aligned_zeros(self.numel, self.dtype, self.device)
+            self.param_views = [flat_view(self.flat, o, p) for p, o in zip(params, self.offsets)]
+            self.comm_param_views = [
+                flat_view(self.comm, o, p) for p, o in zip(params, self.offsets)
+            ]
             with torch.no_grad():
-                for p, off in zip(params, self.offsets):
-                    view = flat_view(self.flat, off, p)
+                for p, view in zip(params, self.param_views):
                     view.copy_(p.data)
                     p.data = view
             self.comm_views = [self.comm]
@@ -84,7 +90,10 @@ class Bucket:
             self.comm_views = [
                 self.comm[o : o + p.numel()].view(p.shape) for p, o in zip(params, self.offsets)
             ]
+        self.position = {id(p): j for j, p in enumerate(params)}
         self.optimizer: Optimizer | None = None
+        self.fused = False  # the wrapper switched the optimizer to torch's fused kernel
+        self.fused_checked = False
         self.scheduler: Any = None
         # gossip state: the work handle, and the edge and weights of the value in `comm`
         self.work: Any = None
@@ -96,6 +105,19 @@ class Bucket:
         self.expected = len(params)
         self.n_fired = 0
         self.stepped = False
+
+    def swap_blocks(self) -> None:
+        """Make ``comm`` the parameter block and the parameter block the next gossip buffer.
+
+        Both blocks share one layout, so every parameter keeps its shape,
+        strides and alignment; only its storage changes.
+        """
+        assert self.flat is not None
+        self.flat, self.comm = self.comm, self.flat
+        self.param_views, self.comm_param_views = self.comm_param_views, self.param_views
+        for p, view in zip(self.params, self.param_views):
+            p.data = view
+        self.comm_views = [self.comm]
 
     def values(self) -> list[torch.Tensor]:
         """The parameter storage: one flat block, or the parameters themselves."""

@@ -40,7 +40,9 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_flatten
 
 from ._bucket import Bucket, is_dense
+from ._cpu_memory import keep_freed_memory
 from ._factories import check_scheduler, resolve_optim_fn
+from ._optim_plan import DecayFold, decay_plan, drop_fused, prefer_fused, restore_fused
 from ._timers import SpanTimers
 from .metrics import count_sketch
 from .topo import Edge, Topology, TopologyReg
@@ -340,6 +342,7 @@ class DecentralizedDataParallel(nn.Module):
             names = [self._names[i] for i in idx]
             bucket = Bucket(b, params, names, self._as_view)
             bucket.optimizer = self._build_optim(list(zip(names, params)))
+            bucket.fused = prefer_fused(bucket.optimizer, bucket.device)
             if self._lr_scheduler_fn is not None:
                 bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
             for j, i in enumerate(idx):
@@ -347,6 +350,9 @@ class DecentralizedDataParallel(nn.Module):
             buckets.append(bucket)
         self._buckets = buckets
         self._res.buckets[:] = buckets
+        if self._device.type == "cpu":
+            # gradients are freed after each step and allocated again by the next backward
+            keep_freed_memory(sum(p.numel() * p.element_size() for p in self._params))
 
     def _plan_buckets(self) -> list[list[int]]:
         """Parameter indices per bucket, in rank 0's gradient order, cut at the size target."""
@@ -531,32 +537,60 @@ class DecentralizedDataParallel(nn.Module):
 
     @torch.no_grad()
     def _step_bucket(self, bucket: Bucket, skip_update: bool) -> None:
-        """x(t) = x(t-1) + a (W x(t-1) - x(t-1)) + d(t) for one bucket: wait, mix, step, apply."""
+        """x(t) = x(t-1) + a (W x(t-1) - x(t-1)) + d(t) for one bucket: wait, mix, step, apply.
+
+        Two ways give the same x(t). Where ``d`` reads the parameters at most
+        through weight decay of a known form, the mix is completed in the
+        gossip buffer, which then becomes the parameter block, and the
+        optimizer steps there with the decay applied at x(t-1) by hand: no
+        pass over the bucket besides the launch copy. Otherwise the optimizer
+        steps at x(t-1) and the correction W x(t-1) - x(t-1) is added after.
+        """
         self._wait(bucket)
         t0 = self._timers.mark()
         pending = bucket.pending
-        if pending is not None:
-            self._mix_correction(bucket)  # comm := W x(t-1) - x(t-1)
-        t1 = self._timers.mark()
         opt = bucket.optimizer
         assert opt is not None
+        if bucket.fused and not bucket.fused_checked:
+            bucket.fused_checked = True
+            if any(p.grad is not None and p.grad.is_sparse for p in bucket.params):
+                drop_fused(opt)  # torch's fused kernels take dense gradients only
+                bucket.fused = False
+        pre = getattr(opt, "pre_average_hook", None)
+        post = getattr(opt, "post_average_hook", None)
+        plan: list[DecayFold] | None = None
+        if pending is not None:
+            if bucket.flat is not None and pre is None and post is None:
+                plan = [] if skip_update else decay_plan(opt)
+            if plan is None:
+                self._mix_correction(bucket)  # comm := W x(t-1) - x(t-1)
+            else:
+                self._mix_in_place_of(bucket, plan)  # parameters := mixed x(t-1)
+        t1 = self._timers.mark()
         if not skip_update:
             edge = pending[0] if pending is not None else self._alone
-            pre = getattr(opt, "pre_average_hook", None)
             if pre is not None:
                 pre(edge, edge.self_weight)
             # parameters without a gradient since the last step have grad None: skipped
-            opt.step()
+            if plan:
+                saved = [g["weight_decay"] for g in opt.param_groups]
+                for g in opt.param_groups:
+                    g["weight_decay"] = 0.0  # applied at x(t-1) by _mix_in_place_of
+                try:
+                    opt.step()
+                finally:
+                    for g, wd in zip(opt.param_groups, saved):
+                        g["weight_decay"] = wd
+            else:
+                opt.step()
             if bucket.scheduler is not None:
                 bucket.scheduler.step()
         t2 = self._timers.mark()
-        if pending is not None:
+        if pending is not None and plan is None:
             for c, v in zip(bucket.comm_views, bucket.values()):
                 v.add_(c, alpha=self._alpha)
-        if not skip_update:
-            post = getattr(opt, "post_average_hook", None)
-            if post is not None:
-                post()
+        if not skip_update and post is not None:
+            post()
         bucket.pending = None
         if self._stream is not None:
             for p in bucket.params:
@@ -575,6 +609,36 @@ class DecentralizedDataParallel(nn.Module):
         # comm holds peer_w * sum_j x_j(t-1), own value included
         for c, v in zip(bucket.comm_views, bucket.values()):
             c.add_(v, alpha=self_w - peer_w - 1.0)
+
+    def _mix_in_place_of(self, bucket: Bucket, plan: list[DecayFold]) -> None:
+        """Make the parameters ``x(t-1) + a (W x(t-1) - x(t-1))``, this step's decay folded in.
+
+        The decay the optimizer would compute from the parameters is computed
+        here from x(t-1), before the parameters change: L2 terms go into the
+        gradients, decoupled terms into the mixed value.
+        """
+        _, self_w, peer_w = bucket.pending
+        a = self._alpha
+        assert bucket.flat is not None
+        x, comm = bucket.flat, bucket.comm
+        # comm = peer_w * sum_j x_j, so the mix is a * comm + b * x
+        b = 1.0 + a * (self_w - peer_w - 1.0)
+        if abs(b) < 1e-15:  # equal weights (up to the rounding of 1/k) and a = 1
+            pass
+        elif a == 1.0:
+            comm.add_(x, alpha=b)
+        elif abs(a + b - 1.0) < 1e-15:
+            comm.lerp_(x, b)
+        else:
+            comm.mul_(a).add_(x, alpha=b)
+        for params, form, coef in plan:
+            for p in params:
+                if form == "coupled":
+                    assert p.grad is not None  # the plan lists parameters with a gradient
+                    p.grad.add_(p, alpha=coef)
+                else:
+                    bucket.comm_param_views[bucket.position[id(p)]].add_(p, alpha=coef)
+        bucket.swap_blocks()
 
     def _launch_in_order(self, force: bool = False) -> None:
         """Launch gossips in bucket order, so every rank issues its collectives in the same order."""
@@ -885,6 +949,8 @@ class DecentralizedDataParallel(nn.Module):
             ):
                 assert b.optimizer is not None
                 b.optimizer.load_state_dict(opt_state)
+                if b.fused:
+                    restore_fused(b.optimizer)  # the loaded groups carry their own flags
                 if b.scheduler is not None and sched_state is not None:
                     b.scheduler.load_state_dict(sched_state)
             self._forget_gossip()
