@@ -15,7 +15,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.topo import mixing_matrices
+from decent_dp.optim import AccumAdam, AccumAdamW
+from decent_dp.topo import Edge, Topology, TopologyReg, mixing_matrices
 
 D_IN, BATCH = 4, 8
 
@@ -91,14 +92,59 @@ def batch(rank: int, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Ten
     return a, b
 
 
+class SubclassedSGD(torch.optim.SGD):
+    """An SGD the wrapper knows nothing about (it could read its parameters in any way)."""
+
+
+def _decay_groups(pairs: Any, wd: float) -> list[dict[str, Any]]:
+    """Weights decay, biases do not: two groups, as in most training scripts."""
+    weights = [p for p, n in pairs if not n.endswith("bias")]
+    biases = [p for p, n in pairs if n.endswith("bias")]
+    groups = [{"params": weights, "weight_decay": wd}, {"params": biases, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+# optimizers whose update reads the parameters through weight decay (coupled or decoupled)
+DECAY_OPTIMS = {
+    "sgd_wd": lambda g: torch.optim.SGD(g, lr=0.05, momentum=0.9, nesterov=True),
+    "sgd_wd_maximize": lambda g: torch.optim.SGD(g, lr=0.01, momentum=0.5, maximize=True),
+    "sgd_wd_loop": lambda g: torch.optim.SGD(g, lr=0.05, momentum=0.9, foreach=False),
+    "adam_wd": lambda g: torch.optim.Adam(g, lr=0.01),
+    "adamw": lambda g: torch.optim.AdamW(g, lr=0.01),
+    "nadam_decoupled": lambda g: torch.optim.NAdam(g, lr=0.01, decoupled_weight_decay=True),
+    "radam_wd": lambda g: torch.optim.RAdam(g, lr=0.01),
+    "rmsprop_wd": lambda g: torch.optim.RMSprop(g, lr=0.01, momentum=0.5),
+    "adagrad_wd": lambda g: torch.optim.Adagrad(g, lr=0.05),
+    "adadelta_wd": lambda g: torch.optim.Adadelta(g, lr=0.5),
+    "adamax_wd": lambda g: torch.optim.Adamax(g, lr=0.01),
+    "accum_adamw": lambda g: AccumAdamW(g, lr=0.01, accum_iter=2),
+    "accum_adam_wd": lambda g: AccumAdam(g, lr=0.01, accum_iter=2),
+    "subclass_wd": lambda g: SubclassedSGD(g, lr=0.05, momentum=0.9),
+}
+
+
 def make_optim(cfg: dict[str, Any]):
     def optim_fn(pairs):
         params = [p for p, _ in pairs]
-        if cfg.get("optim", "sgd") == "adam":
+        name = cfg.get("optim", "sgd")
+        if name in DECAY_OPTIMS:
+            return DECAY_OPTIMS[name](_decay_groups(pairs, cfg.get("wd", 0.1)))
+        if name == "adam":
             return torch.optim.Adam(params, lr=cfg.get("lr", 0.01))
         return torch.optim.SGD(params, lr=cfg.get("lr", 0.05), momentum=cfg.get("momentum", 0.9))
 
     return optim_fn
+
+
+@TopologyReg.register("lopsided-pairs")
+class LopsidedPairs(Topology):
+    """Pairs that keep 0.7 of their own value (W_ii != W_ij), alternating partners."""
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self._world_size
+        first = [Edge([i, i + 1], 0.7) for i in range(0, n - 1, 2)]
+        second = [Edge([i, (i + 1) % n], 0.7) for i in range(1, n, 2)]
+        return [first, second]
 
 
 def make_sched(cfg: dict[str, Any]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddp_cases import replay, resume_worker, train_worker
+from ddp_cases import DECAY_OPTIMS, replay, resume_worker, train_worker
 from dist_harness import ok_values, run_distributed
 from torch.testing import assert_close
 
@@ -67,6 +67,23 @@ def test_workers_diverge_then_mix() -> None:
 def test_model_and_training_features(extra: dict) -> None:
     cfg = {"topology": "one-peer-exp", "steps": 6, **extra}
     check_against_replay(cfg, 4)
+
+
+@pytest.mark.parametrize("optim", sorted(DECAY_OPTIMS))
+def test_weight_decay_is_taken_at_the_previous_iterate(optim: str) -> None:
+    """d_i(t) reads x_i(t-1) through weight decay; the mixed value must not leak into it."""
+    sched = optim in ("adamw", "sgd_wd")  # the decoupled decay uses this step's lr
+    check_against_replay(
+        {"topology": "one-peer-exp", "steps": 6, "optim": optim, "sched": sched}, 4
+    )
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+@pytest.mark.parametrize("optim", ["sgd", "adamw", "sgd_wd", "subclass_wd"])
+def test_unequal_self_and_peer_weights(optim: str, alpha: float) -> None:
+    check_against_replay(
+        {"topology": "lopsided-pairs", "steps": 6, "optim": optim, "alpha": alpha}, 4
+    )
 
 
 def test_resume_is_exact(tmp_path) -> None:
