@@ -111,6 +111,22 @@ class DecentralizedDataParallel(nn.Module):
     Only parameters with ``requires_grad=True`` at wrapping time are trained and
     gossiped; frozen ones stay out of the buckets, as with torch's DDP.
 
+    Performance choices the wrapper makes (the update stays
+    ``x(t) = x(t-1) + a (W x(t-1) - x(t-1)) + d(t)`` with ``d`` from ``x(t-1)``):
+
+    * With ``param_as_bucket_view=True`` and an exact torch optimizer class
+      (SGD, Adam, AdamW, NAdam, RAdam, RMSprop, Adagrad, Adadelta, Adamax,
+      Rprop) or this package's AccumAdam(W), the parameters move into the
+      received gossip buffer each step instead of being updated in place: a
+      parameter's ``data_ptr()`` alternates between two blocks. Weight decay
+      is computed from ``x(t-1)`` by the wrapper. Other optimizers, or any
+      with ``pre_average_hook``, step in place.
+    * An SGD, Adam or AdamW whose ``foreach`` and ``fused`` are left unset is
+      switched to torch's fused kernel. Set either to opt out.
+    * On CPU with glibc, freed gradient memory is kept in the process
+      (``mallopt``) rather than faulted in again each step; set
+      ``DECENT_DP_KEEP_FREED_MEMORY=0`` or any ``MALLOC_*_`` variable to opt out.
+
     Args:
         model: The module to train, already on its device and in its dtype. A
             ``torch.compile``-d module works too; names and checkpoints use the
@@ -254,6 +270,7 @@ class DecentralizedDataParallel(nn.Module):
         self._accumulate = False
         self._bwd_active = False
         self._next_launch = 0
+        self._ready: list[Bucket] = []  # complete, not yet stepped (their gossip is late)
         self._relaunch = False
         self._alpha = 1.0
         self._backup: tuple[int, list[torch.Tensor], list[Any]] | None = None
@@ -427,9 +444,31 @@ class DecentralizedDataParallel(nn.Module):
         if self._accumulate or self._deferred or bucket.stepped:
             return
         if bucket.n_fired >= bucket.expected:
-            with self._side():
+            self._ready.append(bucket)
+        if self._ready:
+            self._step_ready()
+
+    def _step_ready(self) -> None:
+        """Step the complete buckets whose gossip has arrived; on CPU, leave the others for later.
+
+        On CPU, waiting for a late neighbour blocks the thread that runs the
+        backward pass; it computes the remaining gradients first instead, and
+        the end of backward waits for what is still missing.
+        """
+        with self._side():
+            for bucket in list(self._ready):
+                if self._stream is None and not self._arrived(bucket):
+                    continue
+                self._ready.remove(bucket)
                 self._step_bucket(bucket, skip_update=False)
-                self._launch_in_order()
+            self._launch_in_order()
+
+    def _arrived(self, bucket: Bucket) -> bool:
+        if bucket.work is None:
+            return True
+        if self._comm_delay is not None and time.perf_counter() < bucket.launch_t + bucket.delay_s:
+            return False
+        return bool(bucket.work.is_completed())
 
     def _on_backward_end(self) -> None:
         self._bwd_active = False
@@ -457,6 +496,7 @@ class DecentralizedDataParallel(nn.Module):
             torch.cuda.current_stream(self._device).wait_stream(self._stream)
         for b in self._buckets:
             b.reset_iteration()
+        self._ready.clear()
         self._next_launch = 0
         self._step += 1
 
