@@ -398,6 +398,8 @@ def _take_turns(
         dist.barrier()
         if rank == 0:
             _write_json(baton / f"done-{args.impl}-{rnd}.json", result)
+    # exiting (freeing, tearing the group down) would load the machine during others' turns
+    _await_file(baton / "release", None)
 
 
 def _profile(step: Callable[[int], None], args: argparse.Namespace) -> dict[str, float]:
@@ -505,6 +507,7 @@ def _run_rounds(
                     f"(CPU {row['cpu_step_s'] * 1e3:.1f} ms per rank)",
                     flush=True,
                 )
+        (baton / "release").touch()
         for job in running:
             if job.wait() != 0:
                 raise RuntimeError(f"a benchmark job exited with {job.returncode}: {job.args}")
