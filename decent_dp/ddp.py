@@ -516,6 +516,11 @@ class DecentralizedDataParallel(nn.Module):
             for b in self._buckets:
                 b.reset_iteration()
             return
+        # complete buckets left for their late gossip step as they would have in time
+        with self._side():
+            for b in self._ready:
+                self._step_bucket(b, skip_update=False)
+        self._ready.clear()
         for b in self._buckets:
             if not b.stepped:
                 b.zero_grads()

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp.optim import AccumAdam, AccumAdamW
-from decent_dp.topo import Edge, Topology, TopologyReg, mixing_matrices
+from decent_dp.topo import Edge, Topology, mixing_matrices
 
 D_IN, BATCH = 4, 8
 
@@ -136,7 +136,6 @@ def make_optim(cfg: dict[str, Any]):
     return optim_fn
 
 
-@TopologyReg.register("lopsided-pairs")
 class LopsidedPairs(Topology):
     """Pairs that keep 0.7 of their own value (W_ii != W_ij), alternating partners."""
 
@@ -145,6 +144,18 @@ class LopsidedPairs(Topology):
         first = [Edge([i, i + 1], 0.7) for i in range(0, n - 1, 2)]
         second = [Edge([i, (i + 1) % n], 0.7) for i in range(1, n, 2)]
         return [first, second]
+
+
+# test-only topologies, passed as classes so that the registry stays the package's own
+LOCAL_TOPOLOGIES: dict[str, type[Topology]] = {"lopsided-pairs": LopsidedPairs}
+
+
+def topology_of(cfg: dict[str, Any], world: int | None = None) -> Any:
+    """The cfg's topology: a registered name, or an instance of a test-only topology."""
+    name = cfg["topology"]
+    if name not in LOCAL_TOPOLOGIES:
+        return name
+    return LOCAL_TOPOLOGIES[name](world, cfg.get("local_world_size") or 1)
 
 
 def make_sched(cfg: dict[str, Any]):
@@ -179,7 +190,7 @@ def wrap(model: nn.Module, cfg: dict[str, Any], scaler: Any = None) -> Decentral
         scaler=scaler,
         optim_fn=make_optim(cfg),
         lr_scheduler_fn=make_sched(cfg),
-        topology=cfg["topology"],
+        topology=topology_of(cfg),
         grad_clip_norm=cfg.get("clip", 0.0),
         param_as_bucket_view=cfg.get("view", True),
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
@@ -275,7 +286,11 @@ def resume_worker(
 def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
     """Single-process float64 replay of the decentralized recursion."""
     kind = cfg.get("kind", "mlp")
-    mats = mixing_matrices(cfg["topology"], world, cfg.get("local_world_size") or 1)
+    mats = mixing_matrices(
+        LOCAL_TOPOLOGIES.get(cfg["topology"], cfg["topology"]),
+        world,
+        cfg.get("local_world_size") or 1,
+    )
     start = make_model(kind, seed=0)  # rank 0's initial model is broadcast
     models = [make_model(kind, seed=0) for _ in range(world)]
     for m in models:

@@ -127,9 +127,10 @@ def test_freed_gradients_are_not_faulted_in_again(monkeypatch: pytest.MonkeyPatc
     for knob in ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
         monkeypatch.delenv(knob, raising=False)
     monkeypatch.setenv("DECENT_DP_KEEP_FREED_MEMORY", "0")
-    off = ok_values(run_distributed(faults_worker, 2))
+    # fresh interpreters: a forked worker would inherit this process's malloc settings
+    off = ok_values(run_distributed(faults_worker, 2, start_method="spawn"))
     monkeypatch.setenv("DECENT_DP_KEEP_FREED_MEMORY", "1")
-    on = ok_values(run_distributed(faults_worker, 2))
+    on = ok_values(run_distributed(faults_worker, 2, start_method="spawn"))
     base = min(v["faults_per_step"] for v in off)
     # 34 MB of gradients are 8300 pages; returning them to the kernel faults most of them in
     assert base > 2000, f"without the setting only {base} faults per step: nothing to show"

@@ -80,6 +80,8 @@ def gloo_cuda_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, An
     torch.cuda.set_device(0)
     model = make_model(cfg.get("kind", "mlp"), seed=rank).cuda()
     ddp = wrap(model, cfg)
+    if cfg.get("alpha") is not None:
+        ddp.set_adaptive_factor(cfg["alpha"])
     train_steps_cuda(ddp, rank, cfg)
     timers = ddp.pop_timers()
     return {
@@ -96,6 +98,15 @@ def test_gloo_with_cuda_tensors_matches_replay(topology: str, world: int) -> Non
     values = ok_values(run_distributed(gloo_cuda_worker, world, cfg, start_method="spawn"))
     for got, exp in zip(values, replay(cfg, world)):
         assert got["side_stream"] and got["timers_ok"]
+        assert_close(got["params"], exp, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("optim", ["sgd_wd", "adamw", "subclass_wd"])
+def test_gloo_with_cuda_tensors_weight_decay_and_in_place_paths(optim: str) -> None:
+    """The swapped blocks with decay folded in (sgd_wd, adamw), and the in-place step, on a side stream."""
+    cfg = {"topology": "lopsided-pairs", "steps": 5, "optim": optim, "alpha": 0.5}
+    values = ok_values(run_distributed(gloo_cuda_worker, 4, cfg, start_method="spawn"))
+    for got, exp in zip(values, replay(cfg, 4)):
         assert_close(got["params"], exp, rtol=0, atol=1e-9)
 
 
