@@ -207,6 +207,7 @@ def _lone_rank(rank: int, port: int, run_dir: Path, *overrides: str) -> subproce
     )
 
 
+@pytest.mark.slow
 def test_a_missing_peer_is_an_error_within_the_timeout(tmp_path: Path) -> None:
     timeout_s = 3
     start = time.monotonic()

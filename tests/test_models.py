@@ -142,6 +142,7 @@ def test_bad_configs_raise_value_errors() -> None:
         build_model({"name": "small_cnn"}, num_classes=0, in_channels=1, image_size=8)
 
 
+@pytest.mark.slow
 def test_small_cnn_learns_digits() -> None:
     """SGD(lr 0.1, momentum 0.9), batch 32, 20 epochs: at least 95 % test accuracy."""
     threads = torch.get_num_threads()

@@ -242,6 +242,7 @@ def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_torch_ddp_hook_holds_backward_for_the_modelled_time() -> None:
     mp.spawn(_torch_ddp_worker, args=(2, _free_port()), nprocs=2, join=True)
 

@@ -508,6 +508,7 @@ def _mean(lines: list[dict], key: str) -> float:
     return sum(values) / len(values)
 
 
+@pytest.mark.slow
 def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
     sweep = tmp_path / "sweep"
     proc = _torchrun(
