@@ -296,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, check=True, env=env)
         rows += json.loads(part.read_text())
+        part.unlink()  # merged into --out below
     out.write_text(json.dumps(rows, indent=1))
     print()
     print(table(rows))
