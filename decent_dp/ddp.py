@@ -114,7 +114,8 @@ class DecentralizedDataParallel(nn.Module):
     Performance choices the wrapper makes (the update stays
     ``x(t) = x(t-1) + a (W x(t-1) - x(t-1)) + d(t)`` with ``d`` from ``x(t-1)``):
 
-    * With ``param_as_bucket_view=True`` and an exact torch optimizer class
+    * With ``param_as_bucket_view=True``, ``stable_param_storage=False`` and
+      an exact torch optimizer class
       (SGD, Adam, AdamW, NAdam, RAdam, RMSprop, Adagrad, Adadelta, Adamax,
       Rprop) or this package's AccumAdam(W), the parameters move into the
       received gossip buffer each step instead of being updated in place: a
@@ -154,6 +155,10 @@ class DecentralizedDataParallel(nn.Module):
             from ``LOCAL_WORLD_SIZE``.
         topology_kwargs: Extra keyword arguments for a topology given by name.
         _local_world_size: decent-dp 0.2.x's name for ``local_world_size``.
+        stable_param_storage: Update the parameters in place, so that their
+            storage (``data_ptr()``) never changes, at two more passes over
+            each bucket per step. For CUDA graphs (``torch.compile(...,
+            mode="reduce-overhead")``) and code that keeps ``p.data``.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -190,6 +195,7 @@ class DecentralizedDataParallel(nn.Module):
         local_world_size: int | None = None,
         topology_kwargs: dict[str, Any] | None = None,
         _local_world_size: int | None = None,
+        stable_param_storage: bool = False,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -226,6 +232,7 @@ class DecentralizedDataParallel(nn.Module):
         self._scaler = scaler
         self._grad_clip_norm = float(grad_clip_norm)
         self._as_view = bool(param_as_bucket_view)
+        self._stable_storage = bool(stable_param_storage)
         self._sync_buffers = bool(sync_buffer_in_global_avg)
         self._bucket_bytes = int(bucket_size_in_mb * 1024 * 1024)
 
@@ -605,7 +612,12 @@ class DecentralizedDataParallel(nn.Module):
         post = getattr(opt, "post_average_hook", None)
         plan: list[DecayFold] | None = None
         if pending is not None:
-            if bucket.flat is not None and pre is None and post is None:
+            if (
+                bucket.flat is not None
+                and pre is None
+                and post is None
+                and not self._stable_storage
+            ):
                 plan = [] if skip_update else decay_plan(opt)
             if plan is None:
                 self._mix_correction(bucket)  # comm := W x(t-1) - x(t-1)

@@ -195,6 +195,7 @@ def wrap(model: nn.Module, cfg: dict[str, Any], scaler: Any = None) -> Decentral
         param_as_bucket_view=cfg.get("view", True),
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
         local_world_size=cfg.get("local_world_size"),
+        stable_param_storage=cfg.get("stable", False),
     )
 
 

@@ -78,6 +78,12 @@ def test_weight_decay_is_taken_at_the_previous_iterate(optim: str) -> None:
     )
 
 
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_stable_parameter_storage(optim: str) -> None:
+    cfg = {"topology": "one-peer-exp", "steps": 6, "optim": optim, "stable": True, "sched": True}
+    check_against_replay(cfg, 4)
+
+
 @pytest.mark.parametrize("alpha", [0.5, 1.0])
 @pytest.mark.parametrize("optim", ["sgd", "adamw", "sgd_wd", "subclass_wd"])
 def test_unequal_self_and_peer_weights(optim: str, alpha: float) -> None:

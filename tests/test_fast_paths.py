@@ -32,13 +32,14 @@ OPTIMS: dict[str, Any] = {
 }
 
 
-def storage_worker(rank: int, world: int, name: str) -> dict[str, Any]:
+def storage_worker(rank: int, world: int, name: str, stable: bool = False) -> dict[str, Any]:
     model = make_model("mlp", seed=rank)
     ddp = DecentralizedDataParallel(
         model,
         optim_fn=lambda pairs: OPTIMS[name]([p for p, _ in pairs]),
         topology="ring",
         bucket_size_in_mb=25,
+        stable_param_storage=stable,
     )
     ptrs = []
     for t in range(1, 6):
@@ -72,6 +73,12 @@ def test_parameter_storage_and_kernel(name: str, swaps: bool, fused: bool) -> No
         else:
             assert len(set(ptrs)) == 1, ptrs
         assert all(bool(f) is fused for f in v["fused"]), v["fused"]
+
+
+def test_stable_parameter_storage_keeps_the_addresses() -> None:
+    for v in ok_values(run_distributed(storage_worker, 2, "sgd_wd", True)):
+        assert len(set(v["ptrs"])) == 1, v["ptrs"]
+        assert all(v["fused"])
 
 
 def sparse_worker(rank: int, world: int) -> dict[str, Any]:
