@@ -150,12 +150,15 @@ class LopsidedPairs(Topology):
 LOCAL_TOPOLOGIES: dict[str, type[Topology]] = {"lopsided-pairs": LopsidedPairs}
 
 
-def topology_of(cfg: dict[str, Any], world: int | None = None) -> Any:
-    """The cfg's topology: a registered name, or an instance of a test-only topology."""
+def topology_of(cfg: dict[str, Any]) -> Any:
+    """The cfg's topology: a registered name, or an instance of a test-only topology.
+
+    Called inside a worker: the instance takes the world size from torch.distributed.
+    """
     name = cfg["topology"]
     if name not in LOCAL_TOPOLOGIES:
         return name
-    return LOCAL_TOPOLOGIES[name](world, cfg.get("local_world_size") or 1)
+    return LOCAL_TOPOLOGIES[name](None, cfg.get("local_world_size") or 1)
 
 
 def make_sched(cfg: dict[str, Any]):
