@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -118,6 +119,10 @@ class Bucket:
         for p, view in zip(self.params, self.param_views):
             p.data = view
         self.comm_views = [self.comm]
+
+    def delay_left(self) -> float:
+        """Seconds until the emulated network would deliver the gossip in flight."""
+        return self.launch_t + self.delay_s - time.perf_counter()
 
     def values(self) -> list[torch.Tensor]:
         """The parameter storage: one flat block, or the parameters themselves."""

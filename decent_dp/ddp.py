@@ -473,7 +473,7 @@ class DecentralizedDataParallel(nn.Module):
     def _arrived(self, bucket: Bucket) -> bool:
         if bucket.work is None:
             return True
-        if self._comm_delay is not None and time.perf_counter() < bucket.launch_t + bucket.delay_s:
+        if self._comm_delay is not None and bucket.delay_left() > 0:
             return False
         return bool(bucket.work.is_completed())
 
@@ -581,7 +581,7 @@ class DecentralizedDataParallel(nn.Module):
         t0 = self._timers.mark()
         bucket.work.wait()
         if self._comm_delay is not None:
-            remaining = bucket.launch_t + bucket.delay_s - time.perf_counter()
+            remaining = bucket.delay_left()
             if remaining > 0:
                 time.sleep(remaining)
         bucket.work = None
