@@ -40,16 +40,16 @@ sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default da
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)
 
 bench: ## Step-time benchmark: local vs torch DDP vs every topology, 2 and 4 processes
-	$(PY) -m experiments.bench $(ARGS)
+	$(PY) -m experiments.bench.step_time $(ARGS)
 
 bench-upstream: ## Step time vs decent-dp 0.2.3 (own venv in .bench/) and torch DDP; ARGS=--profile
-	$(PY) -m experiments.bench_upstream $(ARGS)
+	$(PY) -m experiments.bench.upstream $(ARGS)
 
 report: ## Report over the newest sweep (or DIRS=...)
 	$(PY) -m experiments.report $(or $(DIRS),$(shell ls -td multirun/*/*/ 2>/dev/null | head -1)) $(ARGS)
 
 simulate: ## Scale simulation: allreduce vs topologies at 8..1024 workers
-	$(PY) -m experiments.simulate $(ARGS)
+	$(PY) -m experiments.network.simulate $(ARGS)
 
 topo: ## Topology table for 64 workers
 	$(PY) -m decent_dp.topo --world-size 64

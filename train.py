@@ -36,8 +36,8 @@ from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from experiments.config import compose_error_line
-from experiments.loop import ConfigError, run
+from experiments.train.config import compose_error_line
+from experiments.train.trainer import ConfigError, run
 
 failed_jobs: list[int] = []
 

@@ -9,7 +9,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+from tests.support.launch import DIST_ENV
+
+
+@pytest.fixture(autouse=True)
+def _clear_hydra() -> Iterator[None]:
+    """No test leaves a global Hydra instance behind for the next one."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    yield
+    GlobalHydra.instance().clear()
 
 
 @pytest.fixture

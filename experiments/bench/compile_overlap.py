@@ -6,8 +6,8 @@ launch their gossip) early in the backward pass. A forward compiled whole is
 one backward node: every gradient arrives at its end, and nothing overlaps.
 Compiling block by block keeps one node per block.
 
-    python -m experiments.compile_overlap            # prints a Markdown table
-    python -m experiments.compile_overlap --device cuda
+    python -m experiments.bench.compile_overlap            # prints a Markdown table
+    python -m experiments.bench.compile_overlap --device cuda
 
 Reported per mode: when the first bucket steps, as a fraction of the time from
 the start of backward to the last step (0 = right away, 1 = only at the end),

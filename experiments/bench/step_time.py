@@ -1,6 +1,6 @@
 """Step-time benchmark: local (no communication) vs torch DDP vs the wrapper on every topology.
 
-``python -m experiments.bench`` (or ``make bench``) launches ``torchrun`` once
+``python -m experiments.bench.step_time`` (or ``make bench``) launches ``torchrun`` once
 per world size (2 and 4 processes on CPU with gloo by default). Inside, every
 variant trains the same model on the same data side by side in one run, so
 the ratios are comparable even on a noisy machine:
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# decent_dp is imported inside the functions that use it: experiments.bench_upstream
+# decent_dp is imported inside the functions that use it: experiments.bench.upstream
 # reuses this module under decent-dp 0.2.3, which has the same import name
 MODELS = ("mlp", "resnet18")
 
@@ -53,7 +53,7 @@ def build(name: str) -> tuple[nn.Module, tuple[int, ...], int]:
             nn.Linear(2048, 10),
         )
         return model, (512,), 10
-    from experiments.models import build_model
+    from experiments.models.vision import build_model
 
     return (
         build_model({"name": "resnet18_cifar"}, num_classes=10, in_channels=3, image_size=32),
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         part = out.with_suffix(f".{procs}.json")
         print(f"== {procs} processes (CPU, gloo, {args.threads} thread(s) each)", flush=True)
         cmd = [
-            str(torchrun), "--standalone", f"--nproc_per_node={procs}", "-m", "experiments.bench", "--worker",
+            str(torchrun), "--standalone", f"--nproc_per_node={procs}", "-m", "experiments.bench.step_time", "--worker",
             "--out-part", str(part), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--threads", str(args.threads), "--repeats", str(args.repeats),
             "--models", *args.models, *(["--with-noview"] if args.with_noview else []),

@@ -1,6 +1,6 @@
 """Side by side with the package this one replaces: ``make bench-upstream``.
 
-``python -m experiments.bench_upstream`` times one training step (forward plus
+``python -m experiments.bench.upstream`` times one training step (forward plus
 backward, which steps the optimizer inside both wrappers) of the same model,
 data and optimizer under three implementations:
 
@@ -61,12 +61,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if not __package__:
     # a worker, started as a script with PYTHONSAFEPATH=1: the repository goes last on the
     # path, after the site-packages that hold the decent_dp being timed
     sys.path.append(str(ROOT))
-from experiments import bench  # noqa: E402
+from experiments.bench import step_time as bench  # noqa: E402
 
 VENV = ROOT / ".bench" / "venv"
 UPSTREAM = "0.2.3"
@@ -459,7 +459,7 @@ def _command(
         "--profile-steps", str(args.profile_steps), "--batch", str(args.batch),
         "--threads", str(args.threads), "--baton", str(baton),
     ]  # fmt: skip
-    # PYTHONSAFEPATH: neither the script's folder (experiments/logging.py would shadow the
+    # PYTHONSAFEPATH: neither the script's folder (experiments/train/logger.py would shadow the
     # standard library) nor the working directory go first on the workers' sys.path
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONSAFEPATH": "1"}
     env.pop("PYTHONPATH", None)

@@ -1,4 +1,4 @@
-"""The timing model behind ``experiments.simulate``: a Monte Carlo over training steps.
+"""The timing model behind ``experiments.network.simulate``: a Monte Carlo over training steps.
 
 Every worker runs the same step, ``compute_s`` long on average: a forward part
 ``(1 - backward_frac) * compute_s`` (forward pass, optimizer, data) and a backward
@@ -256,7 +256,7 @@ class Cluster:
         intra: The link inside a node.
         collective_start: ``all``: a collective starts once all members joined (NCCL, gloo);
             ``own``: each member's transfer is timed from its own launch and its link, which is
-            how :mod:`experiments.netem` emulates a network (the real transfer still needs all).
+            how :mod:`experiments.network.netem` emulates a network (the real transfer still needs all).
     """
 
     n: int

@@ -1,6 +1,6 @@
 """Check the scale simulator against network-emulated CPU runs on this machine.
 
-``python -m experiments.sim_validate [--world-sizes 2 4] [--out docs/results/simulate/validation]``
+``python -m experiments.network.sim_validate [--world-sizes 2 4] [--out docs/results/simulate/validation]``
 runs ``train.py`` under ``torchrun --standalone`` with gloo on CPU, ``logger=none``:
 
 1. two compute runs per world size, before and after the others (the machine's load
@@ -8,10 +8,10 @@ runs ``train.py`` under ``torchrun --standalone`` with gloo on CPU, ``logger=non
    communicates; their per-step times (``log.every=1``) give the compute time and its
    step-to-step coefficient of variation (the jitter);
 2. for ``allreduce``, ``ring`` and ``one-peer-exp``: the same model and data with an
-   emulated link (``network=custom``, :mod:`experiments.netem`); ``perf/step_s`` after the
+   emulated link (``network=custom``, :mod:`experiments.network.netem`); ``perf/step_s`` after the
    first metrics window is the measured step time.
 
-It then runs :mod:`experiments.sim_model` with the measured compute time and jitter and
+It then runs :mod:`experiments.network.sim_model` with the measured compute time and jitter and
 the emulated link (one worker per node, efficiency 1, no per-call cost, and each
 transfer timed from its own launch as the emulator does), and writes ``validation.md``
 and ``validation.json`` with predicted against measured step times.
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("allreduce", "ring", "one-peer-exp")
 # No communication: local-sgd averages only every `period` steps, far beyond the run.
 NEVER = 1_000_000
@@ -92,7 +92,7 @@ def model_facts(model: str, batch: int, steps: int = 30) -> dict[str, float]:
     """Parameter bytes and the backward's share of a step, timed in this process."""
     import torch
 
-    from experiments.models import build_model
+    from experiments.models.vision import build_model
 
     torch.manual_seed(0)
     net = build_model({"name": model}, num_classes=10, in_channels=3, image_size=32)
@@ -132,7 +132,7 @@ def predict(
 ) -> float:
     """Simulated step time of ``method`` on ``n`` emulated workers."""
     from decent_dp.topo import TopologyReg
-    from experiments.sim_model import (
+    from experiments.network.sim_model import (
         Cluster,
         Jitter,
         Link,
@@ -182,7 +182,7 @@ def _table(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring. Returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m experiments.sim_validate")
+    parser = argparse.ArgumentParser(prog="python -m experiments.network.sim_validate")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--model", default="small_cnn")
     parser.add_argument("--batch", type=int, default=8)

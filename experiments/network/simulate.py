@@ -1,6 +1,6 @@
 """Scale simulation: all-reduce versus gossip topologies at 8 to 1024 workers.
 
-``python -m experiments.simulate [preset=NAME] [--config FILE] [--measure] [--sensitivity]
+``python -m experiments.network.simulate [preset=NAME] [--config FILE] [--measure] [--sensitivity]
 [--out DIR] [key=value ...]`` (or ``make simulate``) predicts the step time of torch DDP's
 all-reduce and of the wrapper on every registered topology, on every network profile,
 and prints a markdown table per profile plus a consensus table. It also writes
@@ -10,7 +10,7 @@ and prints a markdown table per profile plus a consensus table. It also writes
 * Inputs live in ``conf/simulate.yaml``; ``preset=NAME`` merges ``conf/simulate/NAME.yaml``
   on top (``preset=paper_transformer_fig6``: the reference paper's Transformer setting),
   and ``key=value`` overrides come last.
-* The timing model is :mod:`experiments.sim_model`: a Monte Carlo over steps with
+* The timing model is :mod:`experiments.network.sim_model`: a Monte Carlo over steps with
   per-worker compute jitter, bucketed collectives with per-call latency, a reachable
   fraction of line rate per link type (``efficiency``) and one NIC per node.
 * ``calibration`` (in a preset) lists measured step times. A profile whose ``efficiency``
@@ -38,8 +38,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from decent_dp.topo import TopologyReg, period_contraction
-from experiments.netem import PROFILES
-from experiments.sim_model import (
+from experiments.network.netem import PROFILES
+from experiments.network.sim_model import (
     Cluster,
     Jitter,
     Link,
@@ -67,7 +67,7 @@ __all__ = [
     "main",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "conf" / "simulate.yaml"
 PRESET_DIR = ROOT / "conf" / "simulate"
 ALLREDUCE = "allreduce"
@@ -303,7 +303,7 @@ def measure_compute(cfg: Any) -> tuple[float, int]:
     """
     import torch
 
-    from experiments.models import build_model
+    from experiments.models.vision import build_model
 
     m = cfg.get("measure") or {}
     size = _number(m, "image_size", 1, integer=True)
@@ -854,7 +854,7 @@ def write_outputs(
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: see the module docstring. Returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m experiments.simulate",
+        prog="python -m experiments.network.simulate",
         description="Simulated per-iteration time and throughput: allreduce vs topologies.",
     )
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="simulation YAML")

@@ -1,6 +1,6 @@
 """A training script written against decent-dp 0.2.x, kept exactly in that style.
 
-It must run unchanged: ``torchrun --standalone --nproc_per_node=2 tests/legacy_02x_script.py``.
+It must run unchanged: ``torchrun --standalone --nproc_per_node=2 tests/decent_dp/legacy_02x_script.py``.
 Rank 0 prints one ``RESULT {...}`` JSON line that tests/test_compat.py reads.
 """
 

@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 import torch
-from dist_harness import run_distributed
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
@@ -31,11 +30,12 @@ from torch import nn
 from decent_dp.ddp import DecentralizedDataParallel
 from decent_dp.optim import optim_fn_sgd
 from decent_dp.topo import Edge, Topology, TopologyReg
-from experiments.checkpoint import latest_checkpoint, list_checkpoints
-from experiments.config import compose_error_line
-from experiments.loop import run
+from experiments.train.checkpoint import latest_checkpoint, list_checkpoints
+from experiments.train.config import compose_error_line
+from experiments.train.trainer import run
+from tests.support.dist_harness import run_distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 QUICK = ["logger=none", "log.progress=false", "log.every=2", "log.consensus_every=0"]
 # a dead or missing peer would surface as an error after this many seconds instead of a hang

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 import torch
-from ddp_cases import flat, make_model, replay, train_steps, train_worker, wrap
-from dist_harness import free_port, ok_values, run_distributed
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp.topo import mixing_matrices
+from tests.support.ddp_cases import flat, make_model, replay, train_steps, train_worker, wrap
+from tests.support.dist_harness import free_port, ok_values, run_distributed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_legacy_script_runs_unchanged_under_torchrun() -> None:
@@ -31,7 +31,7 @@ def test_legacy_script_runs_unchanged_under_torchrun() -> None:
         "--nproc_per_node=2",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-        str(ROOT / "tests" / "legacy_02x_script.py"),
+        str(ROOT / "tests" / "decent_dp" / "legacy_02x_script.py"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

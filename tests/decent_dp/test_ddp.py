@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddp_cases import DECAY_OPTIMS, replay, resume_worker, train_worker
-from dist_harness import ok_values, run_distributed
 from torch.testing import assert_close
+
+from tests.support.ddp_cases import DECAY_OPTIMS, replay, resume_worker, train_worker
+from tests.support.dist_harness import ok_values, run_distributed
 
 ATOL = 1e-9
 

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_cases import flat, loss_of, make_model, replay, train_steps, wrap
-from dist_harness import ok_values, run_distributed
 from torch import nn
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
+from tests.support.ddp_cases import flat, loss_of, make_model, replay, train_steps, wrap
+from tests.support.dist_harness import ok_values, run_distributed
 
 
 def scaler_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:

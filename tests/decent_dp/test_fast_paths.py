@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from ddp_cases import SubclassedSGD, batch, make_model
-from dist_harness import ok_values, run_distributed
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp._cpu_memory import _glibc
+from tests.support.ddp_cases import SubclassedSGD, batch, make_model
+from tests.support.dist_harness import ok_values, run_distributed
 
 OPTIMS: dict[str, Any] = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),

@@ -24,15 +24,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_harness import free_port, run_distributed
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
-from experiments.checkpoint import CheckpointInfo, latest_checkpoint, list_checkpoints, load_shard
-from experiments.loop import run
+from experiments.train.checkpoint import (
+    CheckpointInfo,
+    latest_checkpoint,
+    list_checkpoints,
+    load_shard,
+)
+from experiments.train.trainer import run
+from tests.support.dist_harness import free_port, run_distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 QUICK = ["logger=none", "log.progress=false", "log.every=10", "log.consensus_every=0"]

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_cases import flat, make_model, replay, train_steps, wrap
-from dist_harness import free_port, ok_values, run_distributed
 from torch.testing import assert_close
+
+from tests.support.ddp_cases import flat, make_model, replay, train_steps, wrap
+from tests.support.dist_harness import free_port, ok_values, run_distributed
 
 pytestmark = pytest.mark.gpu
 

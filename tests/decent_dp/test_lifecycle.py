@@ -11,13 +11,21 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_cases import batch, make_model, make_optim, replay, train_steps, train_worker, wrap
-from dist_harness import ok_values, run_distributed
 from torch import nn
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp._bucket import ALIGN_BYTES
+from tests.support.ddp_cases import (
+    batch,
+    make_model,
+    make_optim,
+    replay,
+    train_steps,
+    train_worker,
+    wrap,
+)
+from tests.support.dist_harness import ok_values, run_distributed
 
 ATOL = 1e-9
 

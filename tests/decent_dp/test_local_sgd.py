@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from ddp_cases import replay, train_worker
-from dist_harness import ok_values, run_distributed
 from torch.testing import assert_close
 
 from decent_dp.topo import BaseKTopology, LocalSGDTopology, Topology
+from tests.support.ddp_cases import replay, train_worker
+from tests.support.dist_harness import ok_values, run_distributed
 
 __all__: list[str] = []
 

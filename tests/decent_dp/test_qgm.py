@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-from ddp_cases import flat, loss_of, make_model, set_flat
-from dist_harness import ok_values, run_distributed
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp.optim import QGMSGD, optim_fn_qgm_sgd
 from decent_dp.topo import mixing_matrices
+from tests.support.ddp_cases import flat, loss_of, make_model, set_flat
+from tests.support.dist_harness import ok_values, run_distributed
 
 __all__: list[str] = []
 

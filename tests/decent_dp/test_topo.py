@@ -35,7 +35,7 @@ from decent_dp.topo import (
 
 __all__: list[str] = []
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-12
 SIZES = [1, 2, 3, 4, 5, 8, 16, 64]
 LOCAL_SIZES = [2, 4, 8]

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from decent_dp.utils import get_backend_for, get_device, initialize_dist
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from experiments import report
-from experiments.logging import MetricsLogger
+from experiments.train.logger import MetricsLogger
 
 PLOTS = ("consensus_vs_step.png", "loss_vs_time.png", "acc_vs_epoch.png", "throughput.png")
 

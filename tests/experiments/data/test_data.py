@@ -1,4 +1,4 @@
-"""Tests of experiments.data: splits, shards, deterministic resumable orders, file formats."""
+"""Tests of experiments.data.loaders: splits, shards, deterministic resumable orders, file formats."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from PIL import Image
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from experiments.data import DATASETS, build_data
+from experiments.data.loaders import DATASETS, build_data
 
 CPU = torch.device("cpu")
 IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)

@@ -1,4 +1,4 @@
-"""Tests of experiments.models: every model trains a step, options, errors, digits accuracy."""
+"""Tests of experiments.models.vision: every model trains a step, options, errors, digits accuracy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from experiments.data import build_data
-from experiments.models import MODELS, build_model
+from experiments.data.loaders import build_data
+from experiments.models.vision import MODELS, build_model
 
 # (config, in_channels, image_size, batch): small shapes keep the big models fast on CPU.
 CASES = {

@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from experiments import netem
-from experiments.netem import NetworkProfile
+from experiments.network import netem
+from experiments.network.netem import NetworkProfile
 
 ETH = NetworkProfile("eth", latency_ms=0.02, bandwidth_gbps=25.0)
 
@@ -97,7 +97,7 @@ def test_profile_from_cfg_custom() -> None:
 
 
 def test_profile_from_structured_config_enums() -> None:
-    from experiments.config import NetworkConfig, NetworkName
+    from experiments.train.config import NetworkConfig, NetworkName
 
     cfg = OmegaConf.structured(NetworkConfig(name=NetworkName("custom"), latency_ms=0.5,
                                              bandwidth_gbps=10.0))  # fmt: skip

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from decent_dp.topo import TopologyReg
-from experiments import simulate as sim
-from experiments.sim_model import (
+from experiments.network import simulate as sim
+from experiments.network.sim_model import (
     MB,
     Cluster,
     Jitter,
@@ -25,7 +25,7 @@ from experiments.sim_model import (
     simulate_gossip,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 S = 100e6  # bytes per exchange
 ETH = Link("eth", 25.0, 0.02)  # 3.125e9 B/s: S takes 0.032 s; 20 us per hop
 FAST = Link("fast", 800.0, 0.001)  # 1e11 B/s, 1 us per hop
@@ -327,7 +327,7 @@ def test_main_reports_bad_overrides(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_measure_times_a_real_model(tmp_path: Path) -> None:
-    from experiments.models import build_model
+    from experiments.models.vision import build_model
 
     over = ["model=small_cnn", "batch_size=8", "measure.image_size=8", "measure.in_channels=1",
             "measure.num_classes=10", "measure.steps=2", "world_sizes=[8]", "mc.steps=4",
@@ -343,7 +343,7 @@ def test_measure_times_a_real_model(tmp_path: Path) -> None:
 
 def test_cli_as_a_module(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.simulate", "--out", str(tmp_path), "world_sizes=[16]",
+        [sys.executable, "-m", "experiments.network.simulate", "--out", str(tmp_path), "world_sizes=[16]",
          "topologies=[ring]", "mc.steps=8",
          "profiles=[{name: custom, latency_ms: 0.05, bandwidth_gbps: 10}]"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,

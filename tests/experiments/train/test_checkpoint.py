@@ -1,4 +1,4 @@
-"""Tests of experiments.checkpoint on real files, real gloo groups and a real SIGKILL."""
+"""Tests of experiments.train.checkpoint on real files, real gloo groups and a real SIGKILL."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from experiments.checkpoint import (
+from experiments.train.checkpoint import (
     CheckpointInfo,
     check_compatible,
     global_average_from_checkpoint,
@@ -27,7 +27,7 @@ from experiments.checkpoint import (
     save_checkpoint,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _state(step: int) -> dict:
@@ -369,7 +369,7 @@ def test_two_ranks_save_load_prune_and_average(tmp_path: Path) -> None:
 
 _CRASH_CHILD = """
 import sys, torch
-from experiments.checkpoint import save_checkpoint
+from experiments.train.checkpoint import save_checkpoint
 root, step = sys.argv[1], 2
 while True:
     shard = {"model": {f"t{i}": torch.full((1 << 20,), float(step)) for i in range(64)}}

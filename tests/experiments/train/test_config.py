@@ -14,10 +14,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-import experiments.config as config_module
+import experiments.train.config as config_module
 from decent_dp.topo import TopologyReg
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 GROUPS = ("model", "dataset", "optim", "scheduler", "topology", "network", "logger")
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
@@ -216,8 +216,8 @@ def test_misspelt_key_in_custom_yaml_fails_at_compose(conf_copy):
 
 
 def test_enums_match_the_registries():
-    from experiments.data import DATASETS
-    from experiments.models import MODELS
+    from experiments.data.loaders import DATASETS
+    from experiments.models.vision import MODELS
 
     assert [m.value for m in config_module.ModelName] == list(MODELS)
     assert [t.value for t in config_module.TopologyName] == [*TopologyReg.names(), "allreduce"]
@@ -225,7 +225,7 @@ def test_enums_match_the_registries():
 
 
 def test_network_presets_match_netem():
-    from experiments.netem import PROFILES
+    from experiments.network.netem import PROFILES
 
     for name, profile in PROFILES.items():
         cfg = _compose([f"network={name}"])

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from experiments.logging import MetricsLogger, TrainWindow, WindowClock
+from experiments.train.logger import MetricsLogger, TrainWindow, WindowClock
 
 
 def test_drop_after_forgets_lines_past_the_checkpoint(tmp_path) -> None:
@@ -58,7 +58,7 @@ def test_train_window_sums_finite_steps_and_remembers_the_first_bad_one() -> Non
 
 def test_window_clock_leaves_host_phases_out(monkeypatch) -> None:
     now = [0.0]
-    monkeypatch.setattr("experiments.logging.time.perf_counter", lambda: now[0])
+    monkeypatch.setattr("experiments.train.logger.time.perf_counter", lambda: now[0])
     clock = WindowClock(torch.device("cpu"))
     clock.start()
     for t in (1.0, 2.0):

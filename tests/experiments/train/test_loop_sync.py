@@ -19,10 +19,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from decent_dp.ddp import DecentralizedDataParallel
-from experiments import loop
-from experiments.loop import run
+from experiments.train import trainer as loop
+from experiments.train.trainer import run
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[3] / "conf"
 QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
 COUNTED = ("item", "__float__", "__bool__", "tolist")
 

@@ -1,4 +1,4 @@
-"""End-to-end tests of train.py and experiments/loop.py on CPU (gloo).
+"""End-to-end tests of train.py and experiments/train/trainer.py on CPU (gloo).
 
 In-process runs use world size 1 (``run(cfg)`` sets up a one-process group);
 the multi-rank paths run ``torchrun --standalone`` subprocesses, as a user would.
@@ -19,10 +19,17 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from experiments.logging import MetricsLogger, json_safe, run_name_from_overrides
-from experiments.loop import ConfigError, _first_host, config_hash, run, slurm_env, validate
+from experiments.train.logger import MetricsLogger, json_safe, run_name_from_overrides
+from experiments.train.trainer import (
+    ConfigError,
+    _first_host,
+    config_hash,
+    run,
+    slurm_env,
+    validate,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONF = ROOT / "conf"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
@@ -275,7 +282,7 @@ def _loss_scaling_on_cpu(monkeypatch, overflow_step: int | None) -> None:
     With ``overflow_step``, the gradient of the first parameter becomes inf/NaN at that
     step (1-based), as an fp16 overflow would make it.
     """
-    from experiments import loop
+    from experiments.train import trainer as loop
 
     def setup_amp(self) -> None:
         self.amp_dtype = None
@@ -354,7 +361,7 @@ def test_resume_with_another_topology_needs_allow_reshard(tmp_path, world_of_one
 
 
 def _assert_same_final_params(a: Path, b: Path, world_size: int) -> None:
-    from experiments.checkpoint import latest_checkpoint, load_shard
+    from experiments.train.checkpoint import latest_checkpoint, load_shard
 
     info_a, info_b = latest_checkpoint(a / "checkpoints"), latest_checkpoint(b / "checkpoints")
     assert info_a is not None and info_b is not None and info_a.step == info_b.step
