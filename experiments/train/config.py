@@ -24,7 +24,7 @@ submitit (and every requeue of it) keeps the directory printed at submission.
 
 Example::
 
-    import experiments.config  # registers the schemas
+    import experiments.train.config  # registers the schemas
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir="/abs/path/conf", version_base="1.3"):
@@ -88,10 +88,33 @@ __all__ = [
     "plain",
     "launch_time",
     "compose_error_line",
+    "ConfigError",
+    "check_dataset",
+    "check_model",
 ]
 
 ALLREDUCE = "allreduce"
 """Topology name of the baseline: torch DDP with an ordinary optimizer."""
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; raised identically on every rank before any collective."""
+
+
+def check_dataset(section: Any) -> None:
+    """Check the ``dataset`` section's values beyond their types.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+
+
+def check_model(section: Any) -> None:
+    """Check the ``model`` section's values beyond their types.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
 
 
 class NameEnum(str, Enum):

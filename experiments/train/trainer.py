@@ -22,7 +22,7 @@
 
 The hot path never waits on the host. A training step only queues work: the
 window's loss, accuracy and sample sums stay on the device
-(:class:`experiments.logging.TrainWindow`) and are read back once per metrics
+(:class:`experiments.train.logger.TrainWindow`) and are read back once per metrics
 line, and batches come from loaders that do not copy from pageable memory.
 Every host read happens in a host phase, on steps that log, evaluate or save.
 On CUDA the throughput windows (``perf/samples_per_s``, ``perf/step_s``) close
@@ -95,7 +95,10 @@ from decent_dp import optim as dopt
 from decent_dp.ddp import DecentralizedDataParallel
 from decent_dp.topo import TopologyReg
 from decent_dp.utils import get_device, initialize_dist
-from experiments.checkpoint import (
+from experiments.data.loaders import build_data
+from experiments.models.vision import build_model
+from experiments.network.netem import apply_network, profile_from_cfg
+from experiments.train.checkpoint import (
     check_compatible,
     global_average_from_checkpoint,
     latest_checkpoint,
@@ -103,17 +106,14 @@ from experiments.checkpoint import (
     load_shard,
     save_checkpoint,
 )
-from experiments.config import ALLREDUCE, plain
-from experiments.data import build_data
-from experiments.logging import (
+from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
+from experiments.train.logger import (
     MetricsLogger,
     TrainWindow,
     WindowClock,
     json_safe,
     run_name_from_overrides,
 )
-from experiments.models import build_model
-from experiments.netem import apply_network, profile_from_cfg
 
 __all__ = [
     "run",
@@ -146,10 +146,6 @@ SCHEDULER_FNS: dict[str, Callable[..., Any]] = {
 
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
-
-
-class ConfigError(ValueError):
-    """A config value is invalid; raised identically on every rank before any collective."""
 
 
 # ------------------------------------------------------------------ environment
@@ -308,6 +304,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     for key, value, valid, allowed in rules:
         if not valid:
             raise ConfigError(f"{key}={value} is invalid; it must be {allowed}")
+    check_dataset(d)
+    check_model(cfg.model)
 
     # the factories check their own hyper-parameters (lr >= 0, betas, accum_iter, ...)
     try:
