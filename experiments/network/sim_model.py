@@ -31,14 +31,18 @@ Two ways of training:
   only its current group, and the delay reaches others only through later groups.
 
 The result is the mean step time over ``steps`` steps after ``warmup`` steps,
-with a fixed seed: the same inputs give the same numbers.
+with a fixed seed (:class:`MonteCarlo`): the same inputs give the same numbers.
+
+The module is one model, kept in one file on purpose: the two simulations share
+every definition above them (links, buckets, workload, nodes, sampling), and the
+tests check each formula against numbers worked out by hand.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +55,7 @@ __all__ = [
     "Jitter",
     "Workload",
     "Cluster",
+    "MonteCarlo",
     "SimResult",
     "collective_s",
     "bucket_sizes",
@@ -296,17 +301,45 @@ class SimResult:
     step_s: list[float] = field(default_factory=list)
 
 
-def _factors(jitter: Jitter, seed: int, steps: int, n: int) -> np.ndarray:
-    return jitter.sample(np.random.default_rng(seed), (steps, n))
+@dataclass(frozen=True)
+class MonteCarlo:
+    """How the steps are sampled: compute jitter, steps measured, warm-up and seed.
+
+    Args:
+        jitter: The per-worker, per-step compute-time factors.
+        steps: Steps averaged over, after the warm-up.
+        warmup: Steps simulated first and not counted, while the pipeline fills.
+        seed: Seed of the jitter's factors: the same inputs give the same numbers.
+
+    Example::
+
+        mc = MonteCarlo(Jitter("lognormal", 0.1), steps=200)
+        simulate_allreduce(work, cluster, mc).t_iter_s
+    """
+
+    jitter: Jitter = Jitter()
+    steps: int = 100
+    warmup: int = 10
+    seed: int = 0
+
+    def phases(self, work: Workload, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward seconds of ``n`` workers, one row per step, warm-up included."""
+        shape = (self.warmup + self.steps, n)
+        c = work.compute_s * self.jitter.sample(np.random.default_rng(self.seed), shape)
+        return (1 - work.backward_frac) * c, work.backward_frac * c
+
+    def result(self, ends: Sequence[float], comm: float) -> SimResult:
+        """The mean step after the warm-up, from the time each step ended."""
+        e = np.asarray(ends)
+        if self.warmup > 0:
+            steps = np.diff(e[self.warmup - 1 :])
+        else:
+            steps = np.diff(np.concatenate([[0.0], e]))
+        return SimResult(float(steps.mean()), comm, [float(x) for x in steps])
 
 
 def simulate_allreduce(
-    work: Workload,
-    cluster: Cluster,
-    jitter: Jitter = Jitter(),
-    steps: int = 100,
-    warmup: int = 10,
-    seed: int = 0,
+    work: Workload, cluster: Cluster, mc: MonteCarlo = MonteCarlo()
 ) -> SimResult:
     """Mean step time of torch DDP: bucketed all-reduce overlapping the backward pass.
 
@@ -320,14 +353,12 @@ def simulate_allreduce(
         collective_s(nbytes, n, cluster.nodes, cluster.network, cluster.intra), nbytes.shape
     )
     ready_frac = np.cumsum(sizes) / sum(sizes)
-    f = _factors(jitter, seed, warmup + steps, n)
-    c = work.compute_s * f
-    fwd, bwd = (1 - work.backward_frac) * c, work.backward_frac * c
+    fwd, bwd = mc.phases(work, n)
     own = cluster.collective_start == "own"
     start = np.zeros(n)
     link_free = np.zeros(n) if own else np.zeros(1)
     ends = []
-    for t in range(warmup + steps):
+    for t in range(len(fwd)):
         base = start + fwd[t]
         done = base + bwd[t]
         for j, frac in enumerate(ready_frac):
@@ -342,13 +373,7 @@ def simulate_allreduce(
         # DDP's backward returns once every bucket is reduced, on every worker
         start = np.full(n, done.max()) if not own else done
         ends.append(start.mean())
-    return _result(ends, warmup, float(cost.sum()))
-
-
-def _result(ends: Sequence[float], warmup: int, comm: float) -> SimResult:
-    e = np.asarray(ends)
-    steps = np.diff(e[warmup - 1 :]) if warmup > 0 else np.diff(np.concatenate([[0.0], e]))
-    return SimResult(float(steps.mean()), comm, [float(x) for x in steps])
+    return mc.result(ends, float(cost.sum()))
 
 
 @dataclass
@@ -422,10 +447,7 @@ def simulate_gossip(
     rounds: Sequence[Sequence[Edge]],
     work: Workload,
     cluster: Cluster,
-    jitter: Jitter = Jitter(),
-    steps: int = 100,
-    warmup: int = 10,
-    seed: int = 0,
+    mc: MonteCarlo = MonteCarlo(),
 ) -> SimResult:
     """Mean step time of the wrapper: per-bucket gossip overlapping the next step.
 
@@ -440,15 +462,13 @@ def simulate_gossip(
     sizes = bucket_sizes(work.model_bytes, work.bucket_mb)
     ready_frac = np.diff(np.concatenate([[0.0], np.cumsum(sizes) / sum(sizes)]))
     prepared = [_prepare(edges, sizes, cluster) for edges in rounds]
-    f = _factors(jitter, seed, warmup + steps, n)
-    c = work.compute_s * f
-    fwd, bwd = (1 - work.backward_frac) * c, work.backward_frac * c
+    fwd, bwd = mc.phases(work, n)
     own = cluster.collective_start == "own"
     nic_free = np.zeros(n if own else cluster.nodes)
     waits = np.full((len(sizes), n), -np.inf)
     x = np.zeros(n)
     ends = []
-    for t in range(warmup + steps):
+    for t in range(len(fwd)):
         rnd = prepared[t % len(prepared)]
         x = x + fwd[t]
         for j, frac in enumerate(ready_frac):
@@ -475,17 +495,14 @@ def simulate_gossip(
             waits[j] = end[rnd.group_of]
         ends.append(x.mean())
     comm = float(np.mean([r.cost.sum(axis=0).max() for r in prepared]))
-    return _result(ends, warmup, comm)
+    return mc.result(ends, comm)
 
 
 def fit_efficiency(
     target_s: float,
     work: Workload,
     cluster: Cluster,
-    jitter: Jitter = Jitter(),
-    steps: int = 100,
-    warmup: int = 10,
-    seed: int = 0,
+    mc: MonteCarlo = MonteCarlo(),
     tol: float = 1e-10,
 ) -> tuple[float, float]:
     """The network efficiency at which the simulated all-reduce step equals ``target_s``.
@@ -502,14 +519,8 @@ def fit_efficiency(
     """
 
     def step(eff: float) -> float:
-        c = Cluster(
-            cluster.n,
-            cluster.local_world_size,
-            cluster.network.with_efficiency(eff),
-            cluster.intra,
-            cluster.collective_start,
-        )
-        return simulate_allreduce(work, c, jitter, steps, warmup, seed).t_iter_s
+        c = replace(cluster, network=cluster.network.with_efficiency(eff))
+        return simulate_allreduce(work, c, mc).t_iter_s
 
     best = step(1.0)
     if best > target_s:

@@ -136,6 +136,7 @@ def predict(
         Cluster,
         Jitter,
         Link,
+        MonteCarlo,
         Workload,
         simulate_allreduce,
         simulate_gossip,
@@ -145,11 +146,11 @@ def predict(
     cluster = Cluster(n, 1, link, link, collective_start="own")
     # the training loop gives torch DDP an explicit bucket_cap_mb: no small first bucket
     work = Workload(facts["model_bytes"], compute_s, facts["backward_frac"], bucket_mb, None)
-    jitter = Jitter("lognormal", cv)
+    mc = MonteCarlo(Jitter("lognormal", cv), steps=steps)
     if method == "allreduce":
-        return simulate_allreduce(work, cluster, jitter, steps=steps).t_iter_s
+        return simulate_allreduce(work, cluster, mc).t_iter_s
     rounds = TopologyReg.create(method, n, 1).rounds
-    return simulate_gossip(rounds, work, cluster, jitter, steps=steps).t_iter_s
+    return simulate_gossip(rounds, work, cluster, mc).t_iter_s
 
 
 def _table(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:

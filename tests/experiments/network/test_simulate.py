@@ -12,11 +12,13 @@ import pytest
 
 from decent_dp.topo import TopologyReg
 from experiments.network import simulate as sim
+from experiments.network.sim_config import load_config, profiles
 from experiments.network.sim_model import (
     MB,
     Cluster,
     Jitter,
     Link,
+    MonteCarlo,
     Workload,
     bucket_sizes,
     collective_s,
@@ -24,6 +26,7 @@ from experiments.network.sim_model import (
     simulate_allreduce,
     simulate_gossip,
 )
+from experiments.network.sim_report import format_calibration
 
 ROOT = Path(__file__).resolve().parents[3]
 S = 100e6  # bytes per exchange
@@ -77,7 +80,7 @@ def test_bucket_sizes_with_and_without_a_small_first_bucket() -> None:
 def test_allreduce_without_jitter_is_the_bucket_pipeline_closed_form(buckets: int) -> None:
     c, frac = 0.05, 0.5
     work = Workload(S, c, frac, S / buckets / MB, None)
-    t = simulate_allreduce(work, _cluster(8), steps=5, warmup=2).t_iter_s
+    t = simulate_allreduce(work, _cluster(8), MonteCarlo(steps=5, warmup=2)).t_iter_s
     per = 1.75 * 0.032 / buckets + 14 * 20e-6  # its share of the wire, every hop's latency
     # bucket k is ready at k/K of the backward; the link is a FIFO
     finish = max(frac * c * k / buckets + (buckets - k + 1) * per for k in range(1, buckets + 1))
@@ -89,30 +92,32 @@ def test_many_buckets_reach_the_ideal_overlap_model() -> None:
     c, frac = 0.05, 0.5
     net = Link("eth", 25.0, 0.0)
     work = Workload(S, c, frac, S / 400 / MB, None)
-    t = simulate_allreduce(work, _cluster(8, net=net), steps=3, warmup=1).t_iter_s
+    t = simulate_allreduce(work, _cluster(8, net=net), MonteCarlo(steps=3, warmup=1)).t_iter_s
     ideal = c + max(0.0, 1.75 * 0.032 - frac * c)
     assert t == pytest.approx(ideal, rel=2e-3)
 
 
 def test_gossip_without_jitter_is_compute_bound_or_link_bound() -> None:
     rounds = _rounds("ring", 8)
-    light = simulate_gossip(rounds, _work(0.05), _cluster(8), steps=20, warmup=4)
+    light = simulate_gossip(rounds, _work(0.05), _cluster(8), MonteCarlo(steps=20, warmup=4))
     assert light.t_iter_s == pytest.approx(0.05)
     # pairs cost 0.032 s; at 0.02 s of compute the NIC never rests: one pair per step
-    heavy = simulate_gossip(rounds, _work(0.02), _cluster(8), steps=20, warmup=4)
+    heavy = simulate_gossip(rounds, _work(0.02), _cluster(8), MonteCarlo(steps=20, warmup=4))
     assert heavy.t_iter_s == pytest.approx(PAIR_ETH, rel=1e-9)
     assert heavy.comm_s == pytest.approx(PAIR_ETH)
 
 
 def test_own_start_rule_equals_all_without_jitter() -> None:
     for name in ("ring", "one-peer-exp"):
-        a = simulate_gossip(_rounds(name, 8), _work(0.02), _cluster(8), steps=12, warmup=6)
+        a = simulate_gossip(
+            _rounds(name, 8), _work(0.02), _cluster(8), MonteCarlo(steps=12, warmup=6)
+        )
         o = simulate_gossip(
-            _rounds(name, 8), _work(0.02), _cluster(8, start="own"), steps=12, warmup=6
+            _rounds(name, 8), _work(0.02), _cluster(8, start="own"), MonteCarlo(steps=12, warmup=6)
         )
         assert o.t_iter_s == pytest.approx(a.t_iter_s)
-    a = simulate_allreduce(_work(0.02), _cluster(8), steps=4)
-    o = simulate_allreduce(_work(0.02), _cluster(8, start="own"), steps=4)
+    a = simulate_allreduce(_work(0.02), _cluster(8), MonteCarlo(steps=4))
+    o = simulate_allreduce(_work(0.02), _cluster(8, start="own"), MonteCarlo(steps=4))
     assert o.t_iter_s == pytest.approx(a.t_iter_s)
 
 
@@ -120,25 +125,29 @@ def test_jitter_costs_allreduce_more_than_gossip() -> None:
     """The all-reduce pays the slowest of 32 workers every step; pairs pay much less."""
     work, cluster = _work(0.05, bucket_mb=25), _cluster(32)
     jit = Jitter("lognormal", 0.2)
-    ar0 = simulate_allreduce(work, cluster, steps=200).t_iter_s
-    ar1 = simulate_allreduce(work, cluster, jit, steps=200).t_iter_s
+    ar0 = simulate_allreduce(work, cluster, MonteCarlo(steps=200)).t_iter_s
+    ar1 = simulate_allreduce(work, cluster, MonteCarlo(jit, steps=200)).t_iter_s
     rounds = _rounds("one-peer-exp", 32)
-    g0 = simulate_gossip(rounds, work, cluster, steps=200).t_iter_s
-    g1 = simulate_gossip(rounds, work, cluster, jit, steps=200).t_iter_s
+    g0 = simulate_gossip(rounds, work, cluster, MonteCarlo(steps=200)).t_iter_s
+    g1 = simulate_gossip(rounds, work, cluster, MonteCarlo(jit, steps=200)).t_iter_s
     assert ar1 - ar0 > 1.5 * (g1 - g0) > 0
     # the same seed gives the same numbers
-    assert simulate_allreduce(work, cluster, jit, steps=200).t_iter_s == ar1
+    assert simulate_allreduce(work, cluster, MonteCarlo(jit, steps=200)).t_iter_s == ar1
 
 
 def test_nic_sharing_slows_node_spanning_rounds() -> None:
     """one-peer-exp, 2 nodes of 4: shifts 1 and 2 stay inside a node; shift 4 sends 4 pairs
     through each NIC at once, so that round's pairs get a quarter of the bandwidth each."""
     rounds = _rounds("one-peer-exp", 8, 4)
-    shared = simulate_gossip(rounds, _work(0.01), _cluster(8, local=4), steps=30, warmup=6)
+    shared = simulate_gossip(
+        rounds, _work(0.01), _cluster(8, local=4), MonteCarlo(steps=30, warmup=6)
+    )
     cross = 4 * 0.032 + 2 * 20e-6
     assert shared.t_iter_s == pytest.approx((cross + 0.01 + 0.01) / 3)
     # one worker per node: every round is one pair per NIC
-    alone = simulate_gossip(rounds, _work(0.01), _cluster(8, local=1), steps=30, warmup=6)
+    alone = simulate_gossip(
+        rounds, _work(0.01), _cluster(8, local=1), MonteCarlo(steps=30, warmup=6)
+    )
     assert alone.t_iter_s == pytest.approx(PAIR_ETH)
 
 
@@ -156,8 +165,8 @@ def test_fit_inverts_the_allreduce_time() -> None:
 
 @pytest.fixture(scope="module")
 def paper() -> tuple:
-    cfg = sim.load_config(None, ["preset=paper_transformer_fig6"])
-    profs = sim.profiles(cfg)
+    cfg = load_config(None, ["preset=paper_transformer_fig6"])
+    profs = profiles(cfg)
     return cfg, profs, sim.calibrate(cfg, profs)
 
 
@@ -175,7 +184,7 @@ def test_preset_reproduces_its_fitted_point_and_predicts_infiniband(paper: tuple
 
 def test_ethernet_default_efficiency_is_the_fitted_one(paper: tuple) -> None:
     _, profs, _ = paper
-    base = sim.load_config()
+    base = load_config()
     assert base.links.ethernet_25g.efficiency == pytest.approx(
         profs[0].network.efficiency, abs=5e-4
     )
@@ -192,7 +201,7 @@ def test_ethernet_gossip_respects_the_line_rate_bound(paper: tuple) -> None:
 
 def test_calibration_table_lists_every_point_and_the_ratios(paper: tuple) -> None:
     cfg, _, rows = paper
-    text = sim.format_calibration(rows, cfg)
+    text = format_calibration(rows, cfg)
     assert text.startswith("# Calibration: Wang et al.")
     assert "| a40_ethernet_25g | 32 | allreduce | 188.5 | 188.5 | +0.0% | fitted" in text
     assert text.count("| predicted |") == 3 and text.count("| ratio |") == 2
@@ -211,7 +220,7 @@ def test_preset_cli_starts_with_the_calibration_table(tmp_path: Path) -> None:
 
 def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known presets: .*paper_transformer_fig6"):
-        sim.load_config(None, ["preset=nope"])
+        load_config(None, ["preset=nope"])
 
 
 # --- the config and the command line -------------------------------------------------------
@@ -292,15 +301,15 @@ def test_bad_inputs_raise_one_line_errors(over: dict, match: str) -> None:
 
 
 def test_load_config_overrides_and_unknown_keys(tmp_path: Path) -> None:
-    cfg = sim.load_config(None, ["compute_s=0.02", "world_sizes=[8,32]", "intra.latency_ms=0.01"])
+    cfg = load_config(None, ["compute_s=0.02", "world_sizes=[8,32]", "intra.latency_ms=0.01"])
     assert cfg.compute_s == 0.02 and list(cfg.world_sizes) == [8, 32]
     assert cfg.intra.latency_ms == 0.01 and cfg.model_bytes == 102228128
     with pytest.raises(ValueError, match="computes_s"):
-        sim.load_config(None, ["computes_s=0.02"])
+        load_config(None, ["computes_s=0.02"])
     with pytest.raises(ValueError, match="key=value"):
-        sim.load_config(None, ["compute_s"])
+        load_config(None, ["compute_s"])
     with pytest.raises(ValueError, match="does not exist"):
-        sim.load_config(tmp_path / "missing.yaml")
+        load_config(tmp_path / "missing.yaml")
 
 
 def test_main_writes_every_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -332,7 +341,7 @@ def test_measure_times_a_real_model(tmp_path: Path) -> None:
     over = ["model=small_cnn", "batch_size=8", "measure.image_size=8", "measure.in_channels=1",
             "measure.num_classes=10", "measure.steps=2", "world_sizes=[8]", "mc.steps=4",
             "topologies=[ring]"]  # fmt: skip
-    cfg = sim.load_config(None, over)
+    cfg = load_config(None, over)
     compute, nbytes = sim.measure_compute(cfg)
     model = build_model({"name": "small_cnn"}, num_classes=10, in_channels=1, image_size=8)
     assert nbytes == 4 * sum(p.numel() for p in model.parameters())
