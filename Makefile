@@ -45,13 +45,13 @@ bench: ## Step-time benchmark: local vs torch DDP vs every topology, 2 and 4 pro
 bench-upstream: ## Step time vs decent-dp 0.2.3 (own venv in .bench/) and torch DDP; ARGS=--profile
 	$(PY) -m experiments.bench.upstream $(ARGS)
 
-report: ## Report over the newest sweep (or DIRS=...)
+report: ## report.md + plots for the newest sweep (or DIRS=...)
 	$(PY) -m experiments.report $(or $(DIRS),$(shell ls -td multirun/*/*/ 2>/dev/null | head -1)) $(ARGS)
 
 simulate: ## Scale simulation: allreduce vs topologies at 8..1024 workers
 	$(PY) -m experiments.network.simulate $(ARGS)
 
-topo: ## Topology table for 64 workers
+topo: ## Topology table for 64 workers: period, spectral gap, contraction
 	$(PY) -m decent_dp.topo --world-size 64
 
 clean: ## Remove caches and run outputs (keeps .venv)
