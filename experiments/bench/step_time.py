@@ -184,14 +184,21 @@ def time_variant(
     return row
 
 
-def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-key median over the repeated runs of one variant."""
+def median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first row with every float replaced by its median over the repeated runs ``reps``."""
     row = dict(reps[0])
     for key, value in reps[0].items():
         if isinstance(value, float):
             row[key] = statistics.median(r[key] for r in reps)
-    row["repeats"] = len(reps)
     return row
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, batch: int, out: str) -> None:
+    """The options of both step-time benchmarks: batch, threads, output file, worker flag."""
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -228,7 +235,7 @@ def worker(args: argparse.Namespace) -> None:
                         f"{r['median_step_s'] * 1e3:8.1f} ms",
                         flush=True,
                     )
-        rows += [_median_row(runs[v]) for v in variants]
+        rows += [{**median_row(runs[v]), "repeats": len(runs[v])} for v in variants]
     if dist.get_rank() == 0:
         with open(args.out_part, "w") as f:
             json.dump(rows, f)
@@ -268,10 +275,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--with-noview", action="store_true", help="also time param_as_bucket_view=False"
     )
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--out", default="outputs/bench/bench.json")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_common_arguments(parser, batch=16, out="outputs/bench/bench.json")
     parser.add_argument("--out-part", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
