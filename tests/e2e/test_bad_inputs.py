@@ -11,8 +11,6 @@ message is one line holding both the bad value and what is allowed.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,8 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from torch import nn
 
@@ -34,13 +30,11 @@ from experiments.train.checkpoint import latest_checkpoint, list_checkpoints
 from experiments.train.config import compose_error_line
 from experiments.train.trainer import run
 from tests.support.dist_harness import run_distributed
+from tests.support.launch import QUIET, compose_config, launch, torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
-QUICK = ["logger=none", "log.progress=false", "log.every=2", "log.consensus_every=0"]
+QUICK = [*QUIET, "log.every=2", "log.consensus_every=0"]
 # a dead or missing peer would surface as an error after this many seconds instead of a hang
 FAST_TIMEOUT = ["dist.timeout_s=30"]
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -75,9 +69,7 @@ class Case:
 
 
 def _compose(*overrides: str) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*QUICK, *FAST_TIMEOUT, *overrides])
+    return compose_config(*QUICK, *FAST_TIMEOUT, *overrides)
 
 
 def _timed(fn: Callable[[], Any]) -> Outcome:
@@ -114,12 +106,6 @@ def _run_error(*overrides: str) -> Callable[[Path, pytest.FixtureRequest], Outco
         return _run_in_process(tmp_path, *overrides)
 
     return attempt
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", WANDB_SILENT="true")
-    return env
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -263,25 +249,14 @@ def three_ranks_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, fl
     """One torchrun of 3 workers on one node, sweeping two topologies that cannot run there."""
     sweep = tmp_path_factory.mktemp("ws3")
     start = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=3",
-            "train.py",
-            "-m",
-            "topology=one-peer-exp,alternating-exp-ring",
-            *QUICK,
-            *FAST_TIMEOUT,
-            "train.max_steps=2",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
+    proc = torchrun(
+        3,
+        "-m",
+        "topology=one-peer-exp,alternating-exp-ring",
+        *QUICK,
+        *FAST_TIMEOUT,
+        "train.max_steps=2",
+        f"hydra.sweep.dir={sweep}",
         timeout=180,
     )
     return proc, time.monotonic() - start
@@ -303,14 +278,7 @@ def _torchrun_job(topology: str) -> Callable[[Path, pytest.FixtureRequest], Outc
 
 def _cli_unknown_topology(tmp_path: Path, request: pytest.FixtureRequest) -> Outcome:
     start = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "train.py", "topology=hypercube", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = launch([sys.executable, "train.py", "topology=hypercube", f"hydra.run.dir={tmp_path}"])
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr  # nothing but the one line
     return Outcome(f"exit {proc.returncode}", lines[0], time.monotonic() - start)

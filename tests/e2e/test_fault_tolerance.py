@@ -24,8 +24,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from experiments.train.checkpoint import (
@@ -36,24 +34,13 @@ from experiments.train.checkpoint import (
 )
 from experiments.train.trainer import run
 from tests.support.dist_harness import free_port, run_distributed
+from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, compose_config, launch, torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-QUICK = ["logger=none", "log.progress=false", "log.every=10", "log.consensus_every=0"]
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env.update(OMP_NUM_THREADS="1", WANDB_SILENT="true", **extra)
-    return env
+QUICK = [*QUIET, "log.every=10", "log.consensus_every=0"]
 
 
 def _compose(*overrides: str) -> DictConfig:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*QUICK, *overrides])
+    return compose_config(*QUICK, *overrides)
 
 
 def _models(info: CheckpointInfo) -> list[dict[str, torch.Tensor]]:
@@ -136,14 +123,7 @@ KILL_RUN = [
 def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same 4-worker run as the killed one, uninterrupted."""
     run_dir = tmp_path_factory.mktemp("clean") / "run"
-    proc = subprocess.run(
-        [*TORCHRUN, "--nproc_per_node=4", "train.py", *KILL_RUN, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = torchrun(4, *KILL_RUN, f"hydra.run.dir={run_dir}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run_dir
 
@@ -157,7 +137,7 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
     agent = subprocess.Popen(
         [*TORCHRUN, "--nproc_per_node=4", "--max-restarts=1", str(ROOT / "train.py"), *KILL_RUN],
         cwd=tmp_path,
-        env=_env(),
+        env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -193,7 +173,7 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
 
 
 def _lone_rank(rank: int, port: int, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    env = _env(
+    env = clean_env(
         RANK=str(rank),
         WORLD_SIZE="2",
         LOCAL_RANK=str(rank),
@@ -355,23 +335,9 @@ def test_reshard_starts_from_the_global_average_and_a_crash_then_resumes_it(
 @pytest.mark.slow
 def test_submitit_job_writes_into_the_sweep_dir_chosen_at_submission(tmp_path: Path) -> None:
     # a requeued SLURM job re-runs the pickled job; it must land in the same directory
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "-m",
-            "hydra/launcher=submitit_local",
-            "hydra.launcher.timeout_min=5",
-            *QUICK,
-            "train.max_steps=3",
-            "checkpoint.every_steps=3",
-        ],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    job = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5", *QUICK]
+    job += ["train.max_steps=3", "checkpoint.every_steps=3"]
+    proc = launch([sys.executable, str(ROOT / "train.py"), *job], timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     sweeps = list(tmp_path.glob("multirun/*/*"))
     assert len(sweeps) == 1, sweeps

@@ -25,12 +25,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def launch(
-    args: Sequence[str], timeout: float = 120, env: dict[str, str] | None = None, **kwargs: Any
+    args: Sequence[str],
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    cwd: str | Path = ROOT,
+    **kwargs: Any,
 ) -> subprocess.CompletedProcess:
-    """Run a command from the repository root with :func:`clean_env`, capturing its output."""
+    """Run a command in ``cwd`` (the repository root) with :func:`clean_env`, capturing output."""
     return subprocess.run(
         list(args),
-        cwd=ROOT,
+        cwd=cwd,
         env=clean_env() if env is None else env,
         capture_output=True,
         text=True,
