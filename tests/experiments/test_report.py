@@ -108,7 +108,7 @@ def _table(text: str) -> dict[tuple[str, str, str], list[str]]:
     return rows
 
 
-def test_report_table_values(sweep: Path) -> None:
+def test_report_rows_skipped_runs_and_plots(sweep: Path) -> None:
     with pytest.warns(UserWarning) as record:
         path = report.build_report([sweep], target_acc=0.9)
     assert path == sweep / "report.md"
@@ -168,7 +168,7 @@ def test_consensus_plot_draws_exact_points_and_the_sketch_thin(
     assert len(drawn) == 10
 
 
-def test_report_to_other_dir_and_target(sweep: Path, tmp_path: Path) -> None:
+def test_report_into_another_dir_with_another_target(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -193,7 +193,9 @@ def test_plot_labels_are_unique_and_name_the_network(sweep: Path) -> None:
     assert "one-peer-exp digits" in labels and "one-peer-exp synthetic" in labels
 
 
-def test_cli(sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_writes_the_report_and_exits_2_without_runs(
+    sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert report.main([str(sweep), "--target-acc", "0.5", "--out", str(tmp_path / "r")]) == 0
@@ -207,6 +209,6 @@ def test_cli(sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 @pytest.mark.parametrize("target", [0.0, 1.5, float("nan")])
-def test_bad_target_acc(sweep: Path, target: float) -> None:
+def test_target_acc_outside_0_1_is_rejected(sweep: Path, target: float) -> None:
     with pytest.raises(ValueError, match="target_acc="):
         report.build_report([sweep], target_acc=target)

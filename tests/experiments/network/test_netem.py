@@ -1,10 +1,10 @@
 """Network emulation: the cost model by hand, profile validation, and real gloo groups."""
 
 import gc
-import importlib.util
 import math
-import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from experiments.network import netem
 from experiments.network.netem import NetworkProfile
+from tests.support.dist_harness import free_port
 
 ETH = NetworkProfile("eth", latency_ms=0.02, bandwidth_gbps=25.0)
 
@@ -44,7 +45,7 @@ def test_gossip_group_is_a_ring_over_its_members() -> None:
     assert netem.gossip_time(1e6, 8, ETH) == pytest.approx(0.56e-3 + 0.28e-3, rel=1e-12)
 
 
-def test_gossip_delay_fn_values() -> None:
+def test_gossip_delay_by_hand_for_groups_of_one_two_and_four() -> None:
     delay = netem.make_gossip_delay(ETH, shared_link=False)
     assert delay(0, 2) == pytest.approx(40e-6)
     assert delay(3_125_000, 2) == pytest.approx(1e-3 + 40e-6)
@@ -135,18 +136,11 @@ def test_apply_network_off_returns_none_and_rejects_other_models() -> None:
     assert netem.apply_network({"name": "none"}, model, 4) is None
     with pytest.raises(ValueError, match="world_size=0"):
         netem.apply_network({"name": "ethernet_25g"}, model, 0)
-    if importlib.util.find_spec("decent_dp.ddp") is not None:
-        with pytest.raises(ValueError, match="got Linear"):
-            netem.apply_network({"name": "ethernet_25g"}, model, 2)
+    with pytest.raises(ValueError, match="got Linear"):
+        netem.apply_network({"name": "ethernet_25g"}, model, 2)
 
 
 # --- real 2-process gloo groups ------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # Slow enough that the modelled time dominates the real gloo and compute time on a busy CPU.
@@ -185,12 +179,21 @@ def _plain_allreduce_hook(
     return fut.then(lambda f: f.value()[0] / state)
 
 
-def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
+@contextmanager
+def _gloo_group(rank: int, world_size: int, port: int) -> Iterator[None]:
+    """This spawned process's gloo group on ``port``, one torch thread, destroyed at the end."""
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
     )
     try:
         torch.set_num_threads(1)
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
+    with _gloo_group(rank, world_size, port):
         x, y = _batch(rank)
         expected = _reference_grads(world_size)
 
@@ -238,24 +241,18 @@ def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
         assert state.modelled_s == pytest.approx(total_bytes + sum(counts) * 2 * profile.latency_s)
         del plain, applied, model
         gc.collect()  # dropping DDP before the group avoids a rare abort at exit
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
 def test_torch_ddp_hook_holds_backward_for_the_modelled_time() -> None:
-    mp.spawn(_torch_ddp_worker, args=(2, _free_port()), nprocs=2, join=True)
+    mp.spawn(_torch_ddp_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
 def _gossip_worker(rank: int, world_size: int, port: int) -> None:
     from decent_dp import DecentralizedDataParallel
     from decent_dp.optim import optim_fn_sgd
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        torch.set_num_threads(1)
+    with _gloo_group(rank, world_size, port):
         x, y = _batch(rank)
         profile = netem.profile_from_cfg(SLOW)
         nbytes = sum(p.numel() * p.element_size() for p in _model().parameters())
@@ -283,15 +280,10 @@ def _gossip_worker(rank: int, world_size: int, port: int) -> None:
         # Each gossip is held pair_s after its launch; the next step waits for it.
         assert times[1] >= (steps - 1) * pair_s, f"{times[1]:.3f}s < {(steps - 1) * pair_s:.3f}s"
         assert times[1] <= steps * pair_s + times[0] + SLACK_S, f"{times} vs {pair_s:.3f}s/step"
-    finally:
-        dist.destroy_process_group()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("decent_dp.ddp") is None, reason="decent_dp.ddp is not there yet"
-)
 def test_wrapper_gossip_is_held_for_the_modelled_time() -> None:
-    mp.spawn(_gossip_worker, args=(2, _free_port()), nprocs=2, join=True)
+    mp.spawn(_gossip_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
 def test_profile_constants_are_documented_values() -> None:
