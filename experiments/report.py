@@ -23,6 +23,9 @@ and rows on synthetic data ``(synthetic)``.
 
 A run without a readable ``summary.json`` or without any valid metrics line is
 skipped with a warning; single malformed lines are skipped too.
+
+One module of about 500 lines on purpose: loading runs, the table and the four plots
+serve this one report, and a new column or plot changes all three together.
 """
 
 from __future__ import annotations

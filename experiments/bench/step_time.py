@@ -202,6 +202,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, batch: int, out: str) 
 
 
 def worker(args: argparse.Namespace) -> None:
+    """One rank: every variant that fits this world size, in turns, ``--repeats`` times."""
     from decent_dp.topo import TopologyReg
 
     torch.set_num_threads(args.threads)
@@ -266,6 +267,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: see the module docstring; ``--worker`` runs one rank instead."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--procs", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)

@@ -274,6 +274,7 @@ def _candidate(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command line: see the module docstring; ``--worker`` runs one rank of a job instead."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--configs",

@@ -210,6 +210,7 @@ def _breakdown(prof: Any, steps: int) -> dict[str, float]:
 
 
 def worker(args: argparse.Namespace) -> None:
+    """One rank of ``args.impl``'s job: time its turns, or with ``args.profile`` profile it."""
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     if args.profile:

@@ -20,21 +20,20 @@ from experiments.network.netem import PROFILES
 from experiments.network.sim_model import Cluster, Jitter, Link, MonteCarlo, Workload
 
 __all__ = [
-    "ALLREDUCE",
-    "DEFAULT_CONFIG",
-    "PRESET_DIR",
     "load_config",
-    "read_number",
     "Profile",
     "profiles",
     "monte_carlo",
+    "read_number",
+    "ALLREDUCE",
+    "DEFAULT_CONFIG",
+    "PRESET_DIR",
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = ROOT / "conf" / "simulate.yaml"
-PRESET_DIR = ROOT / "conf" / "simulate"
 ALLREDUCE = "allreduce"  # the method name of torch DDP in rows and calibration points
-FIT = "fit"
+FIT = "fit"  # an efficiency to be fitted on the profile's all-reduce calibration point
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "simulate.yaml"
+PRESET_DIR = DEFAULT_CONFIG.parent / "simulate"
 
 
 def _known_presets() -> list[str]:
