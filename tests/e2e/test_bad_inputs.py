@@ -28,7 +28,7 @@ from decent_dp.optim import optim_fn_sgd
 from decent_dp.topo import Edge, Topology, TopologyReg
 from experiments.train.checkpoint import latest_checkpoint, list_checkpoints
 from experiments.train.config import compose_error_line
-from experiments.train.trainer import run
+from experiments.train.run import run
 from tests.support.dist_harness import run_distributed
 from tests.support.launch import QUIET, compose_config, launch, torchrun
 

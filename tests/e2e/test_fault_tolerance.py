@@ -32,7 +32,7 @@ from experiments.train.checkpoint import (
     list_checkpoints,
     load_shard,
 )
-from experiments.train.trainer import run
+from experiments.train.run import run
 from tests.support.dist_harness import free_port, run_distributed
 from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, compose_config, launch, torchrun
 
