@@ -333,6 +333,7 @@ def _label_off(name: str) -> Iterator[None]:
 
 
 def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` as JSON, all at once for the side that polls for it."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj))
     tmp.rename(path)  # atomic: a reader never sees half a file
