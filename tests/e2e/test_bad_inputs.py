@@ -65,7 +65,7 @@ class Case:
     limit_s: float = 60.0
 
 
-# ----------------------------------------------------------------- helpers
+# ----------------------------------------------------------------- running one attempt
 
 
 def _compose(*overrides: str) -> DictConfig:
