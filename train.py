@@ -37,7 +37,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from experiments.train.config import compose_error_line
-from experiments.train.trainer import ConfigError, run
+from experiments.train.run import ConfigError, run
 
 failed_jobs: list[int] = []
 

@@ -1,4 +1,4 @@
-"""Metrics sinks of the training loop: a JSONL file and, optionally, wandb.
+"""Metrics sinks of a training job: a JSONL file and, optionally, wandb.
 
 Only rank 0 writes. Every call of :meth:`MetricsLogger.log` appends one JSON
 object to ``<run dir>/metrics.jsonl`` (flushed at once, so a crashed or
@@ -6,9 +6,8 @@ running job can still be read by ``experiments.report``) and forwards the
 same numbers to wandb when it is on. wandb is imported lazily, on rank 0
 only, and runs offline by default with its files in ``<run dir>/wandb``.
 
-What a metrics line summarises is gathered by :class:`TrainWindow` (training
-sums kept on the device, read back once per line) and :class:`WindowClock`
-(training seconds of the window, host phases excluded).
+What a metrics line holds, and when one is due, is decided in
+:mod:`experiments.train.metrics`.
 """
 
 from __future__ import annotations
@@ -16,14 +15,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-__all__ = ["MetricsLogger", "TrainWindow", "WindowClock", "run_name_from_overrides", "json_safe"]
+__all__ = ["MetricsLogger", "run_name_from_overrides", "json_safe"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -183,7 +179,7 @@ class MetricsLogger:
                 self._run.log(numbers, step=step)
 
     def summary(self, summary: Mapping[str, Any]) -> None:
-        """Store the final summary in the wandb run (the JSON file is written by the loop)."""
+        """Store the final summary in the wandb run (``summary.json`` is written by the trainer)."""
         if self._run is not None:
             self._run.summary.update(json_safe(dict(summary)))
 
@@ -201,152 +197,3 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class TrainWindow:
-    """Training sums since the last metrics line, kept on the device.
-
-    :meth:`add` queues a few small kernels and never reads a value back, so a
-    training step does not wait for the device. A non-finite loss is left out
-    of the sums and counted instead, with the first step at which it happened;
-    the caller reads those with :meth:`pop_nonfinite` when it next talks to the
-    host (a metrics line, an evaluation, a checkpoint).
-
-    Args:
-        device: Where the sums live (the model's device).
-
-    Example::
-
-        window = TrainWindow(device)
-        finite = window.add(loss, correct=(out.argmax(1) == y).sum(), samples=len(y), step=7)
-        count, first = window.pop_nonfinite()  # host values, at a log step only
-        loss_sum, batches, correct, samples = window.sums().tolist()
-    """
-
-    KEYS = ("loss_sum", "batches", "correct", "samples")
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
-        self._sums = torch.zeros(len(self.KEYS), dtype=torch.float64, device=self.device)
-        self._nonfinite = torch.zeros((), dtype=torch.float64, device=self.device)
-        self._first_bad = torch.full((), math.inf, dtype=torch.float64, device=self.device)
-
-    def add(
-        self, loss: torch.Tensor, correct: torch.Tensor, samples: int, step: int
-    ) -> torch.Tensor:
-        """Add one step; return whether its loss is finite, as a 0-d bool tensor on the device.
-
-        Args:
-            loss: The step's mean loss (0-d).
-            correct: Number of correct predictions (0-d).
-            samples: Batch size.
-            step: The step's number (1-based), remembered if the loss is not finite.
-        """
-        loss = loss.detach().to(torch.float64)
-        finite = torch.isfinite(loss)
-        ok = finite.to(torch.float64)
-        row = torch.stack(
-            [
-                torch.where(finite, loss, 0.0),
-                ok,
-                correct.detach().to(torch.float64) * ok,
-                ok * samples,
-            ]
-        )
-        self._sums += row
-        self._nonfinite += 1.0 - ok
-        self._first_bad = torch.where(finite, self._first_bad, self._first_bad.clamp(max=step))
-        return finite
-
-    def sums(self) -> torch.Tensor:
-        """``(loss_sum, batches, correct, samples)`` as a float64 device tensor (a copy)."""
-        return self._sums.clone()
-
-    def reset(self) -> None:
-        """Start a new window (the non-finite count is kept until popped)."""
-        self._sums.zero_()
-
-    def pop_nonfinite(self) -> tuple[int, int | None]:
-        """Non-finite losses since the last call and the first step with one; reads the device."""
-        count, first = torch.stack([self._nonfinite, self._first_bad]).tolist()
-        self._nonfinite.zero_()
-        self._first_bad.fill_(math.inf)
-        return int(count), (None if math.isinf(first) else int(first))
-
-    def state(self) -> dict[str, float]:
-        """The sums as plain floats, for a checkpoint (reads the device)."""
-        return dict(zip(self.KEYS, self._sums.tolist()))
-
-    def load_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state`; missing keys count as zero."""
-        values = [float(state.get(k, 0.0)) for k in self.KEYS]
-        self._sums.copy_(torch.tensor(values, dtype=torch.float64))
-
-
-class WindowClock:
-    """Training seconds and steps of the current metrics window.
-
-    Host phases (logging, evaluation, checkpoints) are cut out with
-    :meth:`pause` and :meth:`resume`. On CUDA the clock is read only after
-    ``torch.cuda.synchronize()``, at the window's ends and around host phases,
-    so a window counts the device work it queued and never the previous
-    window's; it never synchronizes inside a step.
-
-    Args:
-        device: The training device.
-
-    Example::
-
-        clock = WindowClock(device)
-        clock.start()
-        for step in ...:
-            train_step()
-            clock.tick()
-            if log_step:
-                seconds, steps = clock.close()  # also pauses
-                ...  # host work
-                clock.resume()
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
-        self.steps = 0
-        self._start = 0.0
-        self._paused_at: float | None = None
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def start(self) -> None:
-        """Open a new window now."""
-        self._start, self.steps, self._paused_at = self._now(), 0, None
-
-    def tick(self) -> None:
-        """Count one training step (host only)."""
-        self.steps += 1
-
-    def pause(self) -> None:
-        """Stop counting time: a host phase begins."""
-        if self._paused_at is None:
-            self._paused_at = self._now()
-
-    def resume(self) -> None:
-        """Count time again; a window closed during the pause starts afresh now."""
-        if self._paused_at is None:
-            return
-        now = self._now()
-        if self.steps == 0:
-            self._start = now
-        else:
-            self._start += now - self._paused_at
-        self._paused_at = None
-
-    def close(self) -> tuple[float, int]:
-        """End the window (and pause): its training seconds and steps; the next starts on resume."""
-        self.pause()
-        assert self._paused_at is not None
-        seconds, steps = self._paused_at - self._start, self.steps
-        self.steps = 0
-        return seconds, steps

@@ -1,4 +1,4 @@
-"""Tests of experiments.train.checkpoint on real files, real gloo groups and a real SIGKILL."""
+"""Tests of experiments.train.checkpoint and .reshard on real files, real gloo groups and a real SIGKILL."""
 
 from __future__ import annotations
 
@@ -19,15 +19,13 @@ import torch.multiprocessing as mp
 
 from experiments.train.checkpoint import (
     CheckpointInfo,
-    check_compatible,
-    global_average_from_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_shard,
     save_checkpoint,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
+from experiments.train.reshard import check_compatible, global_average_from_checkpoint
+from tests.support.launch import ROOT
 
 
 def _state(step: int) -> dict:
@@ -382,9 +380,9 @@ def _kill_mid_write(root: Path) -> list[Path]:
     """Run a saver that writes 256 MB shards, SIGKILL it once a temp file appears."""
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    proc = subprocess.Popen([sys.executable, "-c", _CRASH_CHILD, str(root)], cwd=REPO_ROOT, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", _CRASH_CHILD, str(root)], cwd=ROOT, env=env)
     try:
         deadline = time.monotonic() + 120
         while not list(root.glob("step_*/*.tmp")):

@@ -10,32 +10,23 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from decent_dp.ddp import DecentralizedDataParallel
-from experiments.train import trainer as loop
-from experiments.train.trainer import run
+from experiments.train.run import run
+from experiments.train.step import TrainStep
+from experiments.train.trainer import Trainer
+from tests.support.launch import compose_config
 
-CONF = Path(__file__).resolve().parents[3] / "conf"
 QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
 COUNTED = ("item", "__float__", "__bool__", "tolist")
 
 
-@pytest.fixture(autouse=True)
-def _clear_hydra():
-    yield
-    GlobalHydra.instance().clear()
-
-
 def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*QUICK, *overrides])
+    return compose_config(*QUICK, *overrides)
 
 
 class _HostReads:
@@ -50,8 +41,8 @@ class _HostReads:
             monkeypatch.setattr(
                 torch.Tensor, name, self._counting(getattr(torch.Tensor, name), name)
             )
-        host_phase, train_step = loop._Trainer._host_phase, loop._Trainer._train_step
-        finish = loop._Trainer._finish
+        host_phase, train_step = Trainer._host_phase, TrainStep.__call__
+        summary = Trainer._summary
         reads = self
 
         def counted_host_phase(trainer: Any, bar: Any, log_due: bool, *rest: Any) -> None:
@@ -61,17 +52,17 @@ class _HostReads:
             finally:
                 reads.phase = "steps" if log_due or before == "steps" else before
 
-        def counted_train_step(trainer: Any, *args: Any) -> None:
+        def counted_train_step(step: Any, *args: Any) -> None:
             reads.steps += reads.phase == "steps"
-            train_step(trainer, *args)
+            train_step(step, *args)
 
-        def counted_finish(trainer: Any) -> Any:
+        def counted_summary(trainer: Any) -> Any:
             reads.phase = "done"
-            return finish(trainer)
+            return summary(trainer)
 
-        monkeypatch.setattr(loop._Trainer, "_host_phase", counted_host_phase)
-        monkeypatch.setattr(loop._Trainer, "_train_step", counted_train_step)
-        monkeypatch.setattr(loop._Trainer, "_finish", counted_finish)
+        monkeypatch.setattr(Trainer, "_host_phase", counted_host_phase)
+        monkeypatch.setattr(TrainStep, "__call__", counted_train_step)
+        monkeypatch.setattr(Trainer, "_summary", counted_summary)
 
     def _counting(self, original: Any, name: str) -> Any:
         reads = self
@@ -109,17 +100,20 @@ def test_no_host_reads_between_metrics_lines(topology, tmp_path, world_of_one, m
 def test_nan_policy_skip_zeroes_one_steps_gradient_on_the_device(
     topology, tmp_path, world_of_one, monkeypatch
 ):
-    mask = loop._Trainer._mask_nonfinite_grads
+    init = TrainStep.__init__
 
-    def mask_and_poison_step_6(trainer: Any) -> None:
-        mask(trainer)
-        criterion = trainer.criterion
-        # a NaN loss whose gradient is NaN for every parameter
-        trainer.criterion = lambda out, y: (
-            criterion(out, y) * (math.nan if trainer.step + 1 == 6 else 1.0)
-        )
+    def init_and_poison_step_6(step: TrainStep, *args: Any, **kwargs: Any) -> None:
+        init(step, *args, **kwargs)
+        criterion, calls = step.criterion, [0]
 
-    monkeypatch.setattr(loop._Trainer, "_mask_nonfinite_grads", mask_and_poison_step_6)
+        def poisoned(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1  # a fresh run: the n-th call is step n
+            # a NaN loss whose gradient is NaN for every parameter
+            return criterion(out, y) * (math.nan if calls[0] == 6 else 1.0)
+
+        step.criterion = poisoned
+
+    monkeypatch.setattr(TrainStep, "__init__", init_and_poison_step_6)
     reads = _HostReads(monkeypatch)
     cfg = _cfg(f"topology={topology}", "train.max_steps=12", "train.nan_policy=skip")
     summary = run(cfg, run_dir=tmp_path)

@@ -1,4 +1,4 @@
-"""End-to-end tests of train.py and experiments/train/trainer.py on CPU (gloo).
+"""End-to-end tests of train.py and experiments/train/run.py on CPU (gloo).
 
 In-process runs use world size 1 (``run(cfg)`` sets up a one-process group);
 the multi-rank paths run ``torchrun --standalone`` subprocesses, as a user would.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -16,11 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from experiments.train.logger import MetricsLogger, json_safe, run_name_from_overrides
-from experiments.train.trainer import (
+from experiments.train.run import (
     ConfigError,
     _first_host,
     config_hash,
@@ -28,10 +25,8 @@ from experiments.train.trainer import (
     slurm_env,
     validate,
 )
+from tests.support.launch import compose_config, launch, torchrun
 
-ROOT = Path(__file__).resolve().parents[3]
-CONF = ROOT / "conf"
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
 TRAIN_KEYS = {
     "step",
@@ -65,47 +60,12 @@ SUMMARY_KEYS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _clear_hydra():
-    yield
-    GlobalHydra.instance().clear()
-
-
 def _cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=[*QUICK, *overrides])
+    return compose_config(*QUICK, *overrides)
 
 
 def _lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    for key in (
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    ):
-        env.pop(key, None)
-    env["OMP_NUM_THREADS"] = "1"
-    env["WANDB_SILENT"] = "true"
-    return env
-
-
-def _launch(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _torchrun(nproc: int, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return _launch(
-        [*TORCHRUN, f"--nproc_per_node={nproc}", "train.py", *overrides], timeout=timeout
-    )
 
 
 def _check_ok(proc: subprocess.CompletedProcess) -> None:
@@ -115,19 +75,23 @@ def _check_ok(proc: subprocess.CompletedProcess) -> None:
 # ---------------------------------------------------------------- pure pieces
 
 
+# a single bad value: the message names it as it was given
+@pytest.mark.parametrize(
+    "override",
+    [
+        *("train.batch_size=0", "train.max_steps=0", "train.label_smoothing=1.0", "log.every=0"),
+        *("log.consensus_sketch=-1", "checkpoint.keep=0", "dist.timeout_s=0", "dist.backend=mpi"),
+    ],
+)
+def test_validate_names_the_bad_value(override, monkeypatch):
+    _assert_rejected([override], 1, override, monkeypatch)
+
+
 @pytest.mark.parametrize(
     ("overrides", "world_size", "needle"),
     [
-        (["train.batch_size=0"], 1, "train.batch_size=0"),
-        (["train.max_steps=0"], 1, "train.max_steps=0"),
         (["optim.lr=-0.1"], 1, "optim=sgd"),
         (["optim=accum_adam", "optim.accum_iter=0"], 1, "accum_iter"),
-        (["train.label_smoothing=1.0"], 1, "train.label_smoothing"),
-        (["log.every=0"], 1, "log.every"),
-        (["log.consensus_sketch=-1"], 1, "log.consensus_sketch=-1"),
-        (["checkpoint.keep=0"], 1, "checkpoint.keep"),
-        (["dist.timeout_s=0"], 1, "dist.timeout_s"),
-        (["dist.backend=mpi"], 1, "dist.backend"),
         (["scheduler=step", "scheduler.gamma=0"], 1, "scheduler.gamma"),
         (["topology=one-peer-exp"], 3, "power-of-two"),
         (["topology=alternating-exp-ring"], 4, "nodes"),
@@ -137,6 +101,10 @@ def _check_ok(proc: subprocess.CompletedProcess) -> None:
     ],
 )
 def test_validate_rejects_with_one_line(overrides, world_size, needle, monkeypatch):
+    _assert_rejected(overrides, world_size, needle, monkeypatch)
+
+
+def _assert_rejected(overrides, world_size, needle, monkeypatch) -> None:
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with pytest.raises(ConfigError) as info:
         validate(_cfg(*overrides), world_size)
@@ -282,23 +250,28 @@ def _loss_scaling_on_cpu(monkeypatch, overflow_step: int | None) -> None:
     With ``overflow_step``, the gradient of the first parameter becomes inf/NaN at that
     step (1-based), as an fp16 overflow would make it.
     """
-    from experiments.train import trainer as loop
+    from experiments.train import step as step_module
 
-    def setup_amp(self) -> None:
-        self.amp_dtype = None
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    monkeypatch.setattr(
+        step_module,
+        "amp_setup",
+        lambda amp, device: (None, torch.amp.GradScaler("cpu", init_scale=2.0**10)),
+    )
+    if overflow_step is None:
+        return
+    init = step_module.TrainStep.__init__
 
-    wrap = loop._Trainer._wrap
+    def init_and_overflow(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        backwards = [0]  # a fresh run: the n-th backward is step n
 
-    def wrap_and_overflow(self, model) -> None:
-        wrap(self, model)
-        if overflow_step is not None:
-            self.params[0].register_hook(
-                lambda g: g * math.inf if self.step + 1 == overflow_step else g
-            )
+        def overflow(grad: torch.Tensor) -> torch.Tensor:
+            backwards[0] += 1
+            return grad * math.inf if backwards[0] == overflow_step else grad
 
-    monkeypatch.setattr(loop._Trainer, "_setup_amp", setup_amp)
-    monkeypatch.setattr(loop._Trainer, "_wrap", wrap_and_overflow)
+        self.params[0].register_hook(overflow)
+
+    monkeypatch.setattr(step_module.TrainStep, "__init__", init_and_overflow)
 
 
 def test_fp16_overflow_holds_the_schedule_back_in_wrapper_and_allreduce(
@@ -378,7 +351,7 @@ def _assert_same_final_params(a: Path, b: Path, world_size: int) -> None:
 def test_bad_batch_size_exits_with_one_line(tmp_path):
     start = time.time()
     args = ["train.batch_size=0", "logger=none", f"hydra.run.dir={tmp_path}"]
-    proc = _launch([sys.executable, "train.py", *args], timeout=120)
+    proc = launch([sys.executable, "train.py", *args], timeout=120)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
     assert errors == [
@@ -407,7 +380,7 @@ def ring_run(tmp_path_factory) -> Path:
     """
     run_dir = tmp_path_factory.mktemp("ring") / "a"
     args = [*RING, "logger=wandb", "train.max_steps=30", f"hydra.run.dir={run_dir}"]
-    _check_ok(_torchrun(2, *args, timeout=240))  # wandb's service adds to the start-up
+    _check_ok(torchrun(2, *args, timeout=240))  # wandb's service adds to the start-up
     return run_dir
 
 
@@ -483,8 +456,8 @@ def test_torchrun_two_ranks_writes_metrics_and_summary(ring_run):
 @pytest.mark.slow
 def test_torchrun_two_ranks_resume_matches_straight_run(ring_run, tmp_path):
     straight = json.loads((ring_run / "summary.json").read_text())
-    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=16", f"hydra.run.dir={tmp_path}"))
-    _check_ok(_torchrun(2, *RESUME_COMMON, "train.max_steps=30", f"hydra.run.dir={tmp_path}"))
+    _check_ok(torchrun(2, *RESUME_COMMON, "train.max_steps=16", f"hydra.run.dir={tmp_path}"))
+    _check_ok(torchrun(2, *RESUME_COMMON, "train.max_steps=30", f"hydra.run.dir={tmp_path}"))
     resumed = json.loads((tmp_path / "summary.json").read_text())
     assert resumed["resumed_from_step"] == 16 and resumed["train/steps"] == 30
     for key in ("eval/acc", "eval/acc_local", "eval/loss", "train/loss"):
@@ -518,7 +491,7 @@ def _mean(lines: list[dict], key: str) -> float:
 @pytest.mark.slow
 def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = _torchrun(
+    proc = torchrun(
         2,
         "-m",
         "topology=ring,alternating-exp-ring,allreduce",

@@ -1,0 +1,362 @@
+"""One Hydra job is one call of :func:`run`: check, agree, build, train, summarise.
+
+``torchrun --standalone --nproc_per_node=4 train.py topology=ring`` (or ``make
+train``) calls ``run(cfg)`` on every rank, which goes through the same stages
+on each:
+
+1. Validate the config (:func:`validate`) with no communication at all, so a
+   bad value raises the same one-line :class:`ConfigError` on every rank and
+   nothing waits for a peer that has already stopped. Under SLURM without
+   torchrun the torchrun variables are first derived from SLURM's
+   (:func:`slurm_env`).
+2. Set up the process group once per process
+   (:func:`decent_dp.utils.initialize_dist`; later jobs of a multirun reuse it).
+3. One ``all_gather_object``: the hash of the resolved config
+   (:func:`config_hash`) must match on every rank, and every rank adopts rank
+   0's run directory (Hydra resolves it per process) and wandb names.
+4. Build the :class:`~experiments.train.trainer.Trainer`: data, model, the
+   parallel wrapper and its optimizer (:mod:`experiments.train.step`),
+   checkpoints, metrics and evaluation; then open the metrics sinks
+   (:mod:`experiments.train.logger`).
+5. ``Trainer.fit()``: resume from the newest complete checkpoint in
+   ``<run dir>/checkpoints``, train for ``train.max_steps`` (or
+   ``train.epochs``) steps, log, evaluate, checkpoint, write ``summary.json``.
+6. Close the wrapper and the metrics sinks, in a ``finally``; a clean job
+   ends with a barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from decent_dp.topo import TopologyReg
+from decent_dp.utils import initialize_dist
+from experiments.network.netem import profile_from_cfg
+from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
+from experiments.train.logger import MetricsLogger, run_name_from_overrides
+from experiments.train.optim import build_optim_fn
+from experiments.train.trainer import Trainer
+
+__all__ = ["run", "validate", "config_hash", "slurm_env", "ConfigError"]
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ environment
+
+
+def _first_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as ``gpu[003-010,012],cpu1`` -> ``gpu003``."""
+    depth, first = 0, ""
+    for ch in nodelist:
+        if ch == "," and depth == 0:
+            break
+        depth += ch == "["
+        depth -= ch == "]"
+        first += ch
+    m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", first)
+    if not m:
+        return first
+    prefix, ranges, suffix = m.groups()
+    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+
+
+def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The torchrun variables for a rank started by ``srun`` (or submitit) without torchrun.
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+        ``MASTER_ADDR`` and ``MASTER_PORT`` derived from ``SLURM_PROCID``,
+        ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``, the
+        first host of ``SLURM_JOB_NODELIST`` and the job id; an empty dict when
+        ``WORLD_SIZE`` is already set or this is not a SLURM task.
+    """
+    env = os.environ if environ is None else environ
+    if "WORLD_SIZE" in env or "SLURM_PROCID" not in env:
+        return {}
+    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
+    per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ntasks
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+    job_id = int(re.sub(r"\D", "", env.get("SLURM_JOB_ID", "0")) or 0)
+    first_count = re.match(r"\d+", per_node)  # "8(x4)" or "8,4": the first node's count
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": ntasks,
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": first_count.group(0) if first_count else "1",
+        "MASTER_ADDR": env.get("MASTER_ADDR") or _first_host(nodelist),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + job_id % 20000),
+    }
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate(cfg: DictConfig, world_size: int) -> None:
+    """Check every value that could make the run fail later, without communicating.
+
+    The same config and world size give the same outcome on every rank, so
+    all ranks stop together with the same message.
+
+    Args:
+        cfg: The composed config.
+        world_size: Number of ranks.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    t, d, s, topo = cfg.train, cfg.dataset, cfg.scheduler, cfg.topology
+    steps_ok = (
+        _is_int(t.epochs) and t.epochs > 0
+        if t.max_steps is None
+        else _is_int(t.max_steps) and t.max_steps > 0
+    )
+    lws = topo.local_world_size
+    # (key, value, valid, what is allowed)
+    rules: list[tuple[str, Any, bool, str]] = [
+        (
+            "train.batch_size",
+            t.batch_size,
+            _is_int(t.batch_size) and t.batch_size > 0,
+            "an integer > 0",
+        ),
+        (
+            "train.max_steps" if t.max_steps is not None else "train.epochs",
+            t.max_steps if t.max_steps is not None else t.epochs,
+            steps_ok,
+            "an integer > 0",
+        ),
+        ("train.grad_clip_norm", t.grad_clip_norm, t.grad_clip_norm >= 0, ">= 0 (0 disables)"),
+        ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
+        ("train.seed", t.seed, t.seed >= 0, ">= 0"),
+        ("log.every", cfg.log.every, cfg.log.every >= 1, ">= 1"),
+        (
+            "log.consensus_every",
+            cfg.log.consensus_every,
+            cfg.log.consensus_every >= 0,
+            ">= 0 (0 = only at evaluations)",
+        ),
+        (
+            "log.consensus_sketch",
+            cfg.log.consensus_sketch,
+            _is_int(cfg.log.consensus_sketch) and cfg.log.consensus_sketch >= 0,
+            "an integer >= 0 (0 = no sketch)",
+        ),
+        (
+            "checkpoint.every_steps",
+            cfg.checkpoint.every_steps,
+            cfg.checkpoint.every_steps >= 0,
+            ">= 0 (0 = off)",
+        ),
+        ("checkpoint.keep", cfg.checkpoint.keep, cfg.checkpoint.keep >= 1, ">= 1"),
+        (
+            "dist.backend",
+            cfg.dist.backend,
+            cfg.dist.backend in (None, "nccl", "gloo"),
+            "nccl, gloo or null (auto)",
+        ),
+        ("dist.timeout_s", cfg.dist.timeout_s, cfg.dist.timeout_s > 0, "> 0"),
+        ("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0"),
+        (
+            "dataset.alpha",
+            d.alpha,
+            d.partition != "dirichlet" or d.alpha > 0,
+            "> 0 for the dirichlet partition",
+        ),
+        ("topology.local_world_size", lws, lws is None or lws >= 1, ">= 1 or null"),
+        ("topology.bucket_size_in_mb", topo.bucket_size_in_mb, topo.bucket_size_in_mb > 0, "> 0"),
+    ]
+    if s.name == "cosine_warmup":
+        rules += [
+            ("scheduler.warmup_epochs", s.warmup_epochs, s.warmup_epochs >= 0, ">= 0"),
+            ("scheduler.eta_min", s.eta_min, s.eta_min >= 0, ">= 0"),
+            ("scheduler.warmup_decay", s.warmup_decay, 0 < s.warmup_decay <= 1, "in (0, 1]"),
+        ]
+    elif s.name == "step":
+        rules += [
+            ("scheduler.step_size_epochs", s.step_size_epochs, s.step_size_epochs > 0, "> 0"),
+            ("scheduler.gamma", s.gamma, s.gamma > 0, "> 0"),
+        ]
+    for key, value, valid, allowed in rules:
+        if not valid:
+            raise ConfigError(f"{key}={value} is invalid; it must be {allowed}")
+    check_dataset(d)
+    check_model(cfg.model)
+
+    # the factories check their own hyper-parameters (lr >= 0, betas, accum_iter, ...)
+    try:
+        build_optim_fn(cfg.optim)([(torch.zeros(2, 2), "probe")])
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"optim={cfg.optim.name}: {exc}") from None
+    if topo.name != ALLREDUCE:
+        try:
+            TopologyReg.create(
+                str(topo.name), world_size, topo.local_world_size, **dict(topo.kwargs)
+            )
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"topology={topo.name} with world size {world_size}: {exc}") from None
+    try:
+        profile_from_cfg(cfg.network)
+    except ValueError as exc:
+        raise ConfigError(f"network={cfg.network.name}: {exc}") from None
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A short hash of the resolved config without the ``hydra`` node.
+
+    Args:
+        cfg: The composed config.
+
+    Returns:
+        16 hex digits; equal on every rank iff every rank resolved the same config.
+    """
+    container = plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    container.pop("hydra", None)
+    text = json.dumps(container, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ job agreement
+
+
+@dataclass
+class _Job:
+    run_dir: Path
+    run_name: str | None
+    group: str | None
+    config_hash: str
+    config: dict[str, Any]
+
+
+def _hydra_view() -> dict[str, Any]:
+    """Run directory, sweep directory and overrides of the current Hydra job, if any."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        output_dir = hc.runtime.output_dir
+    except Exception:  # not under @hydra.main (e.g. compose() in tests)
+        return {}
+    multirun = str(hc.mode).endswith("MULTIRUN")
+    return {
+        "run_dir": str(output_dir),
+        "sweep_dir": str(hc.sweep.dir) if multirun else None,
+        "overrides": list(hc.overrides.task),
+    }
+
+
+def _agree_on_job(cfg: DictConfig, run_dir: str | os.PathLike[str] | None, world_size: int) -> _Job:
+    """One collective: check the config hash and adopt rank 0's directories and names."""
+    view = _hydra_view()
+    mine = {
+        "hash": config_hash(cfg),
+        "run_dir": str(run_dir) if run_dir is not None else view.get("run_dir"),
+        "sweep_dir": view.get("sweep_dir"),
+        "overrides": view.get("overrides"),
+        "now": time.strftime("%Y-%m-%d/%H-%M-%S"),
+    }
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    differ = [r for r, g in enumerate(gathered) if g["hash"] != gathered[0]["hash"]]
+    if differ:
+        raise ConfigError(
+            f"the resolved config of rank(s) {differ} differs from rank 0's; "
+            "launch every rank with the same command line and config files"
+        )
+    chosen = gathered[0]
+    folder = Path(chosen["run_dir"] or Path("outputs") / chosen["now"])
+    sweep = chosen["sweep_dir"]
+    group = "_".join(Path(sweep).parts[-2:]) if sweep else None
+    name = run_name_from_overrides(chosen["overrides"]) if chosen["overrides"] is not None else None
+    config = plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    config.pop("hydra", None)
+    return _Job(folder, name, group, chosen["hash"], config)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _planned_world_size() -> int:
+    """The world size ``initialize_dist`` will create (or has created)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+
+
+def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Train and evaluate one configuration; return the summary (also in ``summary.json``).
+
+    Args:
+        cfg: The composed config (``conf/config.yaml`` plus overrides).
+        run_dir: Where to write; by default Hydra's ``runtime.output_dir`` of
+            rank 0 (or ``outputs/<date>/<time>`` outside a Hydra job).
+
+    Returns:
+        The summary dict (same on every rank).
+
+    Raises:
+        ConfigError: Invalid config (same on every rank, before any collective).
+        FloatingPointError: A non-finite loss with ``train.nan_policy=error``.
+    """
+    wall_start = time.time()
+    os.environ.update(slurm_env())
+    # a bad value stops every rank alike, before the rendezvous and any collective
+    validate(cfg, _planned_world_size())
+    rank, world_size = initialize_dist(
+        backend=cfg.dist.backend, timeout_s=float(cfg.dist.timeout_s)
+    )
+    job = _agree_on_job(cfg, run_dir, world_size)
+    # the trainer's modules log through the package's logger: rank 0 informs, all ranks warn
+    logging.getLogger("experiments.train").setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    trainer: Trainer | None = None
+    ok = False
+    try:
+        trainer = Trainer(cfg, job.run_dir, job.config_hash, rank, world_size, wall_start)
+        # opened once data and model exist, so a job that cannot start leaves no empty run behind
+        sink = MetricsLogger(
+            job.run_dir,
+            enabled=rank == 0,
+            wandb_cfg=cfg.logger,
+            config=job.config,
+            run_name=job.run_name,
+            group=job.group,
+        )
+        trainer.metrics.open(sink)
+        summary = trainer.fit()
+        ok = True
+        return summary
+    finally:
+        if trainer is not None:
+            try:
+                trainer.close()
+            except Exception:
+                if ok:
+                    raise
+                # after an error (a lost peer, say) the first error is the one to report
+                log.warning("closing the job after an error failed too", exc_info=True)
+        # only a clean job waits for its peers; after an error a peer may never arrive
+        if ok and dist.is_initialized():
+            dist.barrier()
