@@ -1,0 +1,124 @@
+"""Global averaging across all workers: the exact mean model, and how far the workers are from it.
+
+Behind :meth:`DecentralizedDataParallel.global_avg`,
+:meth:`~DecentralizedDataParallel.revert_global_avg`,
+:meth:`~DecentralizedDataParallel.averaged` and
+:meth:`~DecentralizedDataParallel.consensus_distance`. Each first drains the
+gossip in flight, so that the values it reads are the current ``x(t)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._engine import Engine
+from .metrics import count_sketch
+
+__all__ = ["GlobalAverager"]
+
+
+class GlobalAverager:
+    """All-reduce averaging of an engine's parameters, with what ``revert`` needs to undo it.
+
+    Args:
+        engine: The engine whose parameters are averaged.
+        module: The wrapped module, for its buffers.
+        sync_buffers: Average floating-point buffers too.
+    """
+
+    def __init__(self, engine: Engine, module: nn.Module, sync_buffers: bool):
+        self._engine = engine
+        self._module = module
+        self._sync_buffers = sync_buffers
+        self._world_size = engine.world_size
+        self._backup: tuple[int, list[torch.Tensor], list[Any]] | None = None
+
+    def _targets(self) -> list[torch.Tensor]:
+        """The parameters, and float buffers if enabled."""
+        buffers = (
+            [b for b in self._module.buffers() if b.is_floating_point()]
+            if self._sync_buffers
+            else []
+        )
+        return self._engine.values() + buffers
+
+    @torch.no_grad()
+    def _average_in_place(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            dist.all_reduce(t)
+            t.div_(self._world_size)
+
+    @torch.no_grad()
+    def average(self, will_revert: bool, return_d2c: bool) -> float | None:
+        """Replace the values by the global mean, setting the drained gossip aside."""
+        engine = self._engine
+        engine.drain()
+        targets = self._targets()
+        saved = [t.clone() for t in targets] if (will_revert or return_d2c) else []
+        self._average_in_place(targets)
+        dropped = engine.forget_gossip()
+        engine.relaunch = False
+        self._backup = (engine.step_count, saved, dropped) if will_revert else None
+        if not return_d2c:
+            return None
+        n = len(engine.values())
+        sq = sum((t.double() - s.double()).pow(2).sum() for t, s in zip(targets[:n], saved[:n]))
+        return float(torch.as_tensor(sq).sqrt().item())
+
+    @torch.no_grad()
+    def revert(self) -> None:
+        """Restore the values (and, before any further step, the gossip) saved by :meth:`average`."""
+        if self._backup is None:
+            raise RuntimeError("no global average to revert; call global_avg(will_revert=True)")
+        step, saved, dropped = self._backup
+        engine = self._engine
+        engine.drain()
+        for t, s in zip(self._targets(), saved):
+            t.copy_(s)
+        if step == engine.step_count:
+            for b, pending in zip(engine.buckets or [], dropped):
+                b.pending = pending
+        self._backup = None
+
+    @contextlib.contextmanager
+    def averaged(self) -> Iterator[None]:
+        """The global mean in place of the values, inside the ``with`` block only."""
+        self._engine.drain()
+        targets = self._targets()
+        with torch.no_grad():
+            saved = [t.clone() for t in targets]
+        self._average_in_place(targets)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for t, s in zip(targets, saved):
+                    t.copy_(s)
+
+    @torch.no_grad()
+    def consensus_distance(self, sketch: int | None) -> float:
+        """``(1/n) sum_i ||x_i - xbar||^2``, exact or by a count sketch of ``sketch`` numbers."""
+        self._engine.drain()
+        values = self._engine.values()
+        device = values[0].device
+        if sketch is None:
+            local = torch.zeros(1, dtype=torch.float64, device=device)
+            for v in values:
+                mean = v.clone()
+                dist.all_reduce(mean)
+                mean.div_(self._world_size)
+                local += (v.double() - mean.double()).pow(2).sum()
+        else:
+            y = count_sketch(values, int(sketch), seed=self._engine.step_count)
+            ybar = y.clone()
+            dist.all_reduce(ybar)
+            ybar.div_(self._world_size)
+            local = (y - ybar).pow(2).sum().reshape(1)
+        dist.all_reduce(local)
+        return float(local.item()) / self._world_size

@@ -1,0 +1,457 @@
+"""The wrapper's per-iteration engine: buckets, gradient hooks and the gossip in flight.
+
+:class:`Engine` decides *when* each bucket steps during a backward pass: as
+soon as its last gradient arrives (and, on CPU, its previous gossip), or at
+the end of backward for buckets that were incomplete, late, or held back by
+loss scaling or global-norm clipping. :mod:`decent_dp._gossip` decides *how*
+one bucket steps. :class:`decent_dp.DecentralizedDataParallel` is the
+public face and delegates here.
+
+The hooks registered on the parameters and on the forward's outputs hold the
+engine weakly, so dropping the wrapper (its only strong owner) frees the
+engine, and a finalizer releases what it holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from ._bucket import Bucket, is_dense
+from ._cpu_memory import keep_freed_memory
+from ._factories import OptimBuilder
+from ._gossip import GossipState, arrived, launch, step_bucket, wait
+from ._optim_plan import prefer_fused, restore_fused
+from ._setup import make_groups, plan_buckets
+from ._timers import SpanTimers
+from .topo import Topology
+
+__all__ = ["Engine"]
+
+TIMER_KEYS = ("comm/wait_s", "comm/mix_s", "comm/optim_s")
+
+
+class _Resources:
+    """What an engine must release: hooks, in-flight gossip and its own process groups.
+
+    Kept apart from the engine so that a finalizer can release it after the
+    engine is gone.
+    """
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.groups: list[Any] = []
+        self.buckets: list[Bucket] = []
+
+    def release(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        for b in self.buckets:
+            if b.work is not None:
+                with contextlib.suppress(Exception):  # a dead peer must not block the release
+                    b.work.wait()
+                b.work = None
+        for group in self.groups:
+            if dist.is_initialized():
+                with contextlib.suppress(Exception):  # already gone with the default group
+                    dist.destroy_process_group(group)
+        self.groups.clear()
+
+
+class Engine:
+    """Buckets, hooks and gossip of one wrapper; see the module docstring.
+
+    Args:
+        params: The trained parameters, in the module's order.
+        names: Their names.
+        topology: The topology, built for ``world_size``.
+        build_optim: Builds a bucket's optimizer from ``(name, parameter)`` pairs.
+        lr_scheduler_fn: Builds a bucket's LR scheduler, or ``None``.
+        scaler: A ``GradScaler``, or ``None``.
+        grad_clip_norm: Global-norm clipping threshold; 0 disables.
+        as_view: Make the parameters views into each bucket's block.
+        stable_storage: Step in place, keeping the parameters' storage.
+        bucket_bytes: Target bucket size in bytes.
+    """
+
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        names: list[str],
+        topology: Topology,
+        build_optim: OptimBuilder,
+        lr_scheduler_fn: Callable[[Any], Any] | None,
+        scaler: Any,
+        grad_clip_norm: float,
+        as_view: bool,
+        stable_storage: bool,
+        bucket_bytes: int,
+    ):
+        self.params = params
+        self.names = names
+        self.topology = topology
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.scaler = scaler
+        self._build_optim = build_optim
+        self._lr_scheduler_fn = lr_scheduler_fn
+        self._grad_clip_norm = grad_clip_norm
+        self._as_view = as_view
+        self._bucket_bytes = bucket_bytes
+        self._res = _Resources()
+        created, edges, groups = make_groups(topology, self.rank, self.world_size)
+        self._res.groups.extend(created)
+
+        self.device = params[0].device
+        # bucket work runs beside the backward pass on CUDA (see _side)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.timers = SpanTimers(TIMER_KEYS, self.device)
+        self.gossip = GossipState(
+            edges, groups, self.rank, stable_storage, self.stream, self.timers
+        )
+        self.buckets: list[Bucket] | None = None
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
+        self._order: list[int] = []
+        self._seen_first: list[bool] = [False] * len(params)
+        self.step_count = 0
+        self.accumulate = False
+        self._bwd_active = False
+        self._next_launch = 0
+        self._ready: list[Bucket] = []  # complete, not yet stepped (their gossip is late)
+        self.relaunch = False  # launch every bucket's gossip before the next forward
+        self.closed = False
+        me = weakref.ref(self)
+        for i, p in enumerate(params):
+            self._res.handles.append(p.register_post_accumulate_grad_hook(_grad_hook(me, i)))
+        self._finalizer = weakref.finalize(self, self._res.release)
+        # at interpreter exit the default group may already be gone; nothing is left to free
+        self._finalizer.atexit = False
+
+    def close(self) -> None:
+        """Finish in-flight gossip, remove the hooks and destroy the process groups; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._finalizer()
+
+    # ---------------------------------------------------------------- buckets
+    def build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:
+        """Cut the parameters into buckets: by ``layout`` (lists of names) or by gradient order."""
+        if layout is not None:
+            pos = {n: i for i, n in enumerate(self.names)}
+            unknown = [n for names in layout for n in names if n not in pos]
+            if unknown or sorted(n for names in layout for n in names) != sorted(self.names):
+                raise ValueError(
+                    f"the saved bucket layout does not match this model's parameters (e.g. {unknown[:3]})"
+                )
+            groups = [[pos[n] for n in names] for names in layout]
+        else:
+            groups = plan_buckets(self._order, self.params, self._bucket_bytes, self.world_size)
+        buckets = []
+        for b, idx in enumerate(groups):
+            params = [self.params[i] for i in idx]
+            for p in params:
+                if self._as_view and not is_dense(p):
+                    p.data = p.data.contiguous()
+            names = [self.names[i] for i in idx]
+            bucket = Bucket(b, params, names, self._as_view)
+            bucket.optimizer = self._build_optim(list(zip(names, params)))
+            bucket.fused = prefer_fused(bucket.optimizer, bucket.device)
+            if self._lr_scheduler_fn is not None:
+                bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
+            for j, i in enumerate(idx):
+                self._bucket_of[i] = (bucket, j)
+            buckets.append(bucket)
+        self.buckets = buckets
+        self._res.buckets[:] = buckets
+        if self.device.type == "cpu":
+            # gradients are freed after each step and allocated again by the next backward
+            keep_freed_memory(sum(p.numel() * p.element_size() for p in self.params))
+
+    def values(self) -> list[torch.Tensor]:
+        """The parameter storage: each bucket's block, or the parameters before bucketing."""
+        if self.buckets is not None:
+            return [v for b in self.buckets for v in b.values()]
+        return [p.data for p in self.params]
+
+    def drain(self) -> None:
+        """Finish in-flight gossip (the results stay pending for the next step)."""
+        for b in self.buckets or []:
+            wait(self.gossip, b)
+
+    def forget_gossip(self) -> list[Any]:
+        """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
+        dropped = [b.pending for b in self.buckets or []]
+        for b in self.buckets or []:
+            b.pending = None
+        return dropped
+
+    # ---------------------------------------------------------------- forward
+    @torch.compiler.disable
+    def before_forward(self) -> None:
+        """Recover from a backward that raised, and relaunch gossip after a load or average."""
+        if self.closed:
+            raise RuntimeError("this DecentralizedDataParallel was closed; wrap the model again")
+        if self._bwd_active and torch._C._current_autograd_node() is None:
+            # a backward began and never finished: it raised
+            self._recover_failed_backward()
+        if self.relaunch and self.buckets is not None:
+            self.relaunch = False
+            for b in self.buckets:
+                launch(self.gossip, b, self.step_count + 1)
+
+    @torch.compiler.disable
+    def watch_outputs(self, out: Any) -> None:
+        """Let the first gradient of the forward's outputs announce the backward pass."""
+        if not torch.is_grad_enabled():
+            return
+        me = weakref.ref(self)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(_output_hook(me))
+
+    # --------------------------------------------------------------- backward
+    @property
+    def _deferred(self) -> bool:
+        """Global-norm clipping and loss scaling need every gradient before any step."""
+        return self._grad_clip_norm > 0 or (self.scaler is not None and self.scaler.is_enabled())
+
+    def _side(self) -> contextlib.AbstractContextManager[Any]:
+        """Bucket work runs on the side stream, after everything queued so far on the caller's."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        return torch.cuda.stream(self.stream)
+
+    def _begin_backward(self) -> None:
+        """Queue the end-of-backward work on the backward pass that is running now."""
+        self._bwd_active = True
+        if self.buckets is not None:
+            for b in self.buckets:
+                b.expected = sum(1 for p in b.params if p.requires_grad)
+        torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)
+
+    def on_output_grad(self) -> None:
+        # the forward's outputs get their gradient first, always in the outer backward; a
+        # parameter's may come from a nested one (reentrant checkpointing), whose end is too early
+        if not self._bwd_active:
+            self._begin_backward()
+
+    def on_grad(self, index: int) -> None:
+        if not self._bwd_active:
+            self._begin_backward()  # a backward that did not pass through forward()'s outputs
+        if self.buckets is None:
+            if not self._seen_first[index]:
+                self._seen_first[index] = True
+                self._order.append(index)
+            return
+        bucket, j = self._bucket_of[index]
+        if bucket.fired[j]:
+            return
+        bucket.fired[j] = True
+        bucket.n_fired += 1
+        if self.accumulate or self._deferred or bucket.stepped:
+            return
+        if bucket.n_fired >= bucket.expected:
+            self._ready.append(bucket)
+        if self._ready:
+            self._step_ready()
+
+    def _step_ready(self) -> None:
+        """Step the complete buckets whose gossip has arrived; on CPU, leave the others for later.
+
+        On CPU, waiting for a late neighbour blocks the thread that runs the
+        backward pass; it computes the remaining gradients first instead, and
+        the end of backward waits for what is still missing.
+        """
+        with self._side():
+            for bucket in list(self._ready):
+                if self.stream is None and not arrived(self.gossip, bucket):
+                    continue
+                self._ready.remove(bucket)
+                step_bucket(self.gossip, bucket, skip_update=False)
+            self._launch_in_order()
+
+    def _on_backward_end(self) -> None:
+        self._bwd_active = False
+        if self.buckets is None:
+            if self.accumulate:
+                return
+            self.build_buckets()
+        assert self.buckets is not None
+        if self.accumulate:
+            for b in self.buckets:
+                b.reset_iteration()
+            return
+        skip = self._unscale_and_clip() if self._deferred else False
+        self._finish_iteration(skip)
+
+    def _finish_iteration(self, skip: bool) -> None:
+        """Step what is left, launch every remaining gossip in order, and count the step."""
+        assert self.buckets is not None
+        with self._side():
+            for b in self.buckets:
+                if not b.stepped:
+                    step_bucket(self.gossip, b, skip_update=skip)
+            self._launch_in_order(force=True)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        for b in self.buckets:
+            b.reset_iteration()
+        self._ready.clear()
+        self._next_launch = 0
+        self.step_count += 1
+
+    def _recover_failed_backward(self) -> None:
+        """Complete an iteration whose backward raised, so that every rank stays in step.
+
+        Buckets that had stepped keep their update and their launched gossip.
+        The others drop their partial gradients and only mix (``d = 0``), so
+        this rank issues the same collectives as a normal iteration. With loss
+        scaling the rank reports an inf, so every worker skips that step.
+        Under gradient accumulation the partial gradients stay accumulated.
+        """
+        self._bwd_active = False
+        if self.buckets is None:
+            return
+        if self.accumulate:
+            for b in self.buckets:
+                b.reset_iteration()
+            return
+        # complete buckets left for their late gossip step as they would have in time
+        with self._side():
+            for b in self._ready:
+                step_bucket(self.gossip, b, skip_update=False)
+        self._ready.clear()
+        for b in self.buckets:
+            if not b.stepped:
+                b.zero_grads()
+        skip = self._unscale_and_clip(failed=True) if self._deferred else True
+        self._finish_iteration(skip)
+
+    @torch.no_grad()
+    def _unscale_and_clip(self, failed: bool = False) -> bool:
+        """Unscale (GradScaler) and clip the worker's global gradient norm; True skips the step."""
+        assert self.buckets is not None
+        grads = [g for b in self.buckets for g in b.grads()]
+        skip = failed
+        scaler = self.scaler
+        if scaler is not None and scaler.is_enabled():
+            scale = scaler._scale  # GradScaler keeps its scale as a 1-element tensor
+            found = torch.full((1,), float(failed), dtype=torch.float32, device=scale.device)
+            if grads:
+                inv = scale.double().reciprocal().float().to(grads[0].device)
+                for g in grads:
+                    g.mul_(inv.to(g.dtype))
+                found += (
+                    torch.stack([(~torch.isfinite(g)).any() for g in grads])
+                    .any()
+                    .to(found.device, found.dtype)
+                )
+            # every worker must skip together and keep the same scale
+            dist.all_reduce(found, op=dist.ReduceOp.MAX)
+            torch._amp_update_scale_(
+                scaler._scale,
+                scaler._growth_tracker,
+                found,
+                scaler.get_growth_factor(),
+                scaler.get_backoff_factor(),
+                scaler.get_growth_interval(),
+            )
+            skip = bool(found.item() > 0)  # the optimizer step is host-side control flow
+        if not skip and self._grad_clip_norm > 0 and grads:
+            norms = torch.stack(
+                [torch.linalg.vector_norm(g.detach(), dtype=torch.float64) for g in grads]
+            )
+            total = norms.norm()
+            coef = torch.clamp(self._grad_clip_norm / (total + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        return skip
+
+    def _launch_in_order(self, force: bool = False) -> None:
+        """Launch gossips in bucket order, so every rank issues its collectives in the same order."""
+        assert self.buckets is not None
+        while self._next_launch < len(self.buckets):
+            b = self.buckets[self._next_launch]
+            if not (b.stepped or force):
+                return
+            launch(self.gossip, b, self.step_count + 2)  # for the next step; this is step_count + 1
+            self._next_launch += 1
+
+    # ----------------------------------------------------------- checkpoints
+    def training_state(self) -> dict[str, Any]:
+        """Per-bucket optimizer and scheduler states, the step counter, the scaler and the layout."""
+        state: dict[str, Any] = {
+            "step": self.step_count,
+            "topology": self.topology.name,
+            "world_size": self.world_size,
+            "layout": None,
+            "optimizers": [],
+            "schedulers": [],
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+        if self.buckets is not None:
+            state["layout"] = [list(b.names) for b in self.buckets]
+            state["optimizers"] = [
+                b.optimizer.state_dict() for b in self.buckets if b.optimizer is not None
+            ]
+            state["schedulers"] = [
+                b.scheduler.state_dict() if b.scheduler is not None else None for b in self.buckets
+            ]
+        return state
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`training_state` (drained first); gossip relaunches before the next forward."""
+        self.drain()
+        layout = state.get("layout")
+        if layout is not None:
+            if self.buckets is None:
+                self.build_buckets(layout)
+            elif [list(b.names) for b in self.buckets] != [list(n) for n in layout]:
+                raise ValueError(
+                    "the saved bucket layout differs from this wrapper's; use the same model and bucket_size_in_mb"
+                )
+            assert self.buckets is not None
+            for b, opt_state, sched_state in zip(
+                self.buckets, state["optimizers"], state["schedulers"]
+            ):
+                assert b.optimizer is not None
+                b.optimizer.load_state_dict(opt_state)
+                if b.fused:
+                    restore_fused(b.optimizer)  # the loaded groups carry their own flags
+                if b.scheduler is not None and sched_state is not None:
+                    b.scheduler.load_state_dict(sched_state)
+            self.forget_gossip()
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.step_count = int(state["step"])
+        self.relaunch = self.step_count > 0 and self.buckets is not None
+
+
+def _grad_hook(ref: weakref.ReferenceType[Engine], index: int) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook that holds its engine weakly (it lives on the parameter)."""
+
+    def hook(param: torch.Tensor) -> None:
+        engine = ref()
+        if engine is not None:
+            engine.on_grad(index)
+
+    return hook
+
+
+def _output_hook(ref: weakref.ReferenceType[Engine]) -> Callable[[torch.Tensor], None]:
+    def hook(grad: torch.Tensor) -> None:
+        engine = ref()
+        if engine is not None:
+            engine.on_output_grad()
+
+    return hook
