@@ -1,8 +1,8 @@
-"""Image classifiers for the experiments, chosen by name from the ``model`` config section.
+"""Image classifiers: the vision models that ``experiments.models.build_model`` builds.
 
-``build_model(cfg, num_classes=..., in_channels=..., image_size=...)`` returns a fresh,
-randomly initialised ``nn.Module`` that maps ``(B, in_channels, image_size, image_size)``
-images to ``(B, num_classes)`` logits. The names are listed in :data:`MODELS`:
+Every builder in :data:`VISION_MODELS` takes the checked ``model`` section and returns a
+fresh, randomly initialised ``nn.Module`` that maps ``(B, in_channels, image_size,
+image_size)`` images to ``(B, num_classes)`` logits:
 
 * ``small_cnn``: two 3x3 convolutions, a pool and a two-layer head (about 53k parameters
   for 8x8 digits); the default model. Normalisation is GroupNorm by default because it
@@ -14,35 +14,23 @@ images to ``(B, num_classes)`` logits. The names are listed in :data:`MODELS`:
 * ``vit_small``: a small pre-norm Vision Transformer (keys ``patch_size``, ``dim``, ``depth``,
   ``heads``, ``mlp_ratio``).
 
-Every model accepts ``channels_last: true`` to use ``torch.channels_last`` memory format.
+Every model accepts ``channels_last: true`` to use ``torch.channels_last`` memory format
+(applied by ``build_model``). The keys and their defaults are those of the schemas in
+:mod:`experiments.models.schema`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
-__all__ = ["MODELS", "SmallCNN", "VisionTransformer", "build_model"]
+from experiments.models.schema import check_model
 
-MODELS = ("small_cnn", "resnet18_cifar", "resnet50", "vit_small")
-_NORMS = ("group", "batch")
-
-
-def _get(cfg: Mapping[str, Any] | None, key: str, default: Any) -> Any:
-    """Read ``key`` from a dict or DictConfig, falling back to ``default`` when absent or null."""
-    if cfg is None:
-        return default
-    value = cfg.get(key, default)
-    return default if value is None else value
-
-
-def _positive_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or int(value) != value or int(value) <= 0:
-        raise ValueError(f"model.{key} must be a positive integer, got {value!r}")
-    return int(value)
+__all__ = ["VISION_MODELS", "ModelBuilder", "SmallCNN", "VisionTransformer"]
 
 
 def _norm_layer(kind: str, channels: int) -> nn.Module:
@@ -75,8 +63,7 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int, in_channels: int = 1, norm: str = "group") -> None:
         super().__init__()
-        if norm not in _NORMS:
-            raise ValueError(f"model.norm must be one of {', '.join(_NORMS)}, got {norm!r}")
+        check_model({"name": "small_cnn", "norm": norm})
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, 32, kernel_size=3, padding=1, bias=False),
             _norm_layer(norm, 32),
@@ -135,8 +122,8 @@ class VisionTransformer(nn.Module):
         mlp_ratio: Hidden width of the MLP relative to ``dim``.
 
     Raises:
-        ValueError: If ``patch_size`` does not divide ``image_size`` or ``heads`` does not
-            divide ``dim``.
+        ValueError: If a size is not positive, ``patch_size`` does not divide
+            ``image_size`` or ``heads`` does not divide ``dim``.
 
     Example::
 
@@ -156,15 +143,8 @@ class VisionTransformer(nn.Module):
         mlp_ratio: float = 4.0,
     ) -> None:
         super().__init__()
-        if image_size % patch_size != 0:
-            raise ValueError(
-                f"model.patch_size={patch_size} must divide image_size={image_size}; "
-                f"pick a divisor of {image_size}"
-            )
-        if dim % heads != 0:
-            raise ValueError(f"model.dim={dim} must be divisible by model.heads={heads}")
-        if mlp_ratio <= 0:
-            raise ValueError(f"model.mlp_ratio must be positive, got {mlp_ratio}")
+        sizes = {"patch_size": patch_size, "dim": dim, "depth": depth, "heads": heads}
+        check_model({"name": "vit_small", **sizes, "mlp_ratio": mlp_ratio}, image_size=image_size)
         num_patches = (image_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
@@ -194,7 +174,17 @@ class VisionTransformer(nn.Module):
         return self.head(tokens[:, 0])
 
 
-def _resnet18_cifar(num_classes: int, in_channels: int) -> nn.Module:
+ModelBuilder = Callable[..., nn.Module]
+"""``builder(section, *, num_classes, in_channels, image_size) -> nn.Module``."""
+
+
+def _small_cnn(m: DictConfig, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    return SmallCNN(num_classes, in_channels, norm=str(m.norm))
+
+
+def _resnet18_cifar(
+    m: DictConfig, *, num_classes: int, in_channels: int, image_size: int
+) -> nn.Module:
     from torchvision.models import resnet18
 
     model = resnet18(weights=None, num_classes=num_classes)
@@ -205,7 +195,7 @@ def _resnet18_cifar(num_classes: int, in_channels: int) -> nn.Module:
     return model
 
 
-def _resnet50(num_classes: int, in_channels: int) -> nn.Module:
+def _resnet50(m: DictConfig, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     from torchvision.models import resnet50
 
     model = resnet50(weights=None, num_classes=num_classes)
@@ -215,53 +205,33 @@ def _resnet50(num_classes: int, in_channels: int) -> nn.Module:
     return model
 
 
-def build_model(
-    cfg: Mapping[str, Any] | None, *, num_classes: int, in_channels: int, image_size: int
-) -> nn.Module:
-    """Build the classifier named by ``cfg["name"]``.
+def _vit_small(m: DictConfig, *, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    return VisionTransformer(
+        num_classes,
+        in_channels,
+        image_size,
+        patch_size=m.patch_size,
+        dim=m.dim,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_ratio=m.mlp_ratio,
+    )
 
-    Args:
-        cfg: The model config section (a dict or an OmegaConf ``DictConfig``): ``name`` (one
-            of :data:`MODELS`, default ``small_cnn``), optional ``channels_last`` (bool),
-            ``norm`` for ``small_cnn`` (``group`` or ``batch``), and for ``vit_small``:
-            ``patch_size`` (4), ``dim`` (192), ``depth`` (6), ``heads`` (3), ``mlp_ratio`` (4).
-        num_classes: Number of output logits.
-        in_channels: Channels of the input images.
-        image_size: Side of the square input images.
 
-    Returns:
-        The freshly initialised model, on the CPU.
+VISION_MODELS: dict[str, ModelBuilder] = {
+    "small_cnn": _small_cnn,
+    "resnet18_cifar": _resnet18_cifar,
+    "resnet50": _resnet50,
+    "vit_small": _vit_small,
+}
+"""The builder of every vision model name."""
 
-    Raises:
-        ValueError: If the name is unknown, a size is not a positive integer, or a
-            ``vit_small`` key is inconsistent (``patch_size`` must divide ``image_size``,
-            ``heads`` must divide ``dim``).
-    """
-    name = str(_get(cfg, "name", "small_cnn"))
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODELS)}")
-    num_classes = _positive_int(num_classes, "num_classes")
-    in_channels = _positive_int(in_channels, "in_channels")
-    image_size = _positive_int(image_size, "image_size")
 
-    model: nn.Module
-    if name == "small_cnn":
-        model = SmallCNN(num_classes, in_channels, norm=str(_get(cfg, "norm", "group")))
-    elif name == "resnet18_cifar":
-        model = _resnet18_cifar(num_classes, in_channels)
-    elif name == "resnet50":
-        model = _resnet50(num_classes, in_channels)
-    else:
-        model = VisionTransformer(
-            num_classes,
-            in_channels,
-            image_size,
-            patch_size=_positive_int(_get(cfg, "patch_size", 4), "patch_size"),
-            dim=_positive_int(_get(cfg, "dim", 192), "dim"),
-            depth=_positive_int(_get(cfg, "depth", 6), "depth"),
-            heads=_positive_int(_get(cfg, "heads", 3), "heads"),
-            mlp_ratio=float(_get(cfg, "mlp_ratio", 4.0)),
-        )
-    if bool(_get(cfg, "channels_last", False)):
-        model = model.to(memory_format=torch.channels_last)
-    return model
+def __getattr__(name: str) -> Any:
+    # The import path of build_model and MODELS before the models were registered by name
+    # in experiments.models, where they live now.
+    if name in ("build_model", "MODELS"):
+        import experiments.models
+
+        return getattr(experiments.models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

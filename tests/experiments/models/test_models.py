@@ -1,4 +1,4 @@
-"""Tests of experiments.models.vision: every model trains a step, options, errors, digits accuracy."""
+"""Tests of experiments.models: every vision model trains a step, options, errors, digits accuracy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from experiments.data.loaders import build_data
-from experiments.models.vision import MODELS, build_model
+from experiments.data import build_data
+from experiments.models import MODELS, build_model
 
 # (config, in_channels, image_size, batch): small shapes keep the big models fast on CPU.
 CASES = {
@@ -36,7 +36,7 @@ def test_every_model_has_a_case() -> None:
     assert set(CASES) == set(MODELS)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_forward_backward_shapes(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     torch.manual_seed(0)
@@ -59,7 +59,9 @@ def test_small_cnn_size_and_norm_options() -> None:
         {"name": "small_cnn", "norm": "batch"}, num_classes=10, in_channels=1, image_size=8
     )
     assert any(isinstance(m, nn.BatchNorm2d) for m in bn.modules())
-    with pytest.raises(ValueError, match="model.norm must be one of group, batch, got 'layer'"):
+    with pytest.raises(
+        ValueError, match="^model.norm=layer is invalid; it must be one of group, batch$"
+    ):
         build_model(
             {"name": "small_cnn", "norm": "layer"}, num_classes=10, in_channels=1, image_size=8
         )
@@ -116,7 +118,7 @@ def test_vit_depends_on_every_patch() -> None:
     assert (per_patch > 0).all()
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_channels_last(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     model = build_model(
@@ -129,16 +131,22 @@ def test_channels_last(name: str) -> None:
 
 
 def test_bad_configs_raise_value_errors() -> None:
-    with pytest.raises(ValueError, match="patch_size=5 must divide image_size=32"):
+    with pytest.raises(
+        ValueError, match="^model.patch_size=5 is invalid; it must be a divisor of image_size=32$"
+    ):
         build_model(
             {"name": "vit_small", "patch_size": 5}, num_classes=10, in_channels=3, image_size=32
         )
-    with pytest.raises(ValueError, match="model.dim=100 must be divisible by model.heads=3"):
+    with pytest.raises(
+        ValueError, match="^model.dim=100 is invalid; it must be divisible by model.heads=3$"
+    ):
         build_model({"name": "vit_small", "dim": 100}, num_classes=10, in_channels=3, image_size=32)
-    with pytest.raises(ValueError, match="unknown model 'resnet9'") as err:
+    with pytest.raises(
+        ValueError, match="^model.name=resnet9 is invalid; it must be one of small_cnn,"
+    ) as err:
         build_model({"name": "resnet9"}, num_classes=10, in_channels=3, image_size=32)
     assert all(name in str(err.value) for name in MODELS)
-    with pytest.raises(ValueError, match="num_classes must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="^num_classes=0 is invalid; it must be an integer > 0$"):
         build_model({"name": "small_cnn"}, num_classes=0, in_channels=1, image_size=8)
 
 

@@ -216,8 +216,8 @@ def test_misspelt_key_in_custom_yaml_fails_at_compose(conf_copy):
 
 
 def test_enums_match_the_registries():
-    from experiments.data.loaders import DATASETS
-    from experiments.models.vision import MODELS
+    from experiments.data import DATASETS
+    from experiments.models import MODELS
 
     assert [m.value for m in config_module.ModelName] == list(MODELS)
     assert [t.value for t in config_module.TopologyName] == [*TopologyReg.names(), "allreduce"]

@@ -1,0 +1,153 @@
+"""The ``dataset`` group's schemas, and the checks of its values that a type cannot express.
+
+One schema per dataset family: ``conf/dataset/<name>.yaml`` starts its defaults list with
+``/schema/dataset/<schema>@_here_``, and :data:`SCHEMAS` names the schema of every
+dataset, so that :func:`dataset_section` fills a plain dict (as tests and benchmarks pass
+to :func:`experiments.data.build_data`) with the same defaults. ``experiments.train.config``
+imports this module, registers its schemas in Hydra's ConfigStore and re-exports its names;
+import them from there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING, DictConfig
+
+from experiments.train.config import name_enum, require, typed_section
+
+__all__ = [
+    "DatasetName",
+    "PartitionName",
+    "DatasetConfig",
+    "CifarConfig",
+    "ImageNetConfig",
+    "SyntheticConfig",
+    "SCHEMAS",
+    "check_partition",
+    "check_dataset",
+    "dataset_section",
+]
+
+DatasetName = name_enum(
+    "DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic"], __name__
+)
+PartitionName = name_enum("PartitionName", ["iid", "dirichlet"], __name__)
+
+
+@dataclass
+class DatasetConfig:
+    """``dataset`` group, and ``dataset=digits`` (scikit-learn's 8x8 digits).
+
+    Attributes:
+        name: Registered dataset name.
+        root: Directory holding the files (unused by digits, which ships with scikit-learn).
+        download: Let torchvision download missing files.
+        num_workers: DataLoader worker processes (for datasets read from disk).
+        partition: ``iid`` (equal random shards) or ``dirichlet`` (non-IID label skew).
+        alpha: Dirichlet concentration; smaller is more skewed.
+        augment: Random shifts / crops and flips on the training batches.
+    """
+
+    name: DatasetName = MISSING  # type: ignore[valid-type]
+    root: str = "data"
+    download: bool = False
+    num_workers: int = 0
+    partition: PartitionName = PartitionName["iid"]  # type: ignore[valid-type]
+    alpha: float = 0.5
+    augment: bool = False
+
+
+@dataclass
+class CifarConfig(DatasetConfig):
+    """``dataset=cifar10`` / ``cifar100``: the Python batches under ``root``; augmented by default."""
+
+    augment: bool = True
+
+
+@dataclass
+class ImageNetConfig(DatasetConfig):
+    """``dataset=imagenet``: ``root/train/<class>/*.JPEG`` and ``root/val/<class>/*.JPEG``."""
+
+    num_workers: int = 4
+    augment: bool = True
+    image_size: int = 224
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    """``dataset=synthetic``: random labelled images, for throughput runs only (never augmented).
+
+    ``num_test_samples`` null means ``num_samples // 5`` (at least one).
+    """
+
+    num_samples: int = 4096
+    num_test_samples: int | None = None
+    image_size: int = 32
+    num_classes: int = 10
+    in_channels: int = 3
+
+
+SCHEMAS: dict[str, type[DatasetConfig]] = {
+    "digits": DatasetConfig,
+    "cifar10": CifarConfig,
+    "cifar100": CifarConfig,
+    "imagenet": ImageNetConfig,
+    "synthetic": SyntheticConfig,
+}
+"""The schema of every dataset name, in the order of :data:`DatasetName`."""
+
+# sizes that only some schemas have; each must be a positive integer where present
+_SIZES = ("image_size", "num_samples", "num_test_samples", "num_classes", "in_channels")
+
+
+def check_partition(partition: Any, alpha: Any) -> None:
+    """Check a partition name and its Dirichlet concentration.
+
+    Args:
+        partition: ``iid`` or ``dirichlet``.
+        alpha: The concentration, which ``dirichlet`` needs finite and positive.
+
+    Raises:
+        ConfigError: A one-line message naming ``dataset.partition`` or ``dataset.alpha``.
+    """
+    names = [m.value for m in PartitionName]
+    require("dataset.partition", partition, partition in names, "one of " + ", ".join(names))
+    finite = isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0
+    valid = partition != "dirichlet" or finite
+    require("dataset.alpha", alpha, valid, "> 0 (and finite) for the dirichlet partition")
+
+
+def dataset_section(section: Any) -> DictConfig:
+    """The ``dataset`` section with its schema's defaults, checked.
+
+    Args:
+        section: A dict, a ``DictConfig`` or ``None`` (``digits`` with its defaults).
+
+    Returns:
+        A ``DictConfig`` of the schema that ``section``'s name selects.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    d = typed_section(section, "dataset", SCHEMAS, default="digits")
+    require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
+    check_partition(d.partition, d.alpha)
+    for key in _SIZES:
+        value = d.get(key)
+        require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0")
+    return d
+
+
+def check_dataset(section: Any) -> None:
+    """Check the ``dataset`` section's values beyond their types.
+
+    Args:
+        section: A dict or ``DictConfig``; left-out keys take their schema's defaults.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    dataset_section(section)

@@ -1,0 +1,115 @@
+"""The ``model`` group's schemas, and the checks of its values that a type cannot express.
+
+``conf/model/<name>.yaml`` starts its defaults list with ``/schema/model/<schema>@_here_``,
+and :data:`SCHEMAS` names the schema of every model, so that :func:`model_section` fills a
+plain dict (as tests and benchmarks pass to :func:`experiments.models.build_model`) with the
+same defaults. ``experiments.train.config`` imports this module, registers its schemas in
+Hydra's ConfigStore and re-exports its names; import them from there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import MISSING, DictConfig
+
+from experiments.train.config import name_enum, require, typed_section
+
+__all__ = [
+    "ModelName",
+    "NormName",
+    "ModelConfig",
+    "SmallCNNConfig",
+    "VitConfig",
+    "SCHEMAS",
+    "check_model",
+    "model_section",
+]
+
+ModelName = name_enum(
+    "ModelName", ["small_cnn", "resnet18_cifar", "resnet50", "vit_small"], __name__
+)
+NormName = name_enum("NormName", ["group", "batch"], __name__)
+
+
+@dataclass
+class ModelConfig:
+    """``model`` group, and ``model=resnet18_cifar`` / ``resnet50``: a name from ``MODELS``.
+
+    Attributes:
+        name: Registered model name.
+        channels_last: Convert the model (and the input batches) to
+            ``torch.channels_last``, which speeds up convolutions on GPUs.
+    """
+
+    name: ModelName = MISSING  # type: ignore[valid-type]
+    channels_last: bool = False
+
+
+@dataclass
+class SmallCNNConfig(ModelConfig):
+    """``model=small_cnn``: ``norm`` is ``group`` (GroupNorm) or ``batch`` (BatchNorm)."""
+
+    norm: NormName = NormName["group"]  # type: ignore[valid-type]
+
+
+@dataclass
+class VitConfig(ModelConfig):
+    """``model=vit_small``: a small Vision Transformer; ``patch_size`` must divide the image size."""
+
+    patch_size: int = 4
+    dim: int = 192
+    depth: int = 6
+    heads: int = 3
+    mlp_ratio: float = 4.0
+
+
+# every model name takes ModelConfig, unless it has keys of its own
+_OWN_KEYS: dict[str, type[ModelConfig]] = {"small_cnn": SmallCNNConfig, "vit_small": VitConfig}
+SCHEMAS = {m.value: _OWN_KEYS.get(m.value, ModelConfig) for m in ModelName}
+"""The schema of every model name, in the order of :data:`ModelName`."""
+
+
+def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
+    """The ``model`` section with its schema's defaults, checked.
+
+    Args:
+        section: A dict, a ``DictConfig`` or ``None`` (``small_cnn`` with its defaults).
+        image_size: Side of the input images, when known: ``vit_small``'s ``patch_size``
+            must divide it.
+
+    Returns:
+        A ``DictConfig`` of the schema that ``section``'s name selects.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    m = typed_section(section, "model", SCHEMAS, default="small_cnn")
+    if m.name == "vit_small":
+        for key in ("patch_size", "dim", "depth", "heads"):
+            require(f"model.{key}", m[key], m[key] > 0, "an integer > 0")
+        ratio = m.mlp_ratio
+        require("model.mlp_ratio", ratio, math.isfinite(ratio) and ratio > 0, "a number > 0")
+        heads = f"divisible by model.heads={m.heads}"
+        require("model.dim", m.dim, m.dim % m.heads == 0, heads)
+        if image_size is not None:
+            divides = image_size % m.patch_size == 0
+            require(
+                "model.patch_size", m.patch_size, divides, f"a divisor of image_size={image_size}"
+            )
+    return m
+
+
+def check_model(section: Any, *, image_size: int | None = None) -> None:
+    """Check the ``model`` section's values beyond their types.
+
+    Args:
+        section: A dict or ``DictConfig``; left-out keys take their schema's defaults.
+        image_size: Side of the input images, when known (see :func:`model_section`).
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    model_section(section, image_size=image_size)
