@@ -17,10 +17,11 @@ the trainer calls them before any collective and the builders call them when
 handed a section directly, so every path reports the same one line
 ``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
 
-This module is past 500 lines because it is the one table of every group's
-schema and the top level, each a short dataclass, plus the resolver that
-``config.yaml`` needs; the other groups' schemas could move beside their
-builders as the dataset and model ones did.
+This module is past 500 lines because it is one table: the pieces every
+schema module builds on, the schemas of the other five groups and of the top
+level (each a short dataclass), and the resolver and error formatting that
+``config.yaml`` and ``train.py`` need. Those groups' schemas could move beside
+their builders as the dataset and model ones did.
 
 Registered names (topologies, models, datasets, optimizers, schedulers,
 network profiles) are enums: an unknown name in any YAML or override fails at
