@@ -416,11 +416,12 @@ class TokenData:
 
 def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tuple[int, int]:
     """``(block_size, vocab_size)`` from the section, the model and ``meta.json``."""
-    block = d.block_size if d.block_size is not None else model_block
+    block: Any = d.block_size if d.block_size is not None else model_block
     valid = is_int(block) and block > 0
     require("dataset.block_size", block, valid, "an integer > 0 (null takes the model's)")
-    if model_block is not None and d.block_size is not None and d.block_size > model_block:
-        require("dataset.block_size", block, False, f"<= the model's block size {model_block}")
+    if model_block is not None:
+        fits = block <= model_block
+        require("dataset.block_size", block, fits, f"<= the model's block size {model_block}")
     vocab = d.vocab_size if d.vocab_size is not None else meta.get("vocab_size")
     if vocab is None:
         raise ValueError(
