@@ -57,7 +57,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, get_args, get_type_hints
+from typing import Any, cast, get_args, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -218,7 +218,7 @@ def typed_section(
     require(f"{group}.name", name, name in schemas, "one of " + ", ".join(schemas))
     schema = schemas[name]
     try:
-        return OmegaConf.merge(OmegaConf.structured(schema), {"name": name, **values})
+        merged = OmegaConf.merge(OmegaConf.structured(schema), {"name": name, **values})
     except ConfigKeyError as exc:
         keys = ", ".join(f.name for f in fields(schema))
         raise ConfigError(
@@ -229,6 +229,7 @@ def typed_section(
         raise ConfigError(
             f"{group}.{exc.full_key}={exc.value} is invalid; it must be {_allowed(kind)}"
         ) from None
+    return cast(DictConfig, merged)  # a dataclass merges into a mapping
 
 
 # The dataset and model schemas live beside their builders and build on the names above.
