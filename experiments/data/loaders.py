@@ -452,9 +452,9 @@ def build_in_memory(
 
 
 def __getattr__(name: str) -> Any:
-    # The import path of build_data and DATASETS before the package was split by concern;
-    # they live in experiments.data now.
-    if name in ("build_data", "DATASETS"):
+    # The import path of these names before the package was split by concern; they live
+    # in experiments.data now.
+    if name in ("build_data", "DATASETS", "PARTITIONS", "derive_seed"):
         import experiments.data
 
         return getattr(experiments.data, name)
