@@ -310,7 +310,9 @@ class TokenLoader:
         missing = {"epoch", "batch"} - set(state)
         if missing:
             raise ValueError(f"token loader state lacks {sorted(missing)}; got {dict(state)}")
-        self._epoch, self._batch = self._checked(state["epoch"], state["batch"])
+        epoch, batch = self._checked(state["epoch"], state["batch"])
+        # the end of an epoch is the start of the next
+        self._epoch, self._batch = (epoch + 1, 0) if batch == len(self) else (epoch, batch)
 
     def _checked(self, epoch: Any, start: Any) -> tuple[int, int]:
         if not is_int(epoch) or epoch < 0:

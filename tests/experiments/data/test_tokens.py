@@ -123,6 +123,9 @@ def test_resumed_loader_draws_the_same_windows(tmp_path: Path) -> None:
     resumed.load_state_dict(saved)
     assert same_batches(full, head + draw(resumed, 4))
     assert resumed.state_dict() == {"epoch": 1, "batch": 2}
+    resumed.load_state_dict({"epoch": 0, "batch": 5})
+    assert resumed.state_dict() == {"epoch": 1, "batch": 0}
+    assert same_batches(full[5:], draw(resumed, 2))
     # the same batches by position alone
     by_position = list(build(root).train.iterate(0)) + list(build(root).train.iterate(1))[:2]
     assert same_batches(full, by_position)
