@@ -23,9 +23,11 @@ names under the ``"names"`` key for debugging.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
@@ -141,7 +143,45 @@ def _param_groups(params: NamedParams, weight_decay: float) -> list[dict[str, An
 # --------------------------------------------------------------------------- AccumAdam
 
 
-class AccumAdam(Optimizer):
+class _ClosureStep(Optimizer):
+    """An optimizer whose :meth:`step` evaluates the closure, then updates without autograd."""
+
+    _family = ""  # the name in error messages
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Perform one optimization step.
+
+        Args:
+            closure: Optional callable that re-evaluates the model and returns the loss.
+
+        Returns:
+            The loss returned by ``closure``, or ``None``.
+
+        Raises:
+            RuntimeError: If a gradient is sparse.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._update()
+        return loss
+
+    def _update(self) -> None:
+        raise NotImplementedError
+
+    def _with_grads(self, group: dict[str, Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The group's parameters that have a gradient, each with it; sparse ones are refused."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(f"{self._family} does not support sparse gradients")
+            yield p, p.grad
+
+
+class AccumAdam(_ClosureStep):
     r"""Adam whose moments are refreshed only every ``accum_iter`` steps.
 
     Each parameter keeps stored moments ``m`` and ``v`` (zeros), a gradient
@@ -191,6 +231,8 @@ class AccumAdam(Optimizer):
             opt.zero_grad()
     """
 
+    _family = "AccumAdam"
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -223,24 +265,7 @@ class AccumAdam(Optimizer):
             group.setdefault("decoupled", False)
             group.setdefault("maximize", False)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Perform one optimization step.
-
-        Args:
-            closure: Optional callable that re-evaluates the model and returns the loss.
-
-        Returns:
-            The loss returned by ``closure``, or ``None``.
-
-        Raises:
-            RuntimeError: If a gradient is sparse.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
+    def _update(self) -> None:
         for group in self.param_groups:
             lr = float(group["lr"])
             b1, b2 = group["betas"]
@@ -250,12 +275,7 @@ class AccumAdam(Optimizer):
             decoupled = group["decoupled"]
             if group.get("maximize", False):
                 raise ValueError("maximize must be False for AccumAdam, got True")
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if g.is_sparse:
-                    raise RuntimeError("AccumAdam does not support sparse gradients")
+            for p, g in self._with_grads(group):
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
@@ -287,7 +307,6 @@ class AccumAdam(Optimizer):
                     v.mul_(b2).addcmul_(gbar, gbar, value=1.0 - b2)
                     state["refreshes"] = k + 1
                     acc.zero_()
-        return loss
 
 
 class AccumAdamW(AccumAdam):
@@ -297,13 +316,7 @@ class AccumAdamW(AccumAdam):
     (``from decent_dp.optim import AccumAdamW``). The update rule is the one
     documented on :class:`AccumAdam`.
 
-    Args:
-        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: Decoupled decay coefficient, ``>= 0``.
-        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
+    It takes :class:`AccumAdam`'s arguments, with ``decoupled=True``.
 
     Raises:
         ValueError: If a hyper-parameter is outside its range.
@@ -313,30 +326,13 @@ class AccumAdamW(AccumAdam):
         opt = AccumAdamW(model.parameters(), lr=1e-3, weight_decay=0.1, accum_iter=4)
     """
 
-    def __init__(
-        self,
-        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        accum_iter: int = 4,
-    ) -> None:
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            accum_iter=accum_iter,
-            decoupled=True,
-        )
+    __init__ = functools.partialmethod(AccumAdam.__init__, decoupled=True)
 
 
 # --------------------------------------------------------------------------- QGM
 
 
-class QGMSGD(Optimizer):
+class QGMSGD(_ClosureStep):
     r"""SGD with quasi-global momentum (Lin et al., ICML 2021), for heterogeneous data.
 
     Plain momentum on a worker whose data differ from its neighbours' keeps
@@ -388,6 +384,8 @@ class QGMSGD(Optimizer):
         )
     """
 
+    _family = "QGMSGD"
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
@@ -434,34 +432,14 @@ class QGMSGD(Optimizer):
         """
         self._fold_pending()
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Take ``d(t) = -lr * m(t)`` from the parameters' current value and save that value.
-
-        Args:
-            closure: Optional callable that re-evaluates the model and returns the loss.
-
-        Returns:
-            The loss returned by ``closure``, or ``None``.
-
-        Raises:
-            RuntimeError: If a gradient is sparse.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+    def _update(self) -> None:
+        """Take ``d(t) = -lr * m(t)`` from the parameters' current value and save that value."""
         self._fold_pending()  # no post_average_hook since the last step: fold from x(t-1) here
         for group in self.param_groups:
             lr = float(group["lr"])
             beta = group["momentum"]
             wd = group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                if g.is_sparse:
-                    raise RuntimeError("QGMSGD does not support sparse gradients")
+            for p, g in self._with_grads(group):
                 state = self.state[p]
                 if not state:
                     state["momentum_buffer"] = torch.zeros_like(
@@ -478,7 +456,6 @@ class QGMSGD(Optimizer):
                 state["prev_lr"] = lr
                 state["pending"] = True
                 p.add_(d, alpha=-lr)
-        return loss
 
 
 def _check_qgm_args(
@@ -496,198 +473,179 @@ def _check_qgm_args(
 
 # --------------------------------------------------------------------------- optimizer factories
 
+_O = TypeVar("_O", bound=Optimizer)
 
-def optim_fn_sgd(
-    params: NamedParams,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
-    nesterov: bool = False,
-) -> SGD:
-    """Build SGD with weight decay on weights (``ndim >= 2``) only.
+# what each hyper-parameter means, shared by the factories that take it
+_ARG_DOCS = {
+    "params": "``(tensor, name)`` or ``(name, tensor)`` pairs.",
+    "lr": "Learning rate, ``>= 0``.",
+    "betas": "Moment decay rates, each in ``[0, 1)``.",
+    "eps": "Added to the denominator, ``> 0``.",
+    "l2": "L2 coefficient for weights, ``>= 0``.",
+    "decoupled": "Decoupled decay coefficient for weights, ``>= 0``.",
+    "accum_iter": "Steps between moment refreshes, an integer ``>= 1``.",
+    "momentum": "Momentum factor, ``>= 0``; must be ``> 0`` with ``nesterov``.",
+    "nesterov": "Use Nesterov momentum.",
+    "beta": "``beta``, in ``[0, 1)``.",
+    "nesterov_form": "Use the Nesterov form (needs ``momentum > 0``).",
+    "mu": "Decay of the quasi-global buffer, in ``[0, 1)``; ``None`` uses ``momentum``.",
+}
+_RAISES = (
+    "ValueError: If a hyper-parameter is outside its range or ``params`` is empty.",
+    "TypeError: If an element of ``params`` is not a (tensor, name) pair.",
+)
+
+
+def _optim_factory(
+    name: str,
+    optimizer: type[_O],
+    summary: str,
+    hyper: list[tuple[str, Any, str, str]],
+    check: Callable[[dict[str, Any]], None],
+    returns: str,
+    **fixed: Any,
+) -> Callable[..., _O]:
+    """An ``optim_fn``: check the hyper-parameters, split the decay groups, build ``optimizer``.
 
     Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        momentum: Momentum factor, ``>= 0``; must be ``> 0`` with ``nesterov``.
-        weight_decay: L2 coefficient for weights, ``>= 0``.
-        nesterov: Use Nesterov momentum.
-
-    Returns:
-        A :class:`torch.optim.SGD` with one or two param groups.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
+        name: The function's public name, used in its signature and errors.
+        optimizer: The optimizer class to build.
+        summary: The first line of the docstring.
+        hyper: ``(name, default, annotation, doc)`` of each hyper-parameter,
+            in signature order; a doc that is a key of ``_ARG_DOCS`` stands
+            for that text.
+        check: Validates the bound hyper-parameters, raising ``ValueError``;
+            may normalize them in place (``betas`` become floats).
+        returns: The docstring's ``Returns:`` text.
+        **fixed: Constructor arguments that are not hyper-parameters.
     """
-    _check_lr(lr)
-    if not momentum >= 0.0:
-        raise ValueError(f"momentum must be >= 0, got {momentum}")
-    if nesterov and momentum == 0.0:
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature(
+        [inspect.Parameter("params", kind, annotation="NamedParams")]
+        + [inspect.Parameter(n, kind, default=d, annotation=a) for n, d, a, _ in hyper],
+        return_annotation=optimizer.__name__,
+    )
+    args = [("params", _ARG_DOCS["params"])] + [
+        (n, _ARG_DOCS.get(doc, doc)) for n, _, _, doc in hyper
+    ]
+    doc = "\n".join(
+        [summary, "", "Args:"]
+        + [f"    {n}: {text}" for n, text in args]
+        + ["", "Returns:", f"    {returns}", "", "Raises:"]
+        + [f"    {line}" for line in _RAISES]
+    )
+
+    def factory(*args: Any, **kwargs: Any) -> _O:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{name}() {exc}") from None
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        params = values.pop("params")
+        check(values)
+        return optimizer(_param_groups(params, values["weight_decay"]), **values, **fixed)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = doc
+    factory.__module__ = __name__
+    factory.__signature__ = signature  # type: ignore[attr-defined]
+    factory.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+    factory.__annotations__["return"] = optimizer.__name__
+    return factory
+
+
+_PLAIN_RETURNS = "A :class:`{}` with one or two param groups."
+
+
+def _check_sgd(hp: dict[str, Any]) -> None:
+    _check_lr(hp["lr"])
+    if not hp["momentum"] >= 0.0:
+        raise ValueError(f"momentum must be >= 0, got {hp['momentum']}")
+    if hp["nesterov"] and hp["momentum"] == 0.0:
         raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
-    _check_weight_decay(weight_decay)
-    groups = _param_groups(params, weight_decay)
-    return SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov)
+    _check_weight_decay(hp["weight_decay"])
 
 
-def optim_fn_qgm_sgd(
-    params: NamedParams,
-    lr: float = 0.1,
-    momentum: float = 0.9,
-    weight_decay: float = 5e-4,
-    nesterov: bool = False,
-    mu: float | None = None,
-) -> QGMSGD:
-    """Build :class:`QGMSGD` (quasi-global momentum) with weight decay on weights only.
-
-    Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        momentum: ``beta``, in ``[0, 1)``.
-        weight_decay: L2 coefficient for weights, ``>= 0``.
-        nesterov: Use the Nesterov form (needs ``momentum > 0``).
-        mu: Decay of the quasi-global buffer, in ``[0, 1)``; ``None`` uses ``momentum``.
-
-    Returns:
-        A :class:`QGMSGD` with one or two param groups.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
-    """
-    _check_qgm_args(lr, momentum, weight_decay, nesterov, mu)
-    groups = _param_groups(params, weight_decay)
-    return QGMSGD(
-        groups, lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, mu=mu
-    )
+def _check_qgm(hp: dict[str, Any]) -> None:
+    _check_qgm_args(hp["lr"], hp["momentum"], hp["weight_decay"], hp["nesterov"], hp["mu"])
 
 
-def optim_fn_adam(
-    params: NamedParams,
-    lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-) -> Adam:
-    """Build Adam (L2 decay added to the gradient) with decay on weights only.
-
-    Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: L2 coefficient for weights, ``>= 0``.
-
-    Returns:
-        A :class:`torch.optim.Adam` with one or two param groups.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
-    """
-    betas = _check_adam_args(lr, betas, eps, weight_decay)
-    groups = _param_groups(params, weight_decay)
-    return Adam(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+def _check_adam(hp: dict[str, Any]) -> None:
+    hp["betas"] = _check_adam_args(hp["lr"], hp["betas"], hp["eps"], hp["weight_decay"])
 
 
-def optim_fn_adamw(
-    params: NamedParams,
-    lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
-) -> AdamW:
-    """Build AdamW (decoupled decay) with decay on weights only.
-
-    Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: Decoupled decay coefficient for weights, ``>= 0``.
-
-    Returns:
-        A :class:`torch.optim.AdamW` with one or two param groups.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
-    """
-    betas = _check_adam_args(lr, betas, eps, weight_decay)
-    groups = _param_groups(params, weight_decay)
-    return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+def _check_accum_adam(hp: dict[str, Any]) -> None:
+    _check_adam(hp)
+    _check_accum_iter(hp["accum_iter"])
 
 
-def optim_fn_accum_adam(
-    params: NamedParams,
-    lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.0,
-    accum_iter: int = 4,
-) -> AccumAdam:
-    """Build :class:`AccumAdam` with L2 decay (added to the gradient) on weights only.
-
-    Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: L2 coefficient for weights, ``>= 0``.
-        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
-
-    Returns:
-        An :class:`AccumAdam` with ``decoupled=False``.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
-    """
-    betas = _check_adam_args(lr, betas, eps, weight_decay)
-    _check_accum_iter(accum_iter)
-    groups = _param_groups(params, weight_decay)
-    return AccumAdam(
-        groups,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        accum_iter=accum_iter,
-        decoupled=False,
-    )
+_SUMMARIES = {
+    "optim_fn_sgd": "Build SGD with weight decay on weights (``ndim >= 2``) only.",
+    "optim_fn_qgm_sgd": "Build :class:`QGMSGD` (quasi-global momentum) with weight decay on weights only.",
+    "optim_fn_adam": "Build Adam (L2 decay added to the gradient) with decay on weights only.",
+    "optim_fn_adamw": "Build AdamW (decoupled decay) with decay on weights only.",
+    "optim_fn_accum_adam": "Build :class:`AccumAdam` with L2 decay (added to the gradient) on weights only.",
+    "optim_fn_accum_adamw": "Build :class:`AccumAdamW` (decoupled, AdamW-style decay) with decay on weights only.",
+}
 
 
-def optim_fn_accum_adamw(
-    params: NamedParams,
-    lr: float = 1e-3,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    weight_decay: float = 0.01,
-    accum_iter: int = 4,
-) -> AccumAdamW:
-    """Build :class:`AccumAdamW` (decoupled, AdamW-style decay) with decay on weights only.
+def _sgd_factory(
+    name: str, optimizer: type[_O], check: Callable[[dict[str, Any]], None], *extra: Any
+) -> Callable[..., _O]:
+    """An SGD-family ``optim_fn``: ``extra`` hyper-parameters follow the four of SGD."""
+    qgm = optimizer is QGMSGD
+    hyper = [
+        ("lr", 0.1, "float", "lr"),
+        ("momentum", 0.9, "float", "beta" if qgm else "momentum"),
+        ("weight_decay", 5e-4, "float", "l2"),
+        ("nesterov", False, "bool", "nesterov_form" if qgm else "nesterov"),
+        *extra,
+    ]
+    returns = _PLAIN_RETURNS.format(optimizer.__name__ if qgm else "torch.optim.SGD")
+    return _optim_factory(name, optimizer, _SUMMARIES[name], hyper, check, returns)
 
-    Args:
-        params: ``(tensor, name)`` or ``(name, tensor)`` pairs.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: Decoupled decay coefficient for weights, ``>= 0``.
-        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
 
-    Returns:
-        An :class:`AccumAdamW` (an :class:`AccumAdam` with ``decoupled=True``).
+optim_fn_sgd = _sgd_factory("optim_fn_sgd", SGD, _check_sgd)
+optim_fn_qgm_sgd = _sgd_factory(
+    "optim_fn_qgm_sgd", QGMSGD, _check_qgm, ("mu", None, "float | None", "mu")
+)
 
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``params`` is empty.
-        TypeError: If an element of ``params`` is not a (tensor, name) pair.
-    """
-    betas = _check_adam_args(lr, betas, eps, weight_decay)
-    _check_accum_iter(accum_iter)
-    groups = _param_groups(params, weight_decay)
-    return AccumAdamW(
-        groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, accum_iter=accum_iter
-    )
+
+def _adam_factory(
+    name: str, optimizer: type[_O], decoupled: bool, returns: str
+) -> Callable[..., _O]:
+    """An Adam-family ``optim_fn``: ``accum_iter`` for AccumAdam(W), decay 0.01 when decoupled."""
+    hyper = [
+        ("lr", 1e-3, "float", "lr"),
+        ("betas", (0.9, 0.999), "tuple[float, float]", "betas"),
+        ("eps", 1e-8, "float", "eps"),
+        ("weight_decay", 0.01 if decoupled else 0.0, "float", "decoupled" if decoupled else "l2"),
+    ]
+    check = _check_adam
+    if issubclass(optimizer, AccumAdam):
+        hyper.append(("accum_iter", 4, "int", "accum_iter"))
+        check = _check_accum_adam
+    # AccumAdamW is decoupled by its class; AccumAdam takes the flag
+    fixed = {"decoupled": False} if optimizer is AccumAdam else {}
+    return _optim_factory(name, optimizer, _SUMMARIES[name], hyper, check, returns, **fixed)
+
+
+optim_fn_adam = _adam_factory(
+    "optim_fn_adam", Adam, False, _PLAIN_RETURNS.format("torch.optim.Adam")
+)
+optim_fn_adamw = _adam_factory(
+    "optim_fn_adamw", AdamW, True, _PLAIN_RETURNS.format("torch.optim.AdamW")
+)
+optim_fn_accum_adam = _adam_factory(
+    "optim_fn_accum_adam", AccumAdam, False, "An :class:`AccumAdam` with ``decoupled=False``."
+)
+optim_fn_accum_adamw = _adam_factory(
+    "optim_fn_accum_adamw",
+    AccumAdamW,
+    True,
+    "An :class:`AccumAdamW` (an :class:`AccumAdam` with ``decoupled=True``).",
+)
 
 
 # --------------------------------------------------------------------------- schedulers
