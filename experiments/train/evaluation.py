@@ -42,7 +42,9 @@ class Evaluator:
         result = evaluator.evaluate(step=100)  # eval/acc, eval/acc_local, eval/loss, ...
     """
 
-    def __init__(self, test: Iterable[tuple[torch.Tensor, torch.Tensor]], train_step: TrainStep):
+    def __init__(
+        self, test: Iterable[tuple[torch.Tensor, torch.Tensor]], train_step: TrainStep
+    ) -> None:
         self.test = test
         self.train_step = train_step
         self.device = train_step.device

@@ -271,7 +271,8 @@ class TrainStep:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        model = getattr(self, "model", None)
+        # absent when building the wrapper failed; torch's DDP has nothing to close
+        model: Any = getattr(self, "model", None)
         if hasattr(model, "close"):
             model.close()
 
