@@ -918,7 +918,9 @@ def run_table(*args: str) -> dict[str, list[str]]:
 def test_cli_table_world_size_64() -> None:
     rows = run_table("--world-size", "64")
     module_names = [
-        name for name, klass in TopologyReg.registry.items() if klass.__module__ == "decent_dp.topo"
+        name
+        for name, klass in TopologyReg.registry.items()
+        if klass.__module__ == "decent_dp._builtin_topologies"
     ]
     assert set(BUILTINS) <= set(module_names) <= set(rows)
     # default local world size is 8, so alternating-exp-ring has 8 nodes

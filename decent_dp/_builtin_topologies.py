@@ -1,0 +1,322 @@
+"""The built-in topologies, registered under their names on import.
+
+``complete``, ``ring``, ``one-peer-exp``, ``alternating-exp-ring``,
+``random-matching``, ``local-sgd`` and ``base-k``; public under
+:mod:`decent_dp.topo`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from ._base_k import _base_k_schedule
+from ._topology import Edge, Topology, TopologyReg
+
+
+def _trivial() -> list[list[Edge]]:
+    return [[Edge([0], 1.0)]]
+
+
+@TopologyReg.register("complete")
+class CompleteTopology(Topology):
+    """All ranks average uniformly every step (one round, weight ``1/n``)."""
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        return [[Edge(range(n), 1.0 / n)]]
+
+
+@TopologyReg.register("ring")
+class RingTopology(Topology):
+    """Alternating pairs on a ring: even ranks pair right, then left (weight 0.5).
+
+    Round 0 pairs ``(i, i+1)`` and round 1 pairs ``(i, i-1 mod n)`` for even
+    ``i``. For odd ``n`` the last three ranks of round 0, and ranks
+    ``n-2, n-1, 0`` of round 1, form one uniformly averaging group of three,
+    so each round stays a partition and both rounds together connect the ring.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        if n % 2 == 0:
+            r0 = [Edge([i, i + 1], 0.5) for i in range(0, n, 2)]
+            r1 = [Edge([i, (i - 1) % n], 0.5) for i in range(0, n, 2)]
+            return [r0, r1]
+        r0 = [Edge([i, i + 1], 0.5) for i in range(0, n - 3, 2)] + [
+            Edge([n - 3, n - 2, n - 1], 1.0 / 3)
+        ]
+        r1 = [Edge([i, i + 1], 0.5) for i in range(1, n - 3, 2)] + [
+            Edge([n - 2, n - 1, 0], 1.0 / 3)
+        ]
+        return [r0, r1]
+
+
+def _greedy_shift_pairs(count: int, shift: int) -> list[tuple[int, int]]:
+    """Pair every still-unpaired ``j`` with ``j + shift mod count``, in order of ``j``."""
+    paired = [False] * count
+    pairs = []
+    for j in range(count):
+        if paired[j]:
+            continue
+        k = (j + shift) % count
+        if paired[k] or k == j:
+            raise ValueError(f"no perfect matching for {count} with shift {shift}")
+        paired[j] = paired[k] = True
+        pairs.append((j, k))
+    return pairs
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+@TopologyReg.register("one-peer-exp")
+class OnePeerExpTopology(Topology):
+    """One-peer exponential graph: round ``r`` pairs ``j`` with ``j + 2^r``.
+
+    The period is ``log2(n)`` rounds and reaches exact consensus once per
+    period. ``n`` must be a power of two.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        if not _is_power_of_two(n):
+            raise ValueError(
+                f"one-peer-exp needs a power-of-two world size, got n={n}; use 'base-k' (one "
+                "peer, exact average for any n) or 'ring' for other sizes"
+            )
+        return [
+            [Edge(pair, 0.5) for pair in _greedy_shift_pairs(n, 2**r)]
+            for r in range(int(math.log2(n)))
+        ]
+
+
+@TopologyReg.register("alternating-exp-ring")
+class AlternatingExpRingTopology(Topology):
+    """Exponential pairing of nodes, alternating intra- and inter-node rounds.
+
+    With ``N = n / L`` nodes (a power of two, at least 2), exponential round
+    ``r`` pairs node ``j`` with node ``j + 2^r mod N``. Each node pair spends
+    two consecutive rounds: an intra-node round (each node's ``L`` ranks
+    average, weight ``1/L``) and an inter-node round (the ``2L`` ranks of both
+    nodes average, weight ``1/(2L)``). Successive pairs, counted across all
+    ``r``, alternate which of the two comes first, so that at any time only
+    half of the node pairs load the inter-node network. The period is
+    ``2 log2(N)``.
+    """
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n, local = self.world_size, self.local_world_size
+        if n == 1:
+            return _trivial()
+        if n % local != 0:
+            raise ValueError(
+                f"alternating-exp-ring needs world_size divisible by local_world_size, got n={n}, L={local}"
+            )
+        nodes = n // local
+        if nodes < 2:
+            raise ValueError(
+                f"alternating-exp-ring needs at least 2 nodes, got {n} ranks on 1 node (L={local}); "
+                "run several nodes (e.g. torchrun --nnodes=2 --nproc_per_node=...) or pass a smaller "
+                "local_world_size"
+            )
+        if not _is_power_of_two(nodes):
+            raise ValueError(
+                f"alternating-exp-ring needs a power-of-two number of nodes, got N={nodes} (n={n}, L={local})"
+            )
+
+        def node(j: int) -> list[int]:
+            return list(range(j * local, (j + 1) * local))
+
+        rounds: list[list[Edge]] = []
+        counter = 0
+        for r in range(int(math.log2(nodes))):
+            first: list[Edge] = []
+            second: list[Edge] = []
+            for a, b in _greedy_shift_pairs(nodes, 2**r):
+                intra = [Edge(node(a), 1.0 / local), Edge(node(b), 1.0 / local)]
+                inter = [Edge(node(a) + node(b), 1.0 / (2 * local))]
+                if counter % 2 == 0:
+                    first += intra
+                    second += inter
+                else:
+                    first += inter
+                    second += intra
+                counter += 1
+            rounds += [first, second]
+        return rounds
+
+
+@TopologyReg.register("random-matching")
+class RandomMatchingTopology(Topology):
+    """A fixed sequence of random perfect matchings (weight 0.5).
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        period: Number of distinct random rounds before repeating.
+        seed: Seed shared by all ranks, so every rank sees the same schedule.
+
+    For odd ``n`` one group of three averages uniformly in each round.
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        period: int = 8,
+        seed: int = 0,
+    ):
+        if period < 1:
+            raise ValueError(f"period={period} is invalid; it must be >= 1")
+        self._period_arg, self._seed = int(period), int(seed)
+        super().__init__(world_size, local_world_size)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        rng = random.Random(self._seed)
+        rounds = []
+        for _ in range(self._period_arg):
+            perm = list(range(n))
+            rng.shuffle(perm)
+            cut = n - 3 if n % 2 else n
+            edges = [Edge(sorted(perm[i : i + 2]), 0.5) for i in range(0, cut, 2)]
+            if n % 2:
+                edges.append(Edge(sorted(perm[cut:]), 1.0 / 3))
+            rounds.append(edges)
+        return rounds
+
+
+@TopologyReg.register("local-sgd")
+class LocalSGDTopology(Topology):
+    """Periodic global averaging (local SGD): ``period - 1`` local rounds, then one complete round.
+
+    Rounds ``0 .. period-2`` are singletons: every rank keeps its own model and
+    nothing is sent (the wrapper skips both the copy and the collective for a
+    group of one). Round ``period-1`` is one group of all ranks, weight
+    ``1/n``. In ``x(t) = W(t) x(t-1) + d(t)`` the workers therefore take
+    ``period`` local steps between averages, which is the inner loop of
+    DiLoCo and the schedule of torch's ``PostLocalSGDOptimizer``. With
+    ``period=1`` it is :class:`CompleteTopology`.
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        period: Steps between global averages ``H``, an integer ``>= 1``.
+
+    Raises:
+        ValueError: ``period`` is not an integer ``>= 1``.
+
+    Example::
+
+        topo = LocalSGDTopology(world_size=8, period=4)   # or TopologyReg.create("local-sgd", 8, period=4)
+        [len(edges) for edges in topo.rounds]              # [8, 8, 8, 1]
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        period: int = 8,
+    ):
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period={period!r} is invalid; it must be an integer >= 1")
+        self._period_arg = period
+        super().__init__(world_size, local_world_size)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        local = [Edge([i], 1.0) for i in range(n)]
+        return [list(local) for _ in range(self._period_arg - 1)] + [[Edge(range(n), 1.0 / n)]]
+
+
+@TopologyReg.register("base-k")
+class BaseKTopology(Topology):
+    """Base-(k+1) graph: exact averaging after a finite period, any world size, ``<= k`` peers.
+
+    After Takezawa et al., "Beyond Exponential Graph: Communication-Efficient
+    Topologies for Decentralized Learning via Finite-time Convergence",
+    NeurIPS 2023. The product of one period's mixing matrices is exactly
+    ``11^T / n`` and no rank talks to more than ``k`` peers in a round. This
+    answers "one-peer-exp needs a power of two": ``base-k`` with ``k=1`` is a
+    one-peer topology with exact consensus for every ``n``.
+
+    Construction, with ``b = k + 1``:
+
+    - If ``n`` factors into numbers ``f_1 ... f_L <= b``, the *hyper-hypercube*:
+      write each rank in the mixed radix ``(f_1, ..., f_L)``; round ``j``
+      averages uniformly the ``f_j`` ranks that differ only in digit ``j``.
+      ``L`` rounds (the fewest factors).
+    - Otherwise split ``n`` by its leading base-``b`` digit, ``n = v + s`` with
+      ``v = a b^p`` and ``s < b^p``. The first ``v`` ranks run the
+      hyper-hypercube of ``v`` (average ``A``) while the other ``s`` ranks run
+      the first phase of the same construction for ``s`` (recursively). Then
+      one exchange round pairs each of the ``s`` ranks with its own rank of the
+      first ``v``; both keep ``s/n`` and take ``v/n`` (a uniform two-rank
+      edge). The ``s`` ranks now hold ``(s y + v A) / n``, whose mean over every
+      block still to be averaged is the global mean, and the ``v`` ranks hold
+      values whose mean is the global mean. Finally the ``v`` ranks run their
+      hyper-hypercube again while the ``s`` ranks finish theirs. Every edge is
+      uniform, with at most ``b`` members.
+    - If ``n = c m`` with ``c`` factoring into numbers ``<= b``, also consider
+      running the construction for ``m`` on ``c`` rows side by side and then
+      the hyper-hypercube of ``c`` on each column; the shortest wins.
+
+    Period bound (checked for every ``n`` up to 1024 and ``k`` up to 7): with
+    leading digit ``a`` and exponent ``p`` of ``n`` in base ``b``, the period is
+    at most ``2p + 2 + [a > 1]`` (:func:`base_k_period_bound`): the exchange at
+    level ``l`` happens after ``max(p_l + 1, p_{l+1} + 2) <= p_l + 2`` rounds of
+    its level, and the final pass adds ``p_1 + [a > 1]``. For ``k <= 3`` this
+    is at most ``2 log_{k+1}(n) + 2`` (``a >= 2 >= sqrt(k+1)``), the length
+    the paper states for its Base-(k+1) graph.
+
+    Args:
+        world_size: Number of workers.
+        local_world_size: Workers per node (unused).
+        k: Maximum number of peers per round, an integer ``>= 1``.
+
+    Raises:
+        ValueError: ``k`` is not an integer ``>= 1``.
+
+    Example::
+
+        topo = BaseKTopology(world_size=6, k=1)    # or TopologyReg.create("base-k", 6, k=1)
+        topo.period                                 # 4; exact average after every 4 steps
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        k: int = 1,
+    ):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k={k!r} is invalid; it must be an integer >= 1 (peers per round)")
+        self._k = k
+        super().__init__(world_size, local_world_size)
+
+    @property
+    def k(self) -> int:
+        """Maximum number of peers per round."""
+        return self._k
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self.world_size
+        if n == 1:
+            return _trivial()
+        rounds = []
+        for groups in _base_k_schedule(n, self._k + 1):
+            busy = {r for ranks, _ in groups for r in ranks}
+            # ranks a round leaves alone keep their own model
+            rest = [((r,), 1.0) for r in range(n) if r not in busy]
+            rounds.append([Edge(ranks, w) for ranks, w in sorted([*groups, *rest])])
+        return rounds
