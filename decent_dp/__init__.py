@@ -47,63 +47,37 @@ _EXPORTS = {
 }
 _SUBMODULES = ("ddp", "topo", "metrics", "optim", "utils", "mixing")
 
-__all__ = [
-    "DecentralizedDataParallel",
-    "Edge",
-    "Topology",
-    "TopologyReg",
-    "mixing_matrices",
-    "spectral_gap",
-    "period_contraction",
-    "consensus_distance_exact",
-    "consensus_distance_sketch",
-    "count_sketch",
-    "AccumAdam",
-    "AccumAdamW",
-    "QGMSGD",
-    "optim_fn_qgm_sgd",
-    "LocalSGDTopology",
-    "BaseKTopology",
-    "optim_fn_sgd",
-    "optim_fn_adam",
-    "optim_fn_adamw",
-    "optim_fn_accum_adam",
-    "optim_fn_accum_adamw",
-    "lr_scheduler_fn_cosine_with_warmup",
-    "lr_scheduler_fn_constant",
-    "lr_scheduler_fn_step",
-    "initialize_dist",
-    "get_device",
-]
+# the names above, in that order, each imported from its module on first use
+__all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .ddp import DecentralizedDataParallel
-    from .metrics import consensus_distance_exact, consensus_distance_sketch, count_sketch
-    from .optim import (
-        QGMSGD,
-        AccumAdam,
-        AccumAdamW,
-        lr_scheduler_fn_constant,
-        lr_scheduler_fn_cosine_with_warmup,
-        lr_scheduler_fn_step,
-        optim_fn_accum_adam,
-        optim_fn_accum_adamw,
-        optim_fn_adam,
-        optim_fn_adamw,
-        optim_fn_qgm_sgd,
-        optim_fn_sgd,
-    )
-    from .topo import (
-        BaseKTopology,
-        Edge,
-        LocalSGDTopology,
-        Topology,
-        TopologyReg,
-        mixing_matrices,
-        period_contraction,
-        spectral_gap,
-    )
-    from .utils import get_device, initialize_dist
+    # "X as X": re-exported for type checkers, which do not run __getattr__
+    from .ddp import DecentralizedDataParallel as DecentralizedDataParallel
+    from .metrics import consensus_distance_exact as consensus_distance_exact
+    from .metrics import consensus_distance_sketch as consensus_distance_sketch
+    from .metrics import count_sketch as count_sketch
+    from .optim import QGMSGD as QGMSGD
+    from .optim import AccumAdam as AccumAdam
+    from .optim import AccumAdamW as AccumAdamW
+    from .optim import lr_scheduler_fn_constant as lr_scheduler_fn_constant
+    from .optim import lr_scheduler_fn_cosine_with_warmup as lr_scheduler_fn_cosine_with_warmup
+    from .optim import lr_scheduler_fn_step as lr_scheduler_fn_step
+    from .optim import optim_fn_accum_adam as optim_fn_accum_adam
+    from .optim import optim_fn_accum_adamw as optim_fn_accum_adamw
+    from .optim import optim_fn_adam as optim_fn_adam
+    from .optim import optim_fn_adamw as optim_fn_adamw
+    from .optim import optim_fn_qgm_sgd as optim_fn_qgm_sgd
+    from .optim import optim_fn_sgd as optim_fn_sgd
+    from .topo import BaseKTopology as BaseKTopology
+    from .topo import Edge as Edge
+    from .topo import LocalSGDTopology as LocalSGDTopology
+    from .topo import Topology as Topology
+    from .topo import TopologyReg as TopologyReg
+    from .topo import mixing_matrices as mixing_matrices
+    from .topo import period_contraction as period_contraction
+    from .topo import spectral_gap as spectral_gap
+    from .utils import get_device as get_device
+    from .utils import initialize_dist as initialize_dist
 
 
 def __getattr__(name: str) -> Any:

@@ -12,20 +12,15 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from decent_dp.optim import (
-    AccumAdam,
-    AccumAdamW,
-    lr_scheduler_fn_constant,
-    lr_scheduler_fn_cosine_with_warmup,
-    lr_scheduler_fn_step,
-    optim_fn_accum_adam,
-    optim_fn_accum_adamw,
-    optim_fn_adam,
-    optim_fn_adamw,
-    optim_fn_sgd,
-)
+from decent_dp import optim as dopt
 
-ALL_FNS = [optim_fn_sgd, optim_fn_adam, optim_fn_adamw, optim_fn_accum_adam, optim_fn_accum_adamw]
+ALL_FNS = [
+    dopt.optim_fn_sgd,
+    dopt.optim_fn_adam,
+    dopt.optim_fn_adamw,
+    dopt.optim_fn_accum_adam,
+    dopt.optim_fn_accum_adamw,
+]
 
 
 class _Net(nn.Module):
@@ -79,13 +74,13 @@ def test_pair_orders_and_decay_groups(fn, order) -> None:
 
 def test_generator_input_and_empty_group_omitted() -> None:
     net = nn.Linear(3, 2, bias=False)
-    opt = optim_fn_adamw(net.named_parameters())
+    opt = dopt.optim_fn_adamw(net.named_parameters())
     assert len(opt.param_groups) == 1
     assert opt.param_groups[0]["names"] == ["weight"]
     assert opt.param_groups[0]["weight_decay"] == 0.01
 
     only_bias = [("b", torch.zeros(3, requires_grad=True))]
-    opt = optim_fn_sgd(only_bias)
+    opt = dopt.optim_fn_sgd(only_bias)
     assert len(opt.param_groups) == 1
     assert opt.param_groups[0]["weight_decay"] == 0.0
 
@@ -93,7 +88,7 @@ def test_generator_input_and_empty_group_omitted() -> None:
 def test_defaults() -> None:
     pairs = list(_Net().named_parameters())
 
-    sgd = optim_fn_sgd(pairs)
+    sgd = dopt.optim_fn_sgd(pairs)
     assert isinstance(sgd, torch.optim.SGD)
     assert sgd.defaults["lr"] == 0.1
     assert sgd.defaults["momentum"] == 0.9
@@ -101,10 +96,10 @@ def test_defaults() -> None:
     assert sgd.defaults["nesterov"] is False
 
     for fn, cls, wd in [
-        (optim_fn_adam, torch.optim.Adam, 0.0),
-        (optim_fn_adamw, torch.optim.AdamW, 0.01),
-        (optim_fn_accum_adam, AccumAdam, 0.0),
-        (optim_fn_accum_adamw, AccumAdamW, 0.01),
+        (dopt.optim_fn_adam, torch.optim.Adam, 0.0),
+        (dopt.optim_fn_adamw, torch.optim.AdamW, 0.01),
+        (dopt.optim_fn_accum_adam, dopt.AccumAdam, 0.0),
+        (dopt.optim_fn_accum_adamw, dopt.AccumAdamW, 0.01),
     ]:
         opt = fn(pairs)
         assert type(opt) is cls
@@ -114,47 +109,47 @@ def test_defaults() -> None:
         assert opt.defaults["weight_decay"] == wd
         assert max(g["weight_decay"] for g in opt.param_groups) == wd
 
-    assert optim_fn_accum_adam(pairs).defaults["accum_iter"] == 4
-    assert optim_fn_accum_adam(pairs).defaults["decoupled"] is False
-    assert optim_fn_accum_adamw(pairs).defaults["accum_iter"] == 4
-    assert optim_fn_accum_adamw(pairs).defaults["decoupled"] is True
+    assert dopt.optim_fn_accum_adam(pairs).defaults["accum_iter"] == 4
+    assert dopt.optim_fn_accum_adam(pairs).defaults["decoupled"] is False
+    assert dopt.optim_fn_accum_adamw(pairs).defaults["accum_iter"] == 4
+    assert dopt.optim_fn_accum_adamw(pairs).defaults["decoupled"] is True
 
 
 def test_partial_overrides() -> None:
     pairs = list(_Net().named_parameters())
-    opt = partial(optim_fn_adamw, lr=3e-4, betas=(0.8, 0.95), weight_decay=0.05)(pairs)
+    opt = partial(dopt.optim_fn_adamw, lr=3e-4, betas=(0.8, 0.95), weight_decay=0.05)(pairs)
     assert opt.defaults["lr"] == 3e-4
     assert tuple(opt.defaults["betas"]) == (0.8, 0.95)
     assert sorted(g["weight_decay"] for g in opt.param_groups) == [0.0, 0.05]
     assert all(g["lr"] == 3e-4 for g in opt.param_groups)
 
-    sgd = partial(optim_fn_sgd, lr=0.5, momentum=0.8, nesterov=True)(pairs)
+    sgd = partial(dopt.optim_fn_sgd, lr=0.5, momentum=0.8, nesterov=True)(pairs)
     assert sgd.defaults["nesterov"] is True
     assert sgd.defaults["momentum"] == 0.8
     assert all(g["lr"] == 0.5 for g in sgd.param_groups)
 
-    acc = partial(optim_fn_accum_adamw, accum_iter=7)(pairs)
+    acc = partial(dopt.optim_fn_accum_adamw, accum_iter=7)(pairs)
     assert all(g["accum_iter"] == 7 for g in acc.param_groups)
 
 
 _BAD = [
-    (optim_fn_sgd, {"lr": -0.1}, "lr"),
-    (optim_fn_sgd, {"momentum": -0.5}, "momentum"),
-    (optim_fn_sgd, {"weight_decay": -1.0}, "weight_decay"),
-    (optim_fn_sgd, {"momentum": 0.0, "nesterov": True}, "nesterov"),
-    (optim_fn_adam, {"lr": -1e-3}, "lr"),
-    (optim_fn_adam, {"eps": 0.0}, "eps"),
-    (optim_fn_adam, {"eps": -1e-8}, "eps"),
-    (optim_fn_adam, {"betas": (1.0, 0.999)}, "betas"),
-    (optim_fn_adam, {"betas": (0.9, -0.1)}, "betas"),
-    (optim_fn_adam, {"betas": (0.9,)}, "betas"),
-    (optim_fn_adamw, {"betas": (0.9, 1.5)}, "betas"),
-    (optim_fn_adamw, {"lr": -1.0}, "lr"),
-    (optim_fn_accum_adam, {"accum_iter": 0}, "accum_iter"),
-    (optim_fn_accum_adam, {"accum_iter": -2}, "accum_iter"),
-    (optim_fn_accum_adamw, {"accum_iter": 0}, "accum_iter"),
-    (optim_fn_accum_adamw, {"eps": 0.0}, "eps"),
-    (optim_fn_accum_adamw, {"betas": (0.9, 1.0)}, "betas"),
+    (dopt.optim_fn_sgd, {"lr": -0.1}, "lr"),
+    (dopt.optim_fn_sgd, {"momentum": -0.5}, "momentum"),
+    (dopt.optim_fn_sgd, {"weight_decay": -1.0}, "weight_decay"),
+    (dopt.optim_fn_sgd, {"momentum": 0.0, "nesterov": True}, "nesterov"),
+    (dopt.optim_fn_adam, {"lr": -1e-3}, "lr"),
+    (dopt.optim_fn_adam, {"eps": 0.0}, "eps"),
+    (dopt.optim_fn_adam, {"eps": -1e-8}, "eps"),
+    (dopt.optim_fn_adam, {"betas": (1.0, 0.999)}, "betas"),
+    (dopt.optim_fn_adam, {"betas": (0.9, -0.1)}, "betas"),
+    (dopt.optim_fn_adam, {"betas": (0.9,)}, "betas"),
+    (dopt.optim_fn_adamw, {"betas": (0.9, 1.5)}, "betas"),
+    (dopt.optim_fn_adamw, {"lr": -1.0}, "lr"),
+    (dopt.optim_fn_accum_adam, {"accum_iter": 0}, "accum_iter"),
+    (dopt.optim_fn_accum_adam, {"accum_iter": -2}, "accum_iter"),
+    (dopt.optim_fn_accum_adamw, {"accum_iter": 0}, "accum_iter"),
+    (dopt.optim_fn_accum_adamw, {"eps": 0.0}, "eps"),
+    (dopt.optim_fn_accum_adamw, {"betas": (0.9, 1.0)}, "betas"),
 ]
 
 
@@ -175,15 +170,15 @@ def test_empty_params(fn) -> None:
 @pytest.mark.parametrize("bad", [[torch.zeros(2)], [("a", "b")], [(torch.zeros(2), 3)]])
 def test_bad_pairs(bad) -> None:
     with pytest.raises(TypeError, match=r"params\[0\]"):
-        optim_fn_adam(bad)
+        dopt.optim_fn_adam(bad)
 
 
 def test_accum_adam_maximize_rejected() -> None:
     with pytest.raises(ValueError, match="maximize"):
-        AccumAdam([torch.zeros(2, requires_grad=True)], maximize=True)
+        dopt.AccumAdam([torch.zeros(2, requires_grad=True)], maximize=True)
 
 
-# --------------------------------------------------------------------------- AccumAdam
+# --------------------------------------------------------------------------- dopt.AccumAdam
 
 
 def _reference_accum_adam(
@@ -228,7 +223,7 @@ def _reference_accum_adam(
 
 
 @pytest.mark.parametrize(
-    ("fn", "decoupled"), [(optim_fn_accum_adam, False), (optim_fn_accum_adamw, True)]
+    ("fn", "decoupled"), [(dopt.optim_fn_accum_adam, False), (dopt.optim_fn_accum_adamw, True)]
 )
 def test_accum_adam_matches_reference(fn, decoupled) -> None:
     gen = torch.Generator().manual_seed(0)
@@ -277,7 +272,10 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, n_steps: int, seed: int
 
 @pytest.mark.parametrize(
     ("accum_fn", "torch_fn"),
-    [(optim_fn_accum_adam, optim_fn_adam), (optim_fn_accum_adamw, optim_fn_adamw)],
+    [
+        (dopt.optim_fn_accum_adam, dopt.optim_fn_adam),
+        (dopt.optim_fn_accum_adamw, dopt.optim_fn_adamw),
+    ],
 )
 def test_accum_iter_one_equals_torch(accum_fn, torch_fn) -> None:
     torch.manual_seed(1)
@@ -295,7 +293,7 @@ def test_accum_iter_one_equals_torch(accum_fn, torch_fn) -> None:
 def test_accum_adam_skips_params_without_grad() -> None:
     a = torch.ones(2, 2, requires_grad=True)
     b = torch.ones(2, requires_grad=True)
-    opt = optim_fn_accum_adamw([("a", a), ("b", b)], lr=0.1)
+    opt = dopt.optim_fn_accum_adamw([("a", a), ("b", b)], lr=0.1)
     a.grad = torch.ones(2, 2)
     opt.step()
     assert torch.equal(b.detach(), torch.ones(2))
@@ -303,7 +301,7 @@ def test_accum_adam_skips_params_without_grad() -> None:
     assert not torch.equal(a.detach(), torch.ones(2, 2))
 
 
-@pytest.mark.parametrize("fn", [optim_fn_accum_adam, optim_fn_accum_adamw])
+@pytest.mark.parametrize("fn", [dopt.optim_fn_accum_adam, dopt.optim_fn_accum_adamw])
 def test_accum_adam_state_dict_round_trip(fn, tmp_path) -> None:
     torch.manual_seed(3)
     model_a = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
@@ -329,7 +327,7 @@ def test_accum_adam_state_dict_round_trip(fn, tmp_path) -> None:
 
 def test_builtin_optimizer_state_dict_weights_only() -> None:
     model = nn.Linear(3, 2).double()
-    opt = optim_fn_sgd(list(model.named_parameters()))
+    opt = dopt.optim_fn_sgd(list(model.named_parameters()))
     _train(model, opt, 2, seed=0)
     buf = io.BytesIO()
     torch.save(opt.state_dict(), buf)
@@ -359,7 +357,7 @@ def _two_group_sgd() -> torch.optim.SGD:
 
 def test_cosine_with_warmup_points() -> None:
     opt = _two_group_sgd()
-    sched = lr_scheduler_fn_cosine_with_warmup(
+    sched = dopt.lr_scheduler_fn_cosine_with_warmup(
         opt, t_max=10, t_warmup=2, eta_min=0.001, warmup_decay=0.01
     )
     lrs = _lrs_over(opt, sched, 12)
@@ -386,14 +384,14 @@ def test_cosine_with_warmup_points() -> None:
 
 def test_cosine_without_warmup_and_state_dict(tmp_path) -> None:
     opt = _two_group_sgd()
-    sched = lr_scheduler_fn_cosine_with_warmup(opt, t_max=4, t_warmup=0)
+    sched = dopt.lr_scheduler_fn_cosine_with_warmup(opt, t_max=4, t_warmup=0)
     lrs = _lrs_over(opt, sched, 2)
     assert lrs[0][0] == pytest.approx(0.1)
     assert lrs[2][0] == pytest.approx(0.05)
 
     torch.save(sched.state_dict(), tmp_path / "sched.pt")
     opt2 = _two_group_sgd()
-    sched2 = lr_scheduler_fn_cosine_with_warmup(opt2, t_max=4, t_warmup=0)
+    sched2 = dopt.lr_scheduler_fn_cosine_with_warmup(opt2, t_max=4, t_warmup=0)
     sched2.load_state_dict(torch.load(tmp_path / "sched.pt", weights_only=True))
     opt2.step()
     sched2.step()
@@ -414,29 +412,29 @@ def test_cosine_without_warmup_and_state_dict(tmp_path) -> None:
 )
 def test_cosine_bad_arguments(kwargs, word) -> None:
     with pytest.raises(ValueError, match=word):
-        lr_scheduler_fn_cosine_with_warmup(_two_group_sgd(), **kwargs)
+        dopt.lr_scheduler_fn_cosine_with_warmup(_two_group_sgd(), **kwargs)
 
 
 def test_step_and_constant_schedulers() -> None:
     opt = _two_group_sgd()
-    sched = lr_scheduler_fn_step(opt, step_size=3, gamma=0.5)
+    sched = dopt.lr_scheduler_fn_step(opt, step_size=3, gamma=0.5)
     col = [row[0] for row in _lrs_over(opt, sched, 6)]
     assert col == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025])
 
     opt = _two_group_sgd()
-    sched = lr_scheduler_fn_constant(opt)
+    sched = dopt.lr_scheduler_fn_constant(opt)
     assert _lrs_over(opt, sched, 5) == [[0.1, 0.2]] * 6
 
     with pytest.raises(ValueError, match="step_size"):
-        lr_scheduler_fn_step(_two_group_sgd(), step_size=0)
+        dopt.lr_scheduler_fn_step(_two_group_sgd(), step_size=0)
     with pytest.raises(ValueError, match="gamma"):
-        lr_scheduler_fn_step(_two_group_sgd(), step_size=2, gamma=0.0)
+        dopt.lr_scheduler_fn_step(_two_group_sgd(), step_size=2, gamma=0.0)
 
 
 # --------------------------------------------------------------------------- 0.2.x names
 
 
-@pytest.mark.parametrize(("cls", "decoupled"), [(AccumAdam, False), (AccumAdamW, True)])
+@pytest.mark.parametrize(("cls", "decoupled"), [(dopt.AccumAdam, False), (dopt.AccumAdamW, True)])
 def test_v02_classes_from_param_groups(cls, decoupled) -> None:
     # decent-dp 0.2.x scripts build these from param groups with lr, betas, eps, weight_decay,
     # accum_iter; the result must equal the factory with the same decay on the same group
@@ -447,11 +445,11 @@ def test_v02_classes_from_param_groups(cls, decoupled) -> None:
     p = init.clone().requires_grad_(True)
     q = init.clone().requires_grad_(True)
     opt = cls([{"params": [p], "weight_decay": hp["weight_decay"]}], **hp)
-    ref = (optim_fn_accum_adamw if decoupled else optim_fn_accum_adam)([(q, "w")], **hp)
+    ref = (dopt.optim_fn_accum_adamw if decoupled else dopt.optim_fn_accum_adam)([(q, "w")], **hp)
     assert opt.defaults["decoupled"] is decoupled
     for g in grads:
         p.grad, q.grad = g.clone(), g.clone()
         opt.step()
         ref.step()
     assert torch.equal(p.detach(), q.detach())
-    assert type(optim_fn_accum_adamw([(q, "w")])) is AccumAdamW
+    assert type(dopt.optim_fn_accum_adamw([(q, "w")])) is dopt.AccumAdamW
