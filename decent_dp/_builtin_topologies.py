@@ -14,6 +14,13 @@ from ._base_k import _base_k_schedule
 from ._topology import Edge, Topology, TopologyReg
 
 
+def _positive_int(name: str, value: int, note: str = "") -> int:
+    """``value``, or ``ValueError`` unless it is an integer ``>= 1`` (``bool`` is not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is invalid; it must be an integer >= 1{note}")
+    return value
+
+
 def _trivial() -> list[list[Edge]]:
     return [[Edge([0], 1.0)]]
 
@@ -226,9 +233,7 @@ class LocalSGDTopology(Topology):
         local_world_size: int | None = None,
         period: int = 8,
     ):
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period={period!r} is invalid; it must be an integer >= 1")
-        self._period_arg = period
+        self._period_arg = _positive_int("period", period)
         super().__init__(world_size, local_world_size)
 
     def _get_topo_edges(self) -> list[list[Edge]]:
@@ -299,9 +304,7 @@ class BaseKTopology(Topology):
         local_world_size: int | None = None,
         k: int = 1,
     ):
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k={k!r} is invalid; it must be an integer >= 1 (peers per round)")
-        self._k = k
+        self._k = _positive_int("k", k, " (peers per round)")
         super().__init__(world_size, local_world_size)
 
     @property

@@ -31,7 +31,7 @@ from ._gossip import GossipState, arrived, launch, step_bucket, wait
 from ._optim_plan import prefer_fused, restore_fused
 from ._setup import make_groups, plan_buckets
 from ._timers import SpanTimers
-from .topo import Topology
+from .topo import Edge, Topology
 
 __all__ = ["Engine"]
 
@@ -115,7 +115,7 @@ class Engine:
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
-            edges, groups, self.rank, stable_storage, self.stream, self.timers
+            edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
         )
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,36 +24,34 @@ from .topo import Edge
 __all__ = ["GossipState", "arrived", "launch", "step_bucket", "wait"]
 
 
+@dataclass
 class GossipState:
     """This rank's side of the topology, and the knobs every bucket step reads.
 
-    Args:
+    Attributes:
         edges: This rank's edge in each round of the topology's period.
         groups: The process group of each of those edges (``None`` alone).
-        rank: This rank, for the edge of a step without gossip.
+        alone: The edge of a step without gossip (this rank, weight 1).
         stable_storage: Step in place, never swapping the parameter block.
         stream: The CUDA side stream of the bucket work, or ``None``.
         timers: Where waiting, mixing and optimizer time is summed.
+        alpha: The mixing step size ``a``.
+        comm_delay: The network-emulation delay, ``fn(nbytes, group_size)``
+            seconds after launch, or ``None``.
     """
 
-    def __init__(
-        self,
-        edges: list[Edge],
-        groups: list[Any],
-        rank: int,
-        stable_storage: bool,
-        stream: Any,
-        timers: SpanTimers,
-    ):
-        self.edges = edges
-        self.groups = groups
-        self.period = len(edges)
-        self.alone = Edge([rank], 1.0)
-        self.stable_storage = stable_storage
-        self.stream = stream
-        self.timers = timers
-        self.alpha = 1.0
-        self.comm_delay: Callable[[int, int], float] | None = None
+    edges: list[Edge]
+    groups: list[Any]
+    alone: Edge
+    stable_storage: bool
+    stream: Any
+    timers: SpanTimers
+    alpha: float = 1.0
+    comm_delay: Callable[[int, int], float] | None = None
+    period: int = field(init=False)  # of the topology: len(edges)
+
+    def __post_init__(self) -> None:
+        self.period = len(self.edges)
 
 
 def arrived(state: GossipState, bucket: Bucket) -> bool:

@@ -78,22 +78,12 @@ def aer_reference(n: int, local: int) -> list[Round]:
     def node(j: int) -> list[int]:
         return [j * local + i for i in range(local)]
 
-    rounds: list[Round] = []
-    pair_index = 0
-    for r in range(int(math.log2(nodes))):
-        first: Round = []
-        second: Round = []
-        for a, b in greedy_pairs(nodes, 2**r):
-            intra = [(node(a), 1 / local), (node(b), 1 / local)]
-            inter = [(node(a) + node(b), 1 / (2 * local))]
-            if pair_index % 2 == 0:
-                first += intra
-                second += inter
-            else:
-                first += inter
-                second += intra
-            pair_index += 1
-        rounds += [first, second]
+    pairs = [(r, a, b) for r in range(int(math.log2(nodes))) for a, b in greedy_pairs(nodes, 2**r)]
+    rounds: list[Round] = [[] for _ in range(2 * int(math.log2(nodes)))]
+    # pair p does its intra-node average in round 2r + (p mod 2), its inter-node one in the other
+    for p, (r, a, b) in enumerate(pairs):
+        rounds[2 * r + p % 2] += [(node(a), 1 / local), (node(b), 1 / local)]
+        rounds[2 * r + 1 - p % 2] += [(node(a) + node(b), 1 / (2 * local))]
     return rounds
 
 
@@ -150,6 +140,21 @@ def expected_period(name: str, n: int, local: int) -> int:
 
 def uniform(n: int) -> torch.Tensor:
     return torch.full((n, n), 1.0 / n, dtype=torch.float64)
+
+
+def period_product(mats: Sequence[torch.Tensor]) -> torch.Tensor:
+    """W(P-1) ... W(0), the map of one full period."""
+    prod = torch.eye(mats[0].shape[0], dtype=torch.float64)
+    for w in mats:
+        prod = w @ prod
+    return prod
+
+
+def assert_exact_consensus(topo: Topology) -> None:
+    """One period averages exactly: the product of the rounds' matrices is 11^T / n."""
+    mats = topo.mixing_matrices()
+    assert period_contraction(mats) < ATOL
+    torch.testing.assert_close(period_product(mats), uniform(topo.world_size), atol=ATOL, rtol=0)
 
 
 def union_graph_connected(rounds: Sequence[Sequence[Edge]], n: int) -> bool:
@@ -327,10 +332,7 @@ def test_world_size_one_is_valid(name: str, local: int) -> None:
 def test_period_contraction_matches_svd_of_product(case: tuple[str, int, int]) -> None:
     name, n, local = case
     mats = mixing_matrices(name, n, local)
-    prod = torch.eye(n, dtype=torch.float64)
-    for w in mats:
-        prod = w @ prod
-    want = torch.linalg.svdvals(prod - uniform(n))[0].item()
+    want = torch.linalg.svdvals(period_product(mats) - uniform(n))[0].item()
     assert period_contraction(mats) == pytest.approx(want, abs=1e-10)
     assert period_contraction(mats) <= 1.0 + 1e-10
 
@@ -435,12 +437,7 @@ def test_one_peer_exp_n4_and_n2_by_hand() -> None:
 def test_one_peer_exp_rounds_and_exact_consensus(n: int) -> None:
     topo = OnePeerExpTopology(n, 1)
     assert_rounds(topo, one_peer_exp_reference(n))
-    mats = topo.mixing_matrices()
-    assert period_contraction(mats) < ATOL
-    prod = torch.eye(n, dtype=torch.float64)
-    for w in mats:
-        prod = w @ prod
-    torch.testing.assert_close(prod, uniform(n), atol=ATOL, rtol=0)
+    assert_exact_consensus(topo)
 
 
 @pytest.mark.parametrize("n", [3, 5, 6, 12, 63])
@@ -502,12 +499,7 @@ def test_aer_rounds_and_exact_consensus(n: int, local: int) -> None:
             assert edge.weight == pytest.approx(1 / k, abs=ATOL)
             # groups are whole nodes
             assert len({r // local for r in edge.ranks}) == k // local
-    mats = topo.mixing_matrices()
-    assert period_contraction(mats) < ATOL
-    prod = torch.eye(n, dtype=torch.float64)
-    for w in mats:
-        prod = w @ prod
-    torch.testing.assert_close(prod, uniform(n), atol=ATOL, rtol=0)
+    assert_exact_consensus(topo)
 
 
 def aer_invalid_cases() -> list[tuple[int, int]]:
