@@ -19,19 +19,32 @@ on its own. Weight decay applies to weights only: parameters with
 ``ndim <= 1`` (biases, normalization scales and shifts, scalars) go to a
 second param group with ``weight_decay=0``. Each group keeps its parameter
 names under the ``"names"`` key for debugging.
+
+The optimizers this package adds, :class:`AccumAdam`, :class:`AccumAdamW`
+and :class:`QGMSGD`, are public here; they live in ``decent_dp._optimizers``.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, StepLR
+
+from ._optimizers import (
+    QGMSGD,
+    AccumAdam,
+    AccumAdamW,
+    _check_accum_iter,
+    _check_adam_args,
+    _check_lr,
+    _check_qgm_args,
+    _check_weight_decay,
+)
 
 __all__ = [
     "AccumAdam",
@@ -51,51 +64,6 @@ __all__ = [
 
 NamedParams = Iterable[tuple[torch.Tensor, str] | tuple[str, torch.Tensor]]
 """Parameters with their names, as ``(tensor, name)`` or ``(name, tensor)`` pairs."""
-
-
-# --------------------------------------------------------------------------- checks
-
-
-def _check_lr(lr: float) -> None:
-    if not lr >= 0.0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
-
-
-def _check_eps(eps: float) -> None:
-    if not eps > 0.0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-
-
-def _check_weight_decay(weight_decay: float) -> None:
-    if not weight_decay >= 0.0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-
-
-def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    try:
-        b1, b2 = betas
-    except (TypeError, ValueError):
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}") from None
-    for i, b in enumerate((b1, b2)):
-        if not 0.0 <= b < 1.0:
-            raise ValueError(f"betas[{i}] must be in [0, 1), got {b}")
-    return float(b1), float(b2)
-
-
-def _check_accum_iter(accum_iter: int) -> None:
-    if isinstance(accum_iter, bool) or not isinstance(accum_iter, int) or accum_iter < 1:
-        raise ValueError(f"accum_iter must be an integer >= 1, got {accum_iter!r}")
-
-
-def _check_adam_args(
-    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
-) -> tuple[float, float]:
-    """The checks every Adam-style factory shares; returns the checked betas."""
-    _check_lr(lr)
-    checked = _check_betas(betas)
-    _check_eps(eps)
-    _check_weight_decay(weight_decay)
-    return checked
 
 
 # --------------------------------------------------------------------------- param groups
@@ -138,337 +106,6 @@ def _param_groups(params: NamedParams, weight_decay: float) -> list[dict[str, An
         group["params"].append(p)
         group["names"].append(n)
     return [g for g in (decay, no_decay) if g["params"]]
-
-
-# --------------------------------------------------------------------------- AccumAdam
-
-
-class _ClosureStep(Optimizer):
-    """An optimizer whose :meth:`step` evaluates the closure, then updates without autograd."""
-
-    _family = ""  # the name in error messages
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        """Perform one optimization step.
-
-        Args:
-            closure: Optional callable that re-evaluates the model and returns the loss.
-
-        Returns:
-            The loss returned by ``closure``, or ``None``.
-
-        Raises:
-            RuntimeError: If a gradient is sparse.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._update()
-        return loss
-
-    def _update(self) -> None:
-        raise NotImplementedError
-
-    def _with_grads(self, group: dict[str, Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """The group's parameters that have a gradient, each with it; sparse ones are refused."""
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError(f"{self._family} does not support sparse gradients")
-            yield p, p.grad
-
-
-class AccumAdam(_ClosureStep):
-    r"""Adam whose moments are refreshed only every ``accum_iter`` steps.
-
-    Each parameter keeps stored moments ``m`` and ``v`` (zeros), a gradient
-    accumulator ``acc`` (zeros), the number of refreshes ``k`` (0) and the
-    step count ``t`` (0). A step with gradient ``g`` (after L2 decay,
-    ``g += wd * p``, in the non-decoupled variant) does::
-
-        acc += g ; t += 1
-        m_hat = (b1*m + (1-b1)*g) / (1 - b1**(k+1))
-        v_hat = (b2*v + (1-b2)*g*g) / (1 - b2**(k+1))
-        (decoupled: p *= 1 - lr*wd)
-        p -= lr * m_hat / (sqrt(v_hat) + eps)
-        if t % accum_iter == 0:
-            gbar = acc / accum_iter
-            m = b1*m + (1-b1)*gbar ; v = b2*v + (1-b2)*gbar*gbar ; k += 1 ; acc = 0
-
-    Every step thus blends the current gradient into the stored moments, with
-    bias correction by the number of refreshes, while the moments themselves
-    move only with the mean of the last ``accum_iter`` gradients. With
-    ``accum_iter=1`` this is :class:`torch.optim.Adam` (``decoupled=False``)
-    or :class:`torch.optim.AdamW` (``decoupled=True``).
-
-    The state holds tensors and Python numbers only, so its
-    :meth:`state_dict` loads with ``torch.load(..., weights_only=True)``.
-    Parameters whose ``grad`` is ``None`` are skipped.
-
-    Args:
-        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
-        lr: Learning rate, ``>= 0``.
-        betas: Moment decay rates, each in ``[0, 1)``.
-        eps: Added to the denominator, ``> 0``.
-        weight_decay: Decay coefficient, ``>= 0``.
-        accum_iter: Steps between moment refreshes, an integer ``>= 1``.
-        decoupled: ``True`` for AdamW-style decay ``p *= 1 - lr * wd``;
-            ``False`` for L2 decay added to the gradient.
-        maximize: Must be ``False``; kept so the signature matches torch's.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range or ``maximize`` is set.
-
-    Example::
-
-        opt = AccumAdam(model.parameters(), lr=1e-3, accum_iter=4, decoupled=True)
-        for x, y in loader:
-            loss_fn(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
-    """
-
-    _family = "AccumAdam"
-
-    def __init__(
-        self,
-        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        accum_iter: int = 4,
-        decoupled: bool = False,
-        maximize: bool = False,
-    ) -> None:
-        betas = _check_adam_args(lr, betas, eps, weight_decay)
-        _check_accum_iter(accum_iter)
-        if maximize:
-            raise ValueError("maximize must be False for AccumAdam, got True")
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "accum_iter": accum_iter,
-            "decoupled": decoupled,
-            "maximize": False,
-        }
-        super().__init__(params, defaults)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        for group in self.param_groups:
-            group.setdefault("decoupled", False)
-            group.setdefault("maximize", False)
-
-    def _update(self) -> None:
-        for group in self.param_groups:
-            lr = float(group["lr"])
-            b1, b2 = group["betas"]
-            eps = group["eps"]
-            wd = group["weight_decay"]
-            accum_iter = group["accum_iter"]
-            decoupled = group["decoupled"]
-            if group.get("maximize", False):
-                raise ValueError("maximize must be False for AccumAdam, got True")
-            for p, g in self._with_grads(group):
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["refreshes"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["grad_accum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                m, v, acc = state["exp_avg"], state["exp_avg_sq"], state["grad_accum"]
-                k = state["refreshes"]
-
-                if wd != 0.0 and not decoupled:
-                    g = g.add(p, alpha=wd)
-                acc.add_(g)
-                state["step"] += 1
-
-                m_step = m.mul(b1).add_(g, alpha=1.0 - b1)
-                v_step = v.mul(b2).addcmul_(g, g, value=1.0 - b2)
-                bias1 = 1.0 - b1 ** (k + 1)
-                bias2 = 1.0 - b2 ** (k + 1)
-                if wd != 0.0 and decoupled:
-                    p.mul_(1.0 - lr * wd)
-                # sqrt(v_step / bias2) computed as sqrt(v_step) / sqrt(bias2), as torch's Adam does
-                denom = v_step.sqrt_().div_(math.sqrt(bias2)).add_(eps)
-                p.addcdiv_(m_step, denom, value=-lr / bias1)
-
-                if state["step"] % accum_iter == 0:
-                    gbar = acc.div_(accum_iter)
-                    m.mul_(b1).add_(gbar, alpha=1.0 - b1)
-                    v.mul_(b2).addcmul_(gbar, gbar, value=1.0 - b2)
-                    state["refreshes"] = k + 1
-                    acc.zero_()
-
-
-class AccumAdamW(AccumAdam):
-    """:class:`AccumAdam` with decoupled (AdamW-style) weight decay, ``p *= 1 - lr * wd``.
-
-    The name and keywords of decent-dp 0.2.x, so that its scripts keep working
-    (``from decent_dp.optim import AccumAdamW``). The update rule is the one
-    documented on :class:`AccumAdam`.
-
-    It takes :class:`AccumAdam`'s arguments, with ``decoupled=True``.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range.
-
-    Example::
-
-        opt = AccumAdamW(model.parameters(), lr=1e-3, weight_decay=0.1, accum_iter=4)
-    """
-
-    __init__ = functools.partialmethod(AccumAdam.__init__, decoupled=True)
-
-
-# --------------------------------------------------------------------------- QGM
-
-
-class QGMSGD(_ClosureStep):
-    r"""SGD with quasi-global momentum (Lin et al., ICML 2021), for heterogeneous data.
-
-    Plain momentum on a worker whose data differ from its neighbours' keeps
-    pushing towards the worker's own optimum. Quasi-global momentum builds the
-    buffer from how the model actually moved across the whole step, gossip
-    included, which approximates the global direction instead.
-
-    With gradient ``g(t)`` at ``x(t-1)`` (plus ``wd * x(t-1)`` when
-    ``weight_decay > 0``), momentum ``beta`` and ``mu`` (``beta`` by default),
-    one step does::
-
-        m(t) = g(t) + beta * mhat(t-1)                        # mhat(0) = 0
-        d(t) = -lr * m(t)              (nesterov: -lr * (g(t) + beta * m(t)))
-        x(t) = sum_j W_ij x_j(t-1) + d(t)                     # the wrapper's mixing
-        mhat(t) = mu * mhat(t-1) + (1 - mu) * (x(t-1) - x(t)) / lr
-
-    Mapping onto the paper's Algorithm 1 (QG-DSGDm): the paper takes the
-    local step first and gossips the result, ``x(t+1) = W (x(t) - lr m(t))``;
-    :class:`~decent_dp.ddp.DecentralizedDataParallel` gossips ``x(t-1)`` while
-    the gradient is computed and adds the local update afterwards. The
-    momentum rule, ``m = g + beta * mhat`` and ``mhat = mu * mhat + (1 - mu)
-    (x_before - x_after) / lr`` over the full step, is the paper's, with the
-    paper's choice ``mu = beta``; only the order of mixing and update differs,
-    as it does for every optimizer under the wrapper.
-
-    :meth:`step` computes ``d(t)`` while the parameters hold ``x(t-1)`` and
-    saves ``x(t-1)``; :meth:`post_average_hook`, which the wrapper calls once
-    the parameters hold ``x(t)``, folds the model difference into ``mhat``.
-    Without the hook (a plain loop, torch DDP) the next :meth:`step` folds it
-    from the parameters it finds, which is the same update; with no gossip
-    it reduces to ``mhat = mu * mhat + (1 - mu) * m``. A step with ``lr = 0``
-    moves nothing of its own and leaves ``mhat`` unchanged.
-
-    Args:
-        params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
-        lr: Learning rate, ``>= 0``.
-        momentum: ``beta``, in ``[0, 1)``.
-        weight_decay: L2 coefficient added to the gradient, ``>= 0``.
-        nesterov: Use the Nesterov form of the update (needs ``momentum > 0``).
-        mu: Decay of the quasi-global buffer, in ``[0, 1)``; ``None`` uses ``momentum``.
-
-    Raises:
-        ValueError: If a hyper-parameter is outside its range.
-
-    Example::
-
-        model = DecentralizedDataParallel(
-            net, optim_fn=partial(optim_fn_qgm_sgd, lr=0.1, momentum=0.9), topology="ring"
-        )
-    """
-
-    _family = "QGMSGD"
-
-    def __init__(
-        self,
-        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        nesterov: bool = False,
-        mu: float | None = None,
-    ) -> None:
-        _check_qgm_args(lr, momentum, weight_decay, nesterov, mu)
-        defaults = {
-            "lr": lr,
-            "momentum": momentum,
-            "weight_decay": weight_decay,
-            "nesterov": nesterov,
-            "mu": mu,
-        }
-        super().__init__(params, defaults)
-
-    @staticmethod
-    def _fold(p: torch.Tensor, state: dict[str, Any], mu: float) -> None:
-        """mhat = mu * mhat + (1 - mu) * (x_prev - x) / lr_prev, with x the current parameters."""
-        state["pending"] = False
-        lr = state["prev_lr"]
-        if lr == 0.0:
-            return
-        diff = state["prev"].sub_(p).div_(lr)  # the saved copy is not needed any more
-        state["momentum_buffer"].mul_(mu).add_(diff, alpha=1.0 - mu)
-
-    def _fold_pending(self) -> None:
-        for group in self.param_groups:
-            mu = group["momentum"] if group["mu"] is None else group["mu"]
-            for p in group["params"]:
-                state = self.state.get(p)
-                if state and state.get("pending", False):
-                    self._fold(p, state, mu)
-
-    @torch.no_grad()
-    def post_average_hook(self) -> None:
-        """Fold the step's model change ``(x(t-1) - x(t)) / lr`` into the buffer.
-
-        Called by the wrapper once the parameters hold ``x(t)``; calling it
-        again, or without a step in between, does nothing.
-        """
-        self._fold_pending()
-
-    def _update(self) -> None:
-        """Take ``d(t) = -lr * m(t)`` from the parameters' current value and save that value."""
-        self._fold_pending()  # no post_average_hook since the last step: fold from x(t-1) here
-        for group in self.param_groups:
-            lr = float(group["lr"])
-            beta = group["momentum"]
-            wd = group["weight_decay"]
-            for p, g in self._with_grads(group):
-                state = self.state[p]
-                if not state:
-                    state["momentum_buffer"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format
-                    )
-                    state["prev"] = torch.empty_like(p, memory_format=torch.preserve_format)
-                    state["prev_lr"] = 0.0
-                    state["pending"] = False
-                if wd != 0.0:
-                    g = g.add(p, alpha=wd)
-                m = g.add(state["momentum_buffer"], alpha=beta)
-                d = g.add(m, alpha=beta) if group["nesterov"] else m
-                state["prev"].copy_(p)
-                state["prev_lr"] = lr
-                state["pending"] = True
-                p.add_(d, alpha=-lr)
-
-
-def _check_qgm_args(
-    lr: float, momentum: float, weight_decay: float, nesterov: bool, mu: float | None
-) -> None:
-    _check_lr(lr)
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-    if mu is not None and not 0.0 <= mu < 1.0:
-        raise ValueError(f"mu must be in [0, 1) or None (= momentum), got {mu}")
-    if nesterov and momentum == 0.0:
-        raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
-    _check_weight_decay(weight_decay)
 
 
 # --------------------------------------------------------------------------- optimizer factories
