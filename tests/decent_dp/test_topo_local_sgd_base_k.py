@@ -174,7 +174,7 @@ def test_local_sgd_rejects_bad_period(period: object) -> None:
         LocalSGDTopology(4, 1, period=period)  # type: ignore[arg-type]
 
 
-def test_table_rows_for_new_topologies() -> None:
+def test_table_rows_for_local_sgd_and_base_k() -> None:
     for name in ("local-sgd", "base-k"):
         row = describe(name, 24, 4)
         assert "error" not in row, row
