@@ -53,7 +53,7 @@ def build(name: str) -> tuple[nn.Module, tuple[int, ...], int]:
             nn.Linear(2048, 10),
         )
         return model, (512,), 10
-    from experiments.models.vision import build_model
+    from experiments.models import build_model
 
     return (
         build_model({"name": "resnet18_cifar"}, num_classes=10, in_channels=3, image_size=32),

@@ -29,14 +29,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-# experiments.data.schema builds on experiments.train.config, which imports the schema in
-# turn to register it: config first, before any module of this package, keeps that acyclic.
-import experiments.train.config  # noqa: F401
 from experiments.data import cifar, digits, imagenet, synthetic
 from experiments.data.loaders import Data, EvalLoader, Placement, ShardLoader
 from experiments.data.partition import PARTITIONS, derive_seed, partition_indices
 from experiments.data.schema import dataset_section
-from experiments.train.config import is_int, require
+from experiments.schema import is_int, require
 
 __all__ = [
     "DATASETS",

@@ -24,7 +24,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -449,13 +448,3 @@ def build_in_memory(
         image_shape=(channels, height),
         synthetic=synthetic,
     )
-
-
-def __getattr__(name: str) -> Any:
-    # The import path of these names before the package was split by concern; they live
-    # in experiments.data now.
-    if name in ("build_data", "DATASETS", "PARTITIONS", "derive_seed"):
-        import experiments.data
-
-        return getattr(experiments.data, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

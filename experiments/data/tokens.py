@@ -38,7 +38,7 @@ from torch import Tensor
 
 from experiments.data.loaders import EvalLoader, Placement
 from experiments.data.partition import eval_range, generator
-from experiments.train.config import is_int, require, typed_section
+from experiments.schema import is_int, require, typed_section
 
 __all__ = [
     "TAG_WINDOWS",

@@ -14,12 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# experiments.models.schema builds on experiments.train.config, which imports the schema in
-# turn to register it: config first, before any module of this package, keeps that acyclic.
-import experiments.train.config  # noqa: F401
 from experiments.models.schema import model_section
 from experiments.models.vision import VISION_MODELS, ModelBuilder, SmallCNN, VisionTransformer
-from experiments.train.config import is_int, require
+from experiments.schema import is_int, require
 
 __all__ = ["MODELS", "ModelBuilder", "SmallCNN", "VisionTransformer", "build_model"]
 

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from experiments.train.config import is_int, require, typed_section
+from experiments.schema import is_int, require, typed_section
 
 __all__ = [
     "COMPILE_MODES",

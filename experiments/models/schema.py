@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from experiments.train.config import name_enum, require, typed_section
+from experiments.schema import name_enum, require, typed_section
 
 __all__ = [
     "ModelName",

@@ -22,7 +22,6 @@ Every model accepts ``channels_last: true`` to use ``torch.channels_last`` memor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -225,13 +224,3 @@ VISION_MODELS: dict[str, ModelBuilder] = {
     "vit_small": _vit_small,
 }
 """The builder of every vision model name."""
-
-
-def __getattr__(name: str) -> Any:
-    # The import path of build_model and MODELS before the models were registered by name
-    # in experiments.models, where they live now.
-    if name in ("build_model", "MODELS"):
-        import experiments.models
-
-        return getattr(experiments.models, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

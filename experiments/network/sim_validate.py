@@ -92,7 +92,7 @@ def model_facts(model: str, batch: int, steps: int = 30) -> dict[str, float]:
     """Parameter bytes and the backward's share of a step, timed in this process."""
     import torch
 
-    from experiments.models.vision import build_model
+    from experiments.models import build_model
 
     torch.manual_seed(0)
     net = build_model({"name": model}, num_classes=10, in_channels=3, image_size=32)

@@ -81,7 +81,7 @@ def measure_compute(cfg: Any) -> tuple[float, int]:
     """
     import torch
 
-    from experiments.models.vision import build_model
+    from experiments.models import build_model
 
     m = cfg.get("measure") or {}
     size = read_number(m, "image_size", 1, integer=True)

@@ -8,20 +8,18 @@ wrong type fails at compose time, before any process group exists.
 
 The ``dataset`` and ``model`` schemas live beside their builders, in
 :mod:`experiments.data.schema` and :mod:`experiments.models.schema`; they are
-registered and re-exported here. They build on the shared pieces defined at
-the top of this module (:class:`ConfigError`, :func:`require`,
-:func:`name_enum`, :func:`typed_section`), which is why those come before the
-import of the two modules. Checks a type cannot express (a positive size,
-``heads`` dividing ``dim``) are :func:`check_dataset` and :func:`check_model`;
-the trainer calls them before any collective and the builders call them when
-handed a section directly, so every path reports the same one line
-``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
+registered and re-exported here. Every schema module builds on
+:mod:`experiments.schema` (:class:`ConfigError`, :func:`require`,
+:func:`name_enum`, :func:`typed_section`). Checks a type cannot express (a
+positive size, ``heads`` dividing ``dim``) are :func:`check_dataset` and
+:func:`check_model`; the trainer calls them before any collective and the
+builders call them when handed a section directly, so every path reports the
+same one line ``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
 
-This module is past 500 lines because it is one table: the pieces every
-schema module builds on, the schemas of the other five groups and of the top
-level (each a short dataclass), and the resolver and error formatting that
-``config.yaml`` and ``train.py`` need. Those groups' schemas could move beside
-their builders as the dataset and model ones did.
+This module is a little past 500 lines because it is one table: the schemas
+of the optim, scheduler, topology, network and logger groups and of the top
+level (each a short dataclass), their registration, and the resolver and
+error formatting that ``config.yaml`` and ``train.py`` need.
 
 Registered names (topologies, models, datasets, optimizers, schedulers,
 network profiles) are enums: an unknown name in any YAML or override fails at
@@ -54,16 +52,41 @@ import datetime
 import os
 import time
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from enum import Enum
-from typing import Any, cast, get_args, get_type_hints
+from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, ValidationError
+from omegaconf import MISSING, OmegaConf
 
 from decent_dp.topo import TopologyReg
+from experiments.data.schema import (
+    CifarConfig,
+    DatasetConfig,
+    DatasetName,
+    ImageNetConfig,
+    PartitionName,
+    SyntheticConfig,
+    check_dataset,
+    dataset_section,
+)
+from experiments.models.schema import (
+    ModelConfig,
+    ModelName,
+    NormName,
+    SmallCNNConfig,
+    VitConfig,
+    check_model,
+    model_section,
+)
+from experiments.schema import (
+    ConfigError,
+    NameEnum,
+    is_int,
+    name_enum,
+    plain,
+    require,
+    typed_section,
+)
 
 __all__ = [
     "ALLREDUCE",
@@ -123,162 +146,18 @@ ALLREDUCE = "allreduce"
 """Topology name of the baseline: torch DDP with an ordinary optimizer."""
 
 
-class ConfigError(ValueError):
-    """A config value is invalid; raised identically on every rank before any collective."""
-
-
-def require(key: str, value: Any, valid: bool, allowed: str) -> None:
-    """Raise ``"<key>=<value> is invalid; it must be <allowed>"`` unless ``valid``.
-
-    Args:
-        key: The key, with its group (``dataset.alpha``), or an argument's name.
-        value: The value found.
-        valid: Whether the value is acceptable.
-        allowed: What would be, e.g. ``"an integer > 0"``.
-
-    Raises:
-        ConfigError: If ``valid`` is false.
-    """
-    if not valid:
-        raise ConfigError(f"{key}={value} is invalid; it must be {allowed}")
-
-
-def is_int(value: Any) -> bool:
-    """Whether ``value`` is a whole number (``3``, ``3.0``, a numpy integer) and not a ``bool``."""
-    try:
-        return not isinstance(value, bool) and int(value) == value
-    except (TypeError, ValueError, OverflowError):
-        return False
-
-
-class NameEnum(str, Enum):
-    """A ``str`` enum whose members print as their value (``f"{m}" == m.value``)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-def name_enum(enum_name: str, values: list[str], module: str = __name__) -> Any:
-    """A :class:`NameEnum` of registered names, for a schema's ``name`` (or another choice).
-
-    Args:
-        enum_name: The class name, e.g. ``DatasetName``.
-        values: The names, in the order messages list them.
-        module: The module that defines it (where pickle finds it again).
-
-    Returns:
-        The enum class.
-    """
-    # The functional API accepts names such as "one-peer-exp" that are not identifiers.
-    return NameEnum(enum_name, [(v, v) for v in values], module=module)  # type: ignore[call-overload]
-
-
-def _allowed(kind: Any) -> str:
-    """What a field of type ``kind`` accepts, in words: ``one of iid, dirichlet``, ``a number``."""
-    args = [a for a in get_args(kind) if a is not type(None)]
-    optional = len(args) < len(get_args(kind))
-    kind = args[0] if optional else kind
-    if isinstance(kind, type) and issubclass(kind, Enum):
-        text = "one of " + ", ".join(str(m.value) for m in kind)
-    else:
-        words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-        text = words.get(kind, getattr(kind, "__name__", str(kind)))
-    return f"{text} or null" if optional else text
-
-
-def typed_section(
-    section: Any, group: str, schemas: Mapping[str, type], default: str
-) -> DictConfig:
-    """A group's section merged into the schema its ``name`` selects.
-
-    Keys left out, or null, take the schema's defaults, so that a plain dict such as
-    ``{"name": "cifar10"}`` reads like the composed ``dataset=cifar10``; the types are
-    checked as Hydra checks them at compose time.
-
-    Args:
-        section: The section: a dict, a ``DictConfig`` or ``None``.
-        group: The group's name, for messages (``dataset``).
-        schemas: The schema dataclass of every known name, in the order messages list them.
-        default: The name taken when the section gives none.
-
-    Returns:
-        A ``DictConfig`` of the selected schema (unknown keys cannot be added to it).
-
-    Raises:
-        ConfigError: One line naming the key, for an unknown name, an unknown key or a
-            value of the wrong type.
-    """
-    if isinstance(section, DictConfig):
-        section = OmegaConf.to_container(section, resolve=True)
-    values = {k: v for k, v in dict(section or {}).items() if v is not None}
-    name = str(values.pop("name", default))
-    require(f"{group}.name", name, name in schemas, "one of " + ", ".join(schemas))
-    schema = schemas[name]
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), {"name": name, **values})
-    except ConfigKeyError as exc:
-        keys = ", ".join(f.name for f in fields(schema))
-        raise ConfigError(
-            f"{group}.{exc.full_key} is not a key of {group}={name}; it must be one of {keys}"
-        ) from None
-    except ValidationError as exc:
-        kind = get_type_hints(schema).get(str(exc.full_key))
-        raise ConfigError(
-            f"{group}.{exc.full_key}={exc.value} is invalid; it must be {_allowed(kind)}"
-        ) from None
-    return cast(DictConfig, merged)  # a dataclass merges into a mapping
-
-
-# The dataset and model schemas live beside their builders and build on the names above.
-from experiments.data.schema import (  # noqa: E402
-    CifarConfig,
-    DatasetConfig,
-    DatasetName,
-    ImageNetConfig,
-    PartitionName,
-    SyntheticConfig,
-    check_dataset,
-    dataset_section,
+TopologyName = name_enum("TopologyName", [*TopologyReg.names(), ALLREDUCE], __name__)
+OptimName = name_enum(
+    "OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "qgm_sgd"], __name__
 )
-from experiments.models.schema import (  # noqa: E402
-    ModelConfig,
-    ModelName,
-    NormName,
-    SmallCNNConfig,
-    VitConfig,
-    check_model,
-    model_section,
+SchedulerName = name_enum("SchedulerName", ["cosine_warmup", "constant", "step"], __name__)
+NetworkName = name_enum(
+    "NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"], __name__
 )
-
-TopologyName = name_enum("TopologyName", [*TopologyReg.names(), ALLREDUCE])
-OptimName = name_enum("OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "qgm_sgd"])
-SchedulerName = name_enum("SchedulerName", ["cosine_warmup", "constant", "step"])
-NetworkName = name_enum("NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"])
-LoggerName = name_enum("LoggerName", ["wandb", "none"])
-WandbMode = name_enum("WandbMode", ["offline", "online", "disabled"])
-AmpMode = name_enum("AmpMode", ["bf16", "fp16", "off"])
-NanPolicy = name_enum("NanPolicy", ["error", "skip"])
-
-
-def plain(value: Any) -> Any:
-    """Return ``value`` with every :class:`NameEnum` member replaced by its ``str`` value.
-
-    Args:
-        value: A scalar, list, tuple or dict (as from ``OmegaConf.to_container``).
-
-    Returns:
-        The same structure holding only built-in types.
-    """
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
+LoggerName = name_enum("LoggerName", ["wandb", "none"], __name__)
+WandbMode = name_enum("WandbMode", ["offline", "online", "disabled"], __name__)
+AmpMode = name_enum("AmpMode", ["bf16", "fp16", "off"], __name__)
+NanPolicy = name_enum("NanPolicy", ["error", "skip"], __name__)
 
 
 # ---------------------------------------------------------------- optim

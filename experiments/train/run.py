@@ -176,13 +176,6 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             "nccl, gloo or null (auto)",
         ),
         ("dist.timeout_s", cfg.dist.timeout_s, cfg.dist.timeout_s > 0, "> 0"),
-        ("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0"),
-        (
-            "dataset.alpha",
-            d.alpha,
-            d.partition != "dirichlet" or d.alpha > 0,
-            "> 0 for the dirichlet partition",
-        ),
         ("topology.local_world_size", lws, lws is None or lws >= 1, ">= 1 or null"),
         ("topology.bucket_size_in_mb", topo.bucket_size_in_mb, topo.bucket_size_in_mb > 0, "> 0"),
     ]

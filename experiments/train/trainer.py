@@ -44,8 +44,8 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from decent_dp.utils import get_device
-from experiments.data.loaders import build_data
-from experiments.models.vision import build_model
+from experiments.data import build_data
+from experiments.models import build_model
 from experiments.network.netem import apply_network
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.evaluation import Evaluator

@@ -336,7 +336,7 @@ def test_main_reports_bad_overrides(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_measure_times_a_real_model(tmp_path: Path) -> None:
-    from experiments.models.vision import build_model
+    from experiments.models import build_model
 
     over = ["model=small_cnn", "batch_size=8", "measure.image_size=8", "measure.in_channels=1",
             "measure.num_classes=10", "measure.steps=2", "world_sizes=[8]", "mc.steps=4",
