@@ -1,0 +1,7 @@
+"""``python -m experiments.report``: see :mod:`experiments.report`."""
+
+import sys
+
+from experiments.report.build import main
+
+sys.exit(main())

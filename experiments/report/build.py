@@ -1,0 +1,171 @@
+"""``build_report`` and the command line: runs in, ``report.md`` and PNG plots out."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from experiments.report import plots as plots_
+from experiments.report.configs import Section, make_section
+from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, Run, find_run_dirs, load, num
+from experiments.report.tables import config_table, run_table
+
+__all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
+
+REPORT_FILE = "report.md"
+PLOTS = {
+    "consensus": "consensus_vs_step.png",
+    "loss": "loss_vs_time.png",
+    "acc": "acc_vs_epoch.png",
+    "throughput": "throughput.png",
+}
+LM_PLOTS = {"tokens": "loss_vs_tokens.png", "time": "loss_vs_time.png"}
+_HEADINGS = {"vision": "Vision runs", "lm": "Language-model runs"}
+_NOTES = {
+    "vision": (
+        "Speedup: samples/s over the mean of the `allreduce` runs with the same world size, "
+        "dataset, model and network. Consensus distance: (1/n) Σ_i ‖x_i − x̄‖²."
+    ),
+    "lm": (
+        "Gap: the final `eval/loss` (of the averaged model) minus that of the `allreduce` runs "
+        "with the same world size, dataset and model, in nats per token (positive: worse). "
+        "tokens/s vs allreduce: over the `allreduce` runs that also share the network."
+    ),
+}
+
+
+def _sources(dirs: Sequence[str | Path]) -> str:
+    if len(dirs) <= 4:
+        return ", ".join(f"`{d}`" for d in dirs)
+    try:
+        common = os.path.commonpath([os.path.abspath(d) for d in dirs])
+    except ValueError:  # another drive on Windows
+        return f"{len(dirs)} directories"
+    return f"{len(dirs)} directories under `{os.path.relpath(common)}`"
+
+
+def _legend_note(section: Section) -> str:
+    looks = ["colour", "line style", "marker"]
+    parts = [f"{looks[min(i, 2)]}: {f.title}" for i, f in enumerate(section.factors)]
+    return "Plots: " + "; ".join(parts) + "."
+
+
+def _entropy_note(section: Section) -> list[str]:
+    values = {
+        (str(r.summary.get("dataset")), round(float(r.summary["unigram_entropy"]), 4))
+        for r in section.runs
+        if num(r.summary.get("unigram_entropy"))
+    }
+    return [
+        f"Unigram entropy of the `{d}` training tokens: {e:.4f} nats (the loss of a model that "
+        "ignores the context).\n"
+        for d, e in sorted(values)
+    ]
+
+
+def _section(section: Section, target: float, out: Path, names: dict[str, str]) -> list[str]:
+    figures = plots_.lm_figures(section) if section.kind == "lm" else plots_.vision_figures(section)
+    paths = {key: out / names[key] for key in figures}
+    alts = {key: plot.title for key, plot in figures.items()}
+    plots_.save(figures, paths)
+    lines = [f"## {_HEADINGS[section.kind]}", "", _NOTES[section.kind], ""]
+    lines += [*_entropy_note(section), *config_table(section, target), "", _legend_note(section)]
+    lines.append("")
+    for key, path in paths.items():
+        lines += [f"![{alts[key]}]({path.name})", ""]
+    return lines
+
+
+def build_report(
+    dirs: Sequence[str | Path] | str | Path, target_acc: float = 0.9, out: str | Path | None = None
+) -> Path:
+    """Write ``report.md`` and the plots for every usable run under ``dirs``.
+
+    Args:
+        dirs: Sweep or run directories (searched recursively).
+        target_acc: Accuracy (a fraction in ``(0, 1]``) for the time-to-accuracy column.
+        out: Output directory; the first of ``dirs`` when ``None``.
+
+    Returns:
+        The path of ``report.md``.
+
+    Raises:
+        ValueError: No directory given, a path is not a directory, ``target_acc``
+            is out of range, or no usable run was found.
+    """
+    if isinstance(dirs, (str, Path)):
+        dirs = [dirs]
+    if not dirs:
+        raise ValueError("no directory given; pass sweep or run directories")
+    if not (num(target_acc) and 0 < target_acc <= 1):
+        raise ValueError(f"target_acc={target_acc!r} is invalid; it must be in (0, 1]")
+    runs: list[Run] = []
+    skipped: list[tuple[Path, str]] = []
+    for path in find_run_dirs(dirs):
+        loaded = load(path)
+        if isinstance(loaded, str):
+            warnings.warn(f"skipping run {path}: {loaded}", stacklevel=2)
+            skipped.append((path, loaded))
+        else:
+            runs.append(loaded)
+    if not runs:
+        raise ValueError(
+            f"no usable run (a directory with {SUMMARY_FILE} and {METRICS_FILE}) under "
+            f"{', '.join(str(d) for d in dirs)}"
+        )
+    sections = [
+        make_section(kind, picked)
+        for kind in ("vision", "lm")
+        if (picked := [r for r in runs if r.is_lm == (kind == "lm")])
+    ]
+    out_dir = Path(out) if out is not None else Path(dirs[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    configs = sum(len(s.configs) for s in sections)
+    lines = [
+        "# Run report",
+        "",
+        f"{len(runs)} run(s) in {configs} configuration(s) from {_sources(dirs)}; "
+        f"{len(skipped)} skipped. Runs that differ only in their seed form one configuration: "
+        "its row gives the mean ± sample standard deviation over its seeds, and its plot line "
+        "is the mean over the seeds with a band from their minimum to their maximum.",
+    ]
+    if skipped:
+        lines += ["", "Skipped (missing or malformed files):", ""]
+        lines += [f"- `{p}`: {why}" for p, why in skipped]
+    lines.append("")
+    for section in sections:
+        names = dict(LM_PLOTS if section.kind == "lm" else PLOTS)
+        if section.kind == "lm" and len(sections) > 1:  # beside the vision plots' names
+            names = {k: f"lm_{v}" for k, v in names.items()}
+        lines += _section(section, target_acc, out_dir, names)
+    lines += ["## Runs", "", "One row per run, configuration by configuration.", ""]
+    for section in sections:
+        if len(sections) > 1:
+            lines += [f"### {_HEADINGS[section.kind]}", ""]
+        lines += [*run_table(section, target_acc, out_dir), ""]
+    report = out_dir / REPORT_FILE
+    report.write_text("\n".join(lines).rstrip() + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: see the package docstring. Returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.report",
+        description="Markdown table and plots over sweep or run directories.",
+    )
+    parser.add_argument("dirs", nargs="+", help="sweep or run directories (searched recursively)")
+    parser.add_argument("--target-acc", type=float, default=0.9, help="for time-to-accuracy")
+    parser.add_argument("--out", default=None, help="output directory (default: the first dir)")
+    args = parser.parse_args(argv)
+    try:
+        path = build_report(args.dirs, args.target_acc, args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
