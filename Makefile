@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu lint format train sweep bench bench-upstream report simulate topo clean
+.PHONY: help install test test-all test-gpu lint format train train-lm sweep bench bench-upstream report simulate topo clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -35,6 +35,12 @@ format: ## Apply ruff's formatter and autofixes
 
 train: ## Default job: 4 CPU workers, gloo, digits, one-peer-exp (< 1 min)
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+LM_DATA := data/stdlib-bpe
+
+train-lm: ## Tiny GPT on the stdlib's own sources (made once in data/stdlib-bpe), 4 CPU workers (< 2 min)
+	@test -f $(LM_DATA)/train.bin || $(PY) -m experiments.data.prepare_tokens --stdlib --out $(LM_DATA) --max-bytes 2000000 --vocab-size 1024
+	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py experiment=lm_quick topology=one-peer-exp $(ARGS)
 
 sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)

@@ -7,6 +7,8 @@ Every option lives in ``conf/`` (Hydra); override anything on the command line::
     torchrun --nproc_per_node=4 train.py topology=one-peer-exp
     torchrun --nproc_per_node=4 train.py -m topology=complete,ring,one-peer-exp,allreduce
     torchrun --nproc_per_node=4 train.py experiment=cifar10_resnet18 dataset.root=/data/cifar
+    make train-lm                                    # a tiny GPT on the stdlib's sources, < 2 min
+    torchrun --nproc_per_node=4 train.py model=gpt dataset=tokens dataset.root=data/tokens
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         train.py experiment=imagenet_resnet50 dataset.root=/data/imagenet
     python train.py -m hydra/launcher=slurm experiment=imagenet_resnet50   # SLURM, no torchrun
@@ -51,9 +53,14 @@ def _rank() -> int:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    """One Hydra job: train, evaluate, and return the final ``eval/acc`` (for sweepers)."""
+    """One Hydra job: train, evaluate, and return the final ``eval/acc`` (for sweepers).
+
+    A language model, which has no accuracy, returns its final ``eval/loss``.
+    """
     try:
-        return run(cfg)["eval/acc"]
+        summary = run(cfg)
+        acc = summary["eval/acc"]
+        return summary.get("eval/loss") if acc is None else acc
     except Exception as exc:
         rank = _rank()
         if rank == 0 or not isinstance(exc, ConfigError):  # a ConfigError is the same on all ranks

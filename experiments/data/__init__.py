@@ -8,6 +8,9 @@ slice of the evaluation set. :data:`DATASETS` maps every name to its family's bu
 * ``cifar10`` / ``cifar100`` (:mod:`experiments.data.cifar`): the Python pickle batches.
 * ``imagenet`` (:mod:`experiments.data.imagenet`): image folders.
 * ``synthetic`` (:mod:`experiments.data.synthetic`): random images for throughput runs.
+* ``tokens`` (:mod:`experiments.data.tokens`): windows of flat token files, for language
+  models; its builder returns a :class:`~experiments.data.tokens.TokenData`, whose
+  ``block_size`` is the section's (the trainer fills it in from the model when null).
 
 The section's keys and defaults are those of the schemas in
 :mod:`experiments.data.schema`; a plain dict is filled in and checked like a composed
@@ -29,7 +32,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from experiments.data import cifar, digits, imagenet, synthetic
+from experiments.data import cifar, digits, imagenet, synthetic, tokens
 from experiments.data.loaders import Data, EvalLoader, Placement, ShardLoader
 from experiments.data.partition import PARTITIONS, derive_seed, partition_indices
 from experiments.data.schema import dataset_section
@@ -46,7 +49,12 @@ __all__ = [
     "partition_indices",
 ]
 
-DataBuilder = Callable[[DictConfig, Placement], Data]
+DataBuilder = Callable[[DictConfig, Placement], Any]
+
+
+def _tokens(section: DictConfig, place: Placement) -> tokens.TokenData:
+    return tokens.build_tokens(section, placement=place)
+
 
 DATASETS: Mapping[str, DataBuilder] = {
     "digits": digits.build,
@@ -54,8 +62,9 @@ DATASETS: Mapping[str, DataBuilder] = {
     "cifar100": cifar.build,
     "imagenet": imagenet.build,
     "synthetic": synthetic.build,
+    "tokens": _tokens,
 }
-"""The builder of every dataset name: ``builder(section, placement) -> Data``."""
+"""The builder of every dataset name: ``builder(section, placement) -> Data`` (or ``TokenData``)."""
 
 
 def build_data(
@@ -66,7 +75,7 @@ def build_data(
     batch_size: int,
     seed: int,
     device: torch.device,
-) -> Data:
+) -> Any:
     """Build this rank's training and evaluation loaders for the configured dataset.
 
     Args:
@@ -80,7 +89,8 @@ def build_data(
         device: Where the batches (and in-memory datasets) live.
 
     Returns:
-        The :class:`Data` of this rank.
+        The :class:`Data` of this rank (a :class:`~experiments.data.tokens.TokenData` for
+        ``tokens``).
 
     Raises:
         ValueError: A one-line :class:`~experiments.train.config.ConfigError` for a bad

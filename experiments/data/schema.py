@@ -3,7 +3,8 @@
 One schema per dataset family: ``conf/dataset/<name>.yaml`` starts its defaults list with
 ``/schema/dataset/<schema>@_here_``, and :data:`SCHEMAS` names the schema of every
 dataset, so that :func:`dataset_section` fills a plain dict (as tests and benchmarks pass
-to :func:`experiments.data.build_data`) with the same defaults. ``experiments.train.config``
+to :func:`experiments.data.build_data`) with the same defaults. The token files' schema,
+:class:`TokensConfig`, is here too; :mod:`experiments.data.tokens` re-exports it. ``experiments.train.config``
 imports this module, registers its schemas in Hydra's ConfigStore and re-exports its names;
 import them from there.
 """
@@ -25,14 +26,16 @@ __all__ = [
     "CifarConfig",
     "ImageNetConfig",
     "SyntheticConfig",
+    "TokensConfig",
     "SCHEMAS",
+    "tokens_section",
     "check_partition",
     "check_dataset",
     "dataset_section",
 ]
 
 DatasetName = name_enum(
-    "DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic"], __name__
+    "DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic", "tokens"], __name__
 )
 PartitionName = name_enum("PartitionName", ["iid", "dirichlet"], __name__)
 
@@ -90,12 +93,57 @@ class SyntheticConfig(DatasetConfig):
     in_channels: int = 3
 
 
-SCHEMAS: dict[str, type[DatasetConfig]] = {
+@dataclass
+class TokensConfig:
+    """``dataset=tokens``: windows of flat ``uint16`` token files (``train.bin``, ``val.bin``).
+
+    Attributes:
+        name: Registered dataset name.
+        root: Directory holding ``train.bin``, ``val.bin`` and optionally ``meta.json``.
+        vocab_size: Token ids are below this; null takes ``vocab_size`` from ``meta.json``.
+        block_size: Tokens per window; null takes the model's block size.
+        tokens_per_epoch: Training tokens in one epoch, summed over all ranks.
+        eval_tokens: Validation tokens predicted per evaluation, split across ranks.
+        num_workers: Accepted like the other families' key; the windows are read in the
+            training process, since a batch is ``batch_size`` slices of a memory map.
+    """
+
+    name: str = "tokens"
+    root: str = "data/tokens"
+    vocab_size: int | None = None
+    block_size: int | None = None
+    tokens_per_epoch: int = 1_000_000
+    eval_tokens: int = 65_536
+    num_workers: int = 0
+
+
+def tokens_section(section: Any) -> DictConfig:
+    """The ``dataset=tokens`` section with the defaults of :class:`TokensConfig`, checked.
+
+    Args:
+        section: A dict, a ``DictConfig`` or ``None``.
+
+    Returns:
+        A ``DictConfig`` of :class:`TokensConfig`.
+
+    Raises:
+        ConfigError: A one-line message naming the key, the bad value and what is allowed.
+    """
+    d = typed_section(section, "dataset", {"tokens": TokensConfig}, default="tokens")
+    for key in ("vocab_size", "block_size", "tokens_per_epoch", "eval_tokens"):
+        value = d.get(key)
+        require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0")
+    require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
+    return d
+
+
+SCHEMAS: dict[str, type] = {
     "digits": DatasetConfig,
     "cifar10": CifarConfig,
     "cifar100": CifarConfig,
     "imagenet": ImageNetConfig,
     "synthetic": SyntheticConfig,
+    "tokens": TokensConfig,
 }
 """The schema of every dataset name, in the order of :data:`DatasetName`."""
 
@@ -133,6 +181,8 @@ def dataset_section(section: Any) -> DictConfig:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
     d = typed_section(section, "dataset", SCHEMAS, default="digits")
+    if d.name == "tokens":  # windows of a token stream: no partition, no augmentation
+        return tokens_section(d)
     require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
     check_partition(d.partition, d.alpha)
     for key in _SIZES:

@@ -38,7 +38,8 @@ from torch import Tensor
 
 from experiments.data.loaders import EvalLoader, Placement
 from experiments.data.partition import eval_range, generator
-from experiments.schema import is_int, require, typed_section
+from experiments.data.schema import TokensConfig, tokens_section
+from experiments.schema import ConfigError, is_int, require
 
 __all__ = [
     "TAG_WINDOWS",
@@ -54,6 +55,7 @@ __all__ = [
     "read_meta",
     "open_split",
     "eval_starts",
+    "token_sizes",
     "build_tokens",
 ]
 
@@ -68,50 +70,6 @@ TOKEN_DTYPE = np.dtype("<u2")
 
 _VOCAB_SAMPLE = 1 << 16
 # ids checked against vocab_size at the head of each file: a cheap check, not a proof
-
-
-@dataclass
-class TokensConfig:
-    """``dataset=tokens``: windows of flat ``uint16`` token files (``train.bin``, ``val.bin``).
-
-    Attributes:
-        name: Registered dataset name.
-        root: Directory holding ``train.bin``, ``val.bin`` and optionally ``meta.json``.
-        vocab_size: Token ids are below this; null takes ``vocab_size`` from ``meta.json``.
-        block_size: Tokens per window; null takes the model's block size.
-        tokens_per_epoch: Training tokens in one epoch, summed over all ranks.
-        eval_tokens: Validation tokens predicted per evaluation, split across ranks.
-        num_workers: Accepted like the other families' key; the windows are read in the
-            training process, since a batch is ``batch_size`` slices of a memory map.
-    """
-
-    name: str = "tokens"
-    root: str = "data/tokens"
-    vocab_size: int | None = None
-    block_size: int | None = None
-    tokens_per_epoch: int = 1_000_000
-    eval_tokens: int = 65_536
-    num_workers: int = 0
-
-
-def tokens_section(section: Any) -> DictConfig:
-    """The ``dataset=tokens`` section with the defaults of :class:`TokensConfig`, checked.
-
-    Args:
-        section: A dict, a ``DictConfig`` or ``None``.
-
-    Returns:
-        A ``DictConfig`` of :class:`TokensConfig`.
-
-    Raises:
-        ConfigError: A one-line message naming the key, the bad value and what is allowed.
-    """
-    d = typed_section(section, "dataset", {"tokens": TokensConfig}, default="tokens")
-    for key in ("vocab_size", "block_size", "tokens_per_epoch", "eval_tokens"):
-        value = d.get(key)
-        require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0")
-    require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
-    return d
 
 
 def read_meta(root: Path) -> dict[str, Any]:
@@ -417,7 +375,10 @@ class TokenData:
 
 
 def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tuple[int, int]:
-    """``(block_size, vocab_size)`` from the section, the model and ``meta.json``."""
+    """``(block_size, vocab_size)`` from the section, the model and ``meta.json``.
+
+    The dataset's block size wins over the model's, and may not exceed it.
+    """
     block: Any = d.block_size if d.block_size is not None else model_block
     valid = is_int(block) and block > 0
     require("dataset.block_size", block, valid, "an integer > 0 (null takes the model's)")
@@ -426,11 +387,43 @@ def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tupl
         require("dataset.block_size", block, fits, f"<= the model's block size {model_block}")
     vocab = d.vocab_size if d.vocab_size is not None else meta.get("vocab_size")
     if vocab is None:
-        raise ValueError(
+        raise ConfigError(
             f"vocab_size unknown: {Path(d.root) / META_FILE} does not give it; "
             "set dataset.vocab_size or remake the files with experiments.data.prepare_tokens"
         )
     return int(block), int(vocab)
+
+
+def token_sizes(section: Any, model_block: int | None) -> tuple[int, int]:
+    """``(block_size, vocab_size)`` of a run, checked without opening the token files.
+
+    Reads only ``meta.json``, so the trainer can call it on every rank before any
+    collective.
+
+    Args:
+        section: The ``dataset`` section.
+        model_block: The model's block size (the default, and the upper bound, of the
+            dataset's), or ``None``.
+
+    Returns:
+        The block size the windows use and the vocabulary size.
+
+    Raises:
+        ConfigError: One line, for a bad section value, a dataset block size above the
+            model's, no vocabulary size in the section or ``meta.json``, or a missing
+            ``train.bin`` / ``val.bin`` (the message says how to make them).
+        ValueError: One line naming the file, for a bad ``meta.json``.
+    """
+    d = tokens_section(section)
+    root = Path(d.root)
+    for name in (TRAIN_FILE, VAL_FILE):
+        if not (root / name).is_file():
+            raise ConfigError(
+                f"dataset.root={d.root} holds no {name}; make the token files with `python -m "
+                f"experiments.data.prepare_tokens --stdlib --out {d.root}` "
+                "(or --input PATH ... for your own text)"
+            )
+    return _sizes(d, read_meta(root), model_block)
 
 
 def build_tokens(section: Any, *, placement: Placement, block_size: int | None = None) -> TokenData:

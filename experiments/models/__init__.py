@@ -1,8 +1,10 @@
 """Models for the experiments, chosen by name from the ``model`` config section.
 
 :data:`MODELS` maps every name to its builder; the vision models come from
-:mod:`experiments.models.vision`, and another family joins by adding its builders to the
-mapping. The section's keys and defaults are those of the schemas in
+:mod:`experiments.models.vision` and the ``gpt`` language model from
+:mod:`experiments.models.gpt`, and another family joins by adding its builders to the
+mapping. A vision builder takes the images' shape (``num_classes``, ``in_channels``,
+``image_size``); a language model's takes the data's ``vocab_size``. The section's keys and defaults are those of the schemas in
 :mod:`experiments.models.schema`.
 """
 
@@ -14,18 +16,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from experiments.models.schema import model_section
+from experiments.models.gpt import build_gpt
+from experiments.models.schema import LANGUAGE_MODELS, model_section
 from experiments.models.vision import VISION_MODELS, ModelBuilder, SmallCNN, VisionTransformer
 from experiments.schema import is_int, require
 
 __all__ = ["MODELS", "ModelBuilder", "SmallCNN", "VisionTransformer", "build_model"]
 
-MODELS: Mapping[str, ModelBuilder] = {**VISION_MODELS}
+MODELS: Mapping[str, ModelBuilder] = {**VISION_MODELS, "gpt": build_gpt}
 """The builder of every model name, in the order of the ``ModelName`` enum."""
 
 
 def build_model(
-    cfg: Mapping[str, Any] | None, *, num_classes: int, in_channels: int, image_size: int
+    cfg: Mapping[str, Any] | None,
+    *,
+    num_classes: int | None = None,
+    in_channels: int | None = None,
+    image_size: int | None = None,
+    vocab_size: int | None = None,
 ) -> nn.Module:
     """Build the model named by ``cfg["name"]``.
 
@@ -33,11 +41,13 @@ def build_model(
         cfg: The model config section (a dict or an OmegaConf ``DictConfig``): ``name`` (one
             of :data:`MODELS`, default ``small_cnn``) and the keys of its schema in
             :mod:`experiments.models.schema` (``channels_last``; ``norm`` for ``small_cnn``;
-            ``patch_size``, ``dim``, ``depth``, ``heads``, ``mlp_ratio`` for ``vit_small``);
-            left-out keys take the schema's defaults.
-        num_classes: Number of output logits.
-        in_channels: Channels of the input images.
-        image_size: Side of the square input images.
+            ``patch_size``, ``dim``, ``depth``, ``heads``, ``mlp_ratio`` for ``vit_small``;
+            those of :class:`~experiments.models.gpt.GPTConfig` for ``gpt``); left-out keys
+            take the schema's defaults.
+        num_classes: Number of output logits (vision models).
+        in_channels: Channels of the input images (vision models).
+        image_size: Side of the square input images (vision models).
+        vocab_size: The data's vocabulary size (language models).
 
     Returns:
         The freshly initialised model, on the CPU.
@@ -48,6 +58,9 @@ def build_model(
             inconsistent (``patch_size`` must divide ``image_size``, ``heads`` must divide
             ``dim``).
     """
+    name = str(dict(cfg or {}).get("name") or "small_cnn")
+    if name in LANGUAGE_MODELS:
+        return MODELS[name](model_section(cfg), vocab_size=vocab_size)
     for key, value in (
         ("num_classes", num_classes),
         ("in_channels", in_channels),
@@ -61,6 +74,6 @@ def build_model(
         in_channels=int(in_channels),
         image_size=int(image_size),
     )
-    if section.channels_last:
+    if section.get("channels_last", False):
         model = model.to(memory_format=torch.channels_last)
     return model

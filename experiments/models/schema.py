@@ -3,7 +3,9 @@
 ``conf/model/<name>.yaml`` starts its defaults list with ``/schema/model/<schema>@_here_``,
 and :data:`SCHEMAS` names the schema of every model, so that :func:`model_section` fills a
 plain dict (as tests and benchmarks pass to :func:`experiments.models.build_model`) with the
-same defaults. ``experiments.train.config`` imports this module, registers its schemas in
+same defaults. The language model's schema, :class:`~experiments.models.gpt.GPTConfig`, lives
+beside its builder in :mod:`experiments.models.gpt` and is listed here under ``gpt``.
+``experiments.train.config`` imports this module, registers its schemas in
 Hydra's ConfigStore and re-exports its names; import them from there.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
+from experiments.models.gpt import GPTConfig, gpt_section
 from experiments.schema import name_enum, require, typed_section
 
 __all__ = [
@@ -23,13 +26,15 @@ __all__ = [
     "ModelConfig",
     "SmallCNNConfig",
     "VitConfig",
+    "GPTConfig",
+    "LANGUAGE_MODELS",
     "SCHEMAS",
     "check_model",
     "model_section",
 ]
 
 ModelName = name_enum(
-    "ModelName", ["small_cnn", "resnet18_cifar", "resnet50", "vit_small"], __name__
+    "ModelName", ["small_cnn", "resnet18_cifar", "resnet50", "vit_small", "gpt"], __name__
 )
 NormName = name_enum("NormName", ["group", "batch"], __name__)
 
@@ -66,8 +71,15 @@ class VitConfig(ModelConfig):
     mlp_ratio: float = 4.0
 
 
+LANGUAGE_MODELS = frozenset({"gpt"})
+"""The model names that read token sequences (``dataset=tokens``) instead of images."""
+
 # every model name takes ModelConfig, unless it has keys of its own
-_OWN_KEYS: dict[str, type[ModelConfig]] = {"small_cnn": SmallCNNConfig, "vit_small": VitConfig}
+_OWN_KEYS: dict[str, type] = {
+    "small_cnn": SmallCNNConfig,
+    "vit_small": VitConfig,
+    "gpt": GPTConfig,
+}
 SCHEMAS = {m.value: _OWN_KEYS.get(m.value, ModelConfig) for m in ModelName}
 """The schema of every model name, in the order of :data:`ModelName`."""
 
@@ -87,6 +99,8 @@ def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
     m = typed_section(section, "model", SCHEMAS, default="small_cnn")
+    if m.name == "gpt":
+        return gpt_section(m)
     if m.name == "vit_small":
         for key in ("patch_size", "dim", "depth", "heads"):
             require(f"model.{key}", m[key], m[key] > 0, "an integer > 0")

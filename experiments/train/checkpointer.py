@@ -11,6 +11,7 @@ every ``checkpoint.every_steps`` steps and at the end, keeping the newest
     rng       torch's CPU generator, and the CUDA one on CUDA
     step, epoch, batch
     time_s, window, history   the metrics' part (experiments.train.metrics)
+    loader    the training loader's position, for loaders that keep one (token windows)
 
 and the index's meta holds ``step``, ``world_size``, ``topology`` and
 ``config_hash``. These keys are the format: a checkpoint written by an older
@@ -72,6 +73,8 @@ class Checkpointer:
         rank: This process's rank.
         world_size: Number of ranks.
         config_hash: The job's config hash, stored in the index.
+        loader: The training loader; its ``state_dict()``, if it has one, goes into the
+            shard as ``loader`` and is restored on resume.
 
     Example::
 
@@ -93,8 +96,11 @@ class Checkpointer:
         rank: int,
         world_size: int,
         config_hash: str,
+        loader: Any = None,
     ) -> None:
         self.root = root
+        # only loaders that keep a position add the key, so other shards keep their format
+        self.loader = loader if hasattr(loader, "state_dict") else None
         self.train_step, self.metrics = train_step, metrics
         self.rank, self.world_size, self.config_hash = rank, world_size, config_hash
         self.every = int(ckpt_cfg.every_steps)
@@ -118,6 +124,8 @@ class Checkpointer:
             "batch": batch,
             **self.metrics.state(),
         }
+        if self.loader is not None:
+            shard["loader"] = self.loader.state_dict()
         meta = {
             "step": step,
             "world_size": self.world_size,
@@ -166,6 +174,18 @@ class Checkpointer:
         self.train_step.load_training_state(shard["training"])
         load_rng_state(shard["rng"], self.train_step.device)
         step = int(shard["step"])
+        if self.loader is not None and "loader" in shard:
+            self.loader.load_state_dict(shard["loader"])
+            position = self.loader.state_dict()
+            expected = dict(zip(("epoch", "batch"), divmod(step, self.metrics.steps_per_epoch)))
+            if position != expected:
+                log.warning(
+                    "the saved loader position %s is not step %d's %s (another epoch length?); "
+                    "training continues from the step's",
+                    position,
+                    step,
+                    expected,
+                )
         self.metrics.load_state(shard)
         dropped = self.metrics.drop_after(step)
         log.info(

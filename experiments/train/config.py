@@ -66,10 +66,12 @@ from experiments.data.schema import (
     ImageNetConfig,
     PartitionName,
     SyntheticConfig,
+    TokensConfig,
     check_dataset,
     dataset_section,
 )
 from experiments.models.schema import (
+    GPTConfig,
     ModelConfig,
     ModelName,
     NormName,
@@ -107,10 +109,12 @@ __all__ = [
     "ModelConfig",
     "SmallCNNConfig",
     "VitConfig",
+    "GPTConfig",
     "DatasetConfig",
     "CifarConfig",
     "ImageNetConfig",
     "SyntheticConfig",
+    "TokensConfig",
     "SGDConfig",
     "QGMSGDConfig",
     "AdamConfig",
@@ -224,11 +228,14 @@ class CosineWarmupConfig:
     """``scheduler=cosine_warmup``: linear warm-up then cosine decay to ``eta_min``.
 
     The warm-up is given in epochs and converted to optimizer steps with the
-    run's steps per epoch; ``t_max`` is the run's total number of steps.
+    run's steps per epoch, or directly in steps with ``warmup_steps``, which
+    overrides ``warmup_epochs`` when set (recipes counted in steps, such as
+    language-model pretraining); ``t_max`` is the run's total number of steps.
     """
 
     name: SchedulerName = MISSING  # type: ignore[valid-type]
     warmup_epochs: float = 1.0
+    warmup_steps: int | None = None
     eta_min: float = 0.0
     warmup_decay: float = 0.01
 
@@ -314,7 +321,10 @@ class TrainConfig:
     """``train``: the optimisation budget and numerics.
 
     Attributes:
-        batch_size: Samples per worker per step (global batch = batch_size x world size).
+        batch_size: Samples per worker per step (global batch = batch_size x world size);
+            a sample is an image, or a sequence of ``block_size`` tokens.
+        global_batch_size: Samples per step over all workers; when set, ``batch_size``
+            becomes ``global_batch_size / world size``, which must divide exactly.
         epochs: Passes over the training set; ignored when ``max_steps`` is set.
         max_steps: Total optimizer steps; ``None`` = ``epochs`` x steps per epoch.
         seed: Seed of the model initialisation (same on every rank) and the data order.
@@ -327,6 +337,7 @@ class TrainConfig:
     """
 
     batch_size: int = 32
+    global_batch_size: int | None = None
     epochs: int = 20
     max_steps: int | None = None
     seed: int = 0
@@ -348,12 +359,16 @@ class LogConfig:
             distance logged on every metrics line (``k`` numbers of communication);
             0 = no sketch.
         progress: Show a tqdm progress bar on rank 0.
+        peak_flops: Peak FLOP/s of one device, the denominator of a language model's
+            ``perf/mfu``; the default, 312e12, is an A100's dense bf16 peak, the GPU of
+            the published GPT-2 runs. Set it to your device's (an H100 SXM: 989e12).
     """
 
     every: int = 10
     consensus_every: int = 50
     consensus_sketch: int = 1024
     progress: bool = True
+    peak_flops: float = 312e12
 
 
 @dataclass
@@ -404,12 +419,18 @@ class MainConfig:
 
 
 _SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"model": ModelConfig, "small_cnn": SmallCNNConfig, "vit": VitConfig},
+    "model": {
+        "model": ModelConfig,
+        "small_cnn": SmallCNNConfig,
+        "vit": VitConfig,
+        "gpt": GPTConfig,
+    },
     "dataset": {
         "dataset": DatasetConfig,
         "cifar": CifarConfig,
         "imagenet": ImageNetConfig,
         "synthetic": SyntheticConfig,
+        "tokens": TokensConfig,
     },
     "optim": {
         "sgd": SGDConfig,

@@ -6,7 +6,10 @@ statistics when ``topology.sync_buffer_in_global_avg`` is true);
 ``eval/acc_local`` is every worker's own model on its shard of the test set,
 correct answers summed over workers, i.e. the workers' mean accuracy
 estimated on disjoint shards. Under ``allreduce`` all workers hold the same
-model and both numbers coincide.
+model and both numbers coincide. A language model's evaluation is the same with the
+mean token loss in place of accuracy: ``eval/loss`` (averaged model),
+``eval/loss_local`` and ``eval/ppl = exp(eval/loss)``; the task
+(:mod:`experiments.train.task`) says which.
 
 Consensus distance is ``(1/n) Σ_i ||x_i - x̄||²`` over all parameters: exact,
 or estimated from a count sketch of ``sketch`` numbers per rank. Both are
@@ -21,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from experiments.train.step import TrainStep
 
@@ -58,11 +60,15 @@ class Evaluator:
         return self.train_step.ddp.consensus_distance(sketch=sketch)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """``eval/acc``, ``eval/acc_local``, ``eval/loss`` and ``consensus/distance``, on every rank.
+        """The task's metrics and ``consensus/distance``, on every rank.
+
+        Images: ``eval/acc``, ``eval/acc_local``, ``eval/loss``; tokens: ``eval/loss``,
+        ``eval/loss_local``, ``eval/ppl``.
 
         Args:
             step: The current step, remembered with the result.
         """
+        task = self.train_step.task
         if self.train_step.decentralized:
             with self.train_step.ddp.averaged():
                 avg = self._local()
@@ -70,32 +76,28 @@ class Evaluator:
         else:
             # the bare module: test shards may differ in batch count, DDP's forward would not
             avg = own = self._local()
-        totals = torch.tensor(
-            [avg[0], avg[1], avg[2], own[0]], dtype=torch.float64, device=self.device
-        )
+        totals = torch.tensor(task.eval_totals(avg, own), dtype=torch.float64, device=self.device)
         dist.all_reduce(totals)
-        c_avg, l_avg, n, c_own = totals.tolist()
-        n = max(n, 1.0)
-        result = {"eval/acc": c_avg / n, "eval/acc_local": c_own / n, "eval/loss": l_avg / n}
+        result = task.eval_metrics(totals.tolist())
         result["consensus/distance"] = self.consensus()
         self.last, self.last_step = result, step
         return result
 
     @torch.no_grad()
     def _local(self) -> list[float]:
-        """(correct, loss sum, count) of the current parameters on this rank's test shard."""
+        """The task's sums (e.g. correct, loss sum, count) on this rank's test shard."""
         module: Any = self.train_step.module
+        task = self.train_step.task
         was_training = module.training
         module.eval()
-        correct = torch.zeros((), dtype=torch.float64, device=self.device)
-        loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = 0
+        sums: torch.Tensor | None = None
         for x, y in self.test:
             x = self.train_step.prepare(x)
             with self.train_step.autocast():
                 out = module(x)
-            loss += nn.functional.cross_entropy(out.float(), y, reduction="sum").double()
-            correct += (out.argmax(dim=1) == y).sum()
-            count += y.numel()
+            batch = task.eval_sums(out, y)
+            sums = batch if sums is None else sums + batch
         module.train(was_training)
-        return [float(correct), float(loss), float(count)]
+        if sums is None:  # no test windows on this rank
+            return [0.0] * task.eval_width
+        return sums.tolist()

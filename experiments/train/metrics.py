@@ -11,6 +11,10 @@ Names follow the project's convention: ``train/loss``, ``train/acc``,
 ``train/lr``, ``perf/samples_per_s``, ``perf/step_s`` and the wrapper's
 ``comm/*`` timers (seconds per step, averaged over ranks); every line also has
 ``step``, ``epoch`` and ``time_s`` (training seconds, resumed runs included).
+A language model's lines also have ``tokens`` (training tokens so far, all ranks
+together) and its training lines ``perf/tokens_per_s`` (all ranks) and
+``perf/mfu``: ``flops_per_token`` (``6 N``) times the tokens per second of one
+rank, over ``log.peak_flops``, the peak FLOP/s of one device.
 """
 
 from __future__ import annotations
@@ -107,6 +111,9 @@ class Metrics:
         steps_per_epoch: int,
     ) -> None:
         self.every = int(log_cfg.every)
+        # images count no tokens; count_tokens() turns the token metrics on
+        self.tokens_per_sample, self.flops_per_token = 0, 0
+        self.peak_flops = float(log_cfg.get("peak_flops", 312e12))
         self.consensus_every = int(log_cfg.consensus_every)
         self.sketch = int(log_cfg.consensus_sketch)
         self.show_progress = bool(log_cfg.progress)
@@ -146,12 +153,39 @@ class Metrics:
         return self.time_offset + (time.time() - self.train_start)
 
     def line(self, step: int, **metrics: Any) -> dict[str, Any]:
-        """A metrics line at ``step``: ``step``, ``epoch``, ``time_s`` and ``metrics``."""
-        return {
+        """A metrics line at ``step``: ``step``, ``epoch``, ``time_s`` (and ``tokens``), ``metrics``."""
+        line: dict[str, Any] = {
             "step": step,
             "epoch": step / self.steps_per_epoch,
             "time_s": self.elapsed(),
-            **metrics,
+        }
+        if self.tokens_per_sample:
+            line["tokens"] = self.tokens(step)
+        line.update(metrics)
+        return line
+
+    def count_tokens(self, tokens_per_sample: int, flops_per_token: int) -> None:
+        """Add ``tokens``, ``perf/tokens_per_s`` and ``perf/mfu`` to the lines from now on.
+
+        Args:
+            tokens_per_sample: Tokens in one sample (a language model's ``block_size``).
+            flops_per_token: Training FLOPs per token of the model (``6 N``), for ``perf/mfu``.
+        """
+        self.tokens_per_sample, self.flops_per_token = tokens_per_sample, flops_per_token
+
+    def tokens(self, step: int) -> int:
+        """Training tokens consumed by all ranks in ``step`` steps."""
+        return step * self.world_size * self.batch_size * self.tokens_per_sample
+
+    def token_rates(self, samples_per_s: float | None) -> dict[str, float]:
+        """``perf/tokens_per_s`` and ``perf/mfu`` of a throughput in samples per second."""
+        if not self.tokens_per_sample or samples_per_s is None:
+            return {}
+        tokens_per_s = samples_per_s * self.tokens_per_sample
+        per_rank = tokens_per_s / self.world_size
+        return {
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/mfu": self.flops_per_token * per_rank / self.peak_flops,
         }
 
     def train_line(
@@ -185,6 +219,7 @@ class Metrics:
             sps = self.world_size * self.batch_size * steps / seconds
             line["perf/samples_per_s"] = sps
             line["perf/step_s"] = seconds / steps
+            line.update(self.token_rates(sps))
             self.history.samples_per_s.append(sps)
         for k, total in zip(keys, totals[4:]):
             line[k] = total / self.world_size / max(steps, 1)
@@ -239,12 +274,16 @@ class Metrics:
                 line.get("perf/samples_per_s", float("nan")),
             )
 
-    def publish_summary(self, summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    def publish_summary(
+        self, summary: dict[str, Any], run_dir: Path, message: Any = None
+    ) -> dict[str, Any]:
         """Give every rank rank 0's summary; rank 0 writes ``summary.json`` and tells wandb.
 
         Args:
             summary: This rank's summary (rank 0's timings are the reference).
             run_dir: The run directory.
+            message: ``message(summary) -> str | None``, the last line rank 0 logs; by
+                default (or ``None``) the final ``eval/acc`` and ``eval/acc_local``.
 
         Returns:
             Rank 0's summary, made strict-JSON safe, on every rank.
@@ -258,13 +297,17 @@ class Metrics:
             tmp.write_text(json.dumps(summary, indent=2) + "\n")
             os.replace(tmp, path)
             self.sink.summary(summary)
-            log.info(
-                "done: eval/acc %.4f, eval/acc_local %.4f after %d steps; %s",
-                summary["eval/acc"],
-                summary["eval/acc_local"],
-                summary["train/steps"],
-                path,
-            )
+            text = None if message is None else message(summary)
+            if text is None:
+                log.info(
+                    "done: eval/acc %.4f, eval/acc_local %.4f after %d steps; %s",
+                    summary["eval/acc"],
+                    summary["eval/acc_local"],
+                    summary["train/steps"],
+                    path,
+                )
+            else:
+                log.info("%s; %s", text, path)
         return summary
 
     # ------------------------------------------------------------ checkpoints

@@ -75,7 +75,8 @@ def build_scheduler_fn(
     """The ``lr_scheduler_fn(optimizer) -> LRScheduler`` that the ``scheduler`` section names.
 
     Epoch counts in the config become step counts here: the scheduler steps once
-    per training step.
+    per training step. ``scheduler.warmup_steps``, when set, is the warm-up in steps
+    and overrides ``warmup_epochs``.
 
     Args:
         scheduler_cfg: The ``scheduler`` config section.
@@ -91,7 +92,9 @@ def build_scheduler_fn(
     """
     s, name = scheduler_cfg, str(scheduler_cfg.name)
     if name == "cosine_warmup":
-        warmup = min(total_steps, round(float(s.warmup_epochs) * steps_per_epoch))
+        steps = s.get("warmup_steps")
+        epochs = float(s.warmup_epochs) * steps_per_epoch
+        warmup = min(total_steps, round(epochs) if steps is None else int(steps))
         return partial(
             SCHEDULER_FNS[name],
             t_max=total_steps,

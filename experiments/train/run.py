@@ -48,7 +48,8 @@ from experiments.network.netem import profile_from_cfg
 from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
-from experiments.train.trainer import Trainer
+from experiments.train.task import task_for
+from experiments.train.trainer import Trainer, per_worker_batch
 
 __all__ = ["run", "validate", "config_hash", "slurm_env", "ConfigError"]
 
@@ -178,10 +179,13 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ("dist.timeout_s", cfg.dist.timeout_s, cfg.dist.timeout_s > 0, "> 0"),
         ("topology.local_world_size", lws, lws is None or lws >= 1, ">= 1 or null"),
         ("topology.bucket_size_in_mb", topo.bucket_size_in_mb, topo.bucket_size_in_mb > 0, "> 0"),
+        ("log.peak_flops", cfg.log.peak_flops, cfg.log.peak_flops > 0, "> 0"),
     ]
     if s.name == "cosine_warmup":
+        steps = s.get("warmup_steps")
         rules += [
             ("scheduler.warmup_epochs", s.warmup_epochs, s.warmup_epochs >= 0, ">= 0"),
+            ("scheduler.warmup_steps", steps, steps is None or steps >= 0, ">= 0 or null"),
             ("scheduler.eta_min", s.eta_min, s.eta_min >= 0, ">= 0"),
             ("scheduler.warmup_decay", s.warmup_decay, 0 < s.warmup_decay <= 1, "in (0, 1]"),
         ]
@@ -195,6 +199,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             raise ConfigError(f"{key}={value} is invalid; it must be {allowed}")
     check_dataset(d)
     check_model(cfg.model)
+    per_worker_batch(t, world_size)
+    # images or tokens: the dataset and the model must agree (block size, vocabulary)
+    task_for(cfg).check(cfg)
 
     # the factories check their own hyper-parameters (lr >= 0, betas, accum_iter, ...)
     try:

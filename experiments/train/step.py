@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from decent_dp.ddp import DecentralizedDataParallel
 from experiments.train.config import ALLREDUCE
 from experiments.train.metrics import TrainWindow
+from experiments.train.task import ImageClassification, Task
 
 __all__ = ["TrainStep", "NanPolicy", "amp_setup"]
 
@@ -177,6 +178,7 @@ class TrainStep:
         rank: This process's rank.
         world_size: Number of ranks.
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
+        task: What the model learns (its loss); image classification by default.
 
     Example::
 
@@ -199,8 +201,10 @@ class TrainStep:
         rank: int,
         world_size: int,
         channels_last: bool = False,
+        task: Task | None = None,
     ) -> None:
         self.device = window.device
+        self.task = ImageClassification(train_cfg) if task is None else task
         self.window = window
         self.channels_last = channels_last
         self.topology = str(topology_cfg.name)
@@ -218,9 +222,6 @@ class TrainStep:
             str(train_cfg.nan_policy), rank=rank, world_size=world_size, device=self.device
         )
         try:
-            self.criterion: Callable[..., torch.Tensor] = nn.CrossEntropyLoss(
-                label_smoothing=float(train_cfg.label_smoothing)
-            )
             self._handles += self.nan.mask_gradients(self.params)
         except BaseException:
             self.close()
@@ -293,11 +294,9 @@ class TrainStep:
         """Train on one batch; ``number`` is the step's 1-based number (for the NaN record)."""
         x = self.prepare(x)
         with self.autocast():
-            out = self.model(x)
-            loss = self.criterion(out.float(), y)
+            loss, correct, count = self.task.forward(self.model, x, y)
         # recorded on the device; the next host phase reads it (NanPolicy.check)
-        correct = (out.detach().argmax(dim=1) == y).sum()
-        self.nan.loss_finite = self.window.add(loss, correct, y.numel(), number)
+        self.nan.loss_finite = self.window.add(loss, correct, count, number)
         backward_loss = self.scaler.scale(loss) if self.scaler is not None else loss
         backward_loss.backward()  # the wrapper steps and gossips inside backward
         if not self.decentralized:

@@ -11,6 +11,9 @@
 - :class:`~experiments.train.evaluation.Evaluator`: the globally averaged and
   local models on the test set, and consensus distance.
 
+What is learnt (images or tokens: the data, the model, the loss, the
+evaluation metrics) is the :class:`~experiments.train.task.Task`'s.
+
 :meth:`Trainer.fit` is the loop. The hot path never waits on the host: a step
 only queues work, and everything that reads the device (metrics lines,
 evaluation, checkpoints, the non-finite-loss record) happens in a host phase,
@@ -44,20 +47,44 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from decent_dp.utils import get_device
-from experiments.data import build_data
-from experiments.models import build_model
 from experiments.network.netem import apply_network
+from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.step import TrainStep
+from experiments.train.task import task_for
 
-__all__ = ["Trainer", "CHECKPOINT_DIR"]
+__all__ = ["Trainer", "CHECKPOINT_DIR", "per_worker_batch"]
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_DIR = "checkpoints"
+
+
+def per_worker_batch(train_cfg: Any, world_size: int) -> int:
+    """Samples per worker per step: ``train.global_batch_size / world_size`` when set.
+
+    Args:
+        train_cfg: The ``train`` config section.
+        world_size: Number of ranks.
+
+    Returns:
+        ``train.batch_size``, or the global batch split evenly over the ranks.
+
+    Raises:
+        ConfigError: If the global batch is not a positive multiple of ``world_size``.
+    """
+    total = train_cfg.get("global_batch_size")
+    if total is None:
+        return int(train_cfg.batch_size)
+    if not (isinstance(total, int) and total > 0 and total % world_size == 0):
+        raise ConfigError(
+            f"train.global_batch_size={total} is invalid; it must be a positive multiple "
+            f"of the world size {world_size}"
+        )
+    return total // world_size
 
 
 class Trainer:
@@ -96,14 +123,17 @@ class Trainer:
         self.topology = str(cfg.topology.name)
         self.step = 0
         t = cfg.train
+        self.batch_size = per_worker_batch(t, world_size)
+        self.task = task_for(cfg)
         # the seeds and the order of what draws from them are part of a run's identity
         torch.manual_seed(int(t.seed))
         random.seed(int(t.seed))
-        self.data = build_data(
+        self.data = self.task.build_data(
             cfg.dataset,
+            cfg.model,
             rank=rank,
             world_size=world_size,
-            batch_size=int(t.batch_size),
+            batch_size=self.batch_size,
             seed=int(t.seed),
             device=self.device,
         )
@@ -111,12 +141,7 @@ class Trainer:
         self.total_steps = (
             int(t.max_steps) if t.max_steps is not None else int(t.epochs) * self.steps_per_epoch
         )
-        model = build_model(
-            cfg.model,
-            num_classes=self.data.num_classes,
-            in_channels=self.data.in_channels,
-            image_size=self.data.image_size,
-        ).to(self.device)
+        model = self.task.build_model(cfg.model).to(self.device)
         # dropout and other model randomness differ per rank; the data order has its own generators
         torch.manual_seed(int(t.seed) * 1000 + rank)
 
@@ -125,9 +150,11 @@ class Trainer:
             self.device,
             rank=rank,
             world_size=world_size,
-            batch_size=int(t.batch_size),
+            batch_size=self.batch_size,
             steps_per_epoch=self.steps_per_epoch,
         )
+        if self.task.tokens_per_sample:
+            self.metrics.count_tokens(self.task.tokens_per_sample, self.task.flops_per_token)
         self.train_step = TrainStep(
             model,
             t,
@@ -138,6 +165,7 @@ class Trainer:
             rank=rank,
             world_size=world_size,
             channels_last=bool(cfg.model.get("channels_last", False)),
+            task=self.task,
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
@@ -152,6 +180,7 @@ class Trainer:
             rank=rank,
             world_size=world_size,
             config_hash=config_hash,
+            loader=self.data.train,
         )
         self.evaluator = Evaluator(self.data.test, self.train_step)
 
@@ -168,7 +197,8 @@ class Trainer:
         cfg = self.cfg
         self.metrics.start()
         self.step = self.checkpointer.resume()
-        if self.checkpointer.resumed_from is None and str(cfg.dataset.partition) == "dirichlet":
+        dirichlet = str(cfg.dataset.get("partition", "iid")) == "dirichlet"
+        if self.checkpointer.resumed_from is None and dirichlet:
             self.metrics.log_class_histogram(self.step, self.data.class_histogram)
         log.info(
             "training %s on %s with topology=%s, world size %d: %d steps (%d per epoch), batch %d per worker",
@@ -178,7 +208,7 @@ class Trainer:
             self.world_size,
             self.total_steps,
             self.steps_per_epoch,
-            int(cfg.train.batch_size),
+            self.batch_size,
         )
         bar = self.metrics.progress(self.total_steps, self.step, self.topology)
         redirect = logging_redirect_tqdm() if not bar.disable else contextlib.nullcontext()
@@ -254,11 +284,10 @@ class Trainer:
         self.metrics.record_consensus(result["consensus/distance"])
         self.metrics.log(self.metrics.line(self.step, **result))
         log.info(
-            "step %d epoch %.2f: eval/acc %.4f eval/acc_local %.4f",
+            "step %d epoch %.2f: %s",
             self.step,
             self.step / self.steps_per_epoch,
-            result["eval/acc"],
-            result["eval/acc_local"],
+            self.task.eval_message(result),
         )
 
     def _summary(self) -> dict[str, Any]:
@@ -281,15 +310,20 @@ class Trainer:
             "optim": str(cfg.optim.name),
             "network": str(cfg.network.name),
             "emulated": bool(self.network),
-            "synthetic": bool(self.data.synthetic),
+            "synthetic": self.task.synthetic,
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
             "resumed_from_step": self.checkpointer.resumed_from,
             "seed": int(cfg.train.seed),
-            "batch_size": int(cfg.train.batch_size),
-            "global_batch_size": int(cfg.train.batch_size) * self.world_size,
+            "batch_size": self.batch_size,
+            "global_batch_size": self.batch_size * self.world_size,
             "epochs": self.step / self.steps_per_epoch,
             "config_hash": self.config_hash,
             "run_dir": str(self.run_dir),
         }
+        if self.task.tokens_per_sample:
+            rates = self.metrics.token_rates(self.metrics.mean("samples_per_s"))
+            tokens = {"tokens": self.metrics.tokens(self.step), "perf/tokens_per_s": None}
+            tokens.update({"perf/mfu": None, **rates})
+            summary.update(self.task.summary(last_eval, tokens))
         # rank 0's timings are the reference
-        return self.metrics.publish_summary(summary, self.run_dir)
+        return self.metrics.publish_summary(summary, self.run_dir, self.task.final_message)

@@ -1,4 +1,4 @@
-"""Tests of experiments.models: every vision model trains a step, options, errors, digits accuracy."""
+"""Tests of experiments.models: every model trains a step, options, errors, digits accuracy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from torch import nn
 
 from experiments.data import build_data
 from experiments.models import MODELS, build_model
+from experiments.models.schema import LANGUAGE_MODELS
+from experiments.models.vision import VISION_MODELS
 
 # (config, in_channels, image_size, batch): small shapes keep the big models fast on CPU.
 CASES = {
@@ -33,10 +35,25 @@ def _forward_backward(model: nn.Module, x: torch.Tensor, num_classes: int) -> to
 
 
 def test_every_model_has_a_case() -> None:
-    assert set(CASES) == set(MODELS)
+    assert set(CASES) == set(VISION_MODELS)
+    assert set(MODELS) == set(VISION_MODELS) | LANGUAGE_MODELS
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+def test_gpt_through_build_model_takes_the_data_vocabulary() -> None:
+    torch.manual_seed(0)
+    model = build_model({"name": "gpt", "n_layer": 1, "block_size": 16}, vocab_size=50)
+    idx = torch.randint(50, (2, 16))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 16, 50) and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+    with pytest.raises(ValueError, match="^vocab_size=None is invalid; it must be an integer > 0$"):
+        build_model({"name": "gpt"})
+    with pytest.raises(ValueError, match="^model.n_embd=100 is invalid; it must be divisible"):
+        build_model({"name": "gpt", "n_embd": 100, "n_head": 3}, vocab_size=50)
+
+
+@pytest.mark.parametrize("name", list(CASES))
 def test_forward_backward_shapes(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     torch.manual_seed(0)
@@ -118,7 +135,7 @@ def test_vit_depends_on_every_patch() -> None:
     assert (per_patch > 0).all()
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", list(CASES))
 def test_channels_last(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     model = build_model(

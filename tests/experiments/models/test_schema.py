@@ -19,8 +19,36 @@ def test_every_model_has_a_schema_and_a_builder() -> None:
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "model").glob("*.yaml")))
 def test_composed_options_and_bare_names_pass(option: str) -> None:
-    check_model(compose_config(f"model={option}").model, image_size=32)
-    check_model({"name": option}, image_size=32)
+    composed = compose_config(f"model={option}").model
+    check_model(composed, image_size=32)
+    # a preset (gpt_tiny, gpt2_124m) is a size of a named model; the name alone passes too
+    check_model({"name": str(composed.name)}, image_size=32)
+
+
+def test_gpt_presets_are_the_module_constants() -> None:
+    from experiments.models.gpt import GPT2_124M, GPT_TINY
+
+    for option, preset in (("gpt", GPT_TINY), ("gpt_tiny", GPT_TINY), ("gpt2_124m", GPT2_124M)):
+        section = model_section(compose_config(f"model={option}").model)
+        assert section.name == "gpt"
+        for key in ("n_layer", "n_head", "n_embd", "block_size", "dropout", "bias", "compile"):
+            assert section[key] == getattr(preset, key), (option, key)
+    big = compose_config("model=gpt2_124m").model
+    assert (big.vocab_size, big.block_size, big.bias, big.dropout) == (50304, 1024, False, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("model.compile=fast", "model.compile=fast is invalid; it must be one of off, per_block"),
+        ("model.n_head=3", "model.n_embd=128 is invalid; it must be divisible by model.n_head=3"),
+        ("model.dropout=1.0", "model.dropout=1.0 is invalid"),
+    ],
+)
+def test_gpt_rules_reject_a_composed_section(override: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_model(compose_config("model=gpt", override).model)
+    assert str(info.value).startswith(needle) and "\n" not in str(info.value)
 
 
 def test_defaults_come_from_the_schema_of_the_name() -> None:
@@ -39,7 +67,7 @@ VIT = {"name": "vit_small"}
         (
             {"name": "resnet9"},
             "model.name=resnet9",
-            "one of small_cnn, resnet18_cifar, resnet50, vit_small",
+            "one of small_cnn, resnet18_cifar, resnet50, vit_small, gpt",
         ),
         ({"norm": "layer"}, "model.norm=layer", "one of group, batch"),
         ({"channels_last": "yes please"}, "model.channels_last=yes please", "true or false"),

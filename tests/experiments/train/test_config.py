@@ -20,6 +20,8 @@ from decent_dp.topo import TopologyReg
 CONF = Path(__file__).resolve().parents[3] / "conf"
 GROUPS = ("model", "dataset", "optim", "scheduler", "topology", "network", "logger")
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+# options that are presets of a named model: their name is the model's, not the file's
+PRESETS = {("model", "gpt_tiny"): "gpt", ("model", "gpt2_124m"): "gpt"}
 
 
 @pytest.fixture(autouse=True)
@@ -62,8 +64,12 @@ def test_default_config_composes():
 
 
 def test_group_options_exist():
-    assert _options("model") == sorted(["small_cnn", "resnet18_cifar", "resnet50", "vit_small"])
-    assert _options("dataset") == sorted(["digits", "cifar10", "cifar100", "imagenet", "synthetic"])
+    assert _options("model") == sorted(
+        ["small_cnn", "resnet18_cifar", "resnet50", "vit_small", "gpt", "gpt_tiny", "gpt2_124m"]
+    )
+    assert _options("dataset") == sorted(
+        ["digits", "cifar10", "cifar100", "imagenet", "synthetic", "tokens"]
+    )
     assert _options("optim") == sorted(
         ["sgd", "qgm_sgd", "adam", "adamw", "accum_adam", "accum_adamw"]
     )
@@ -72,12 +78,14 @@ def test_group_options_exist():
     assert _options("network") == sorted(["none", "ethernet_25g", "infiniband_100g", "custom"])
     assert _options("logger") == ["none", "wandb"]
     assert {"digits_quick", "cifar10_resnet18", "imagenet_resnet50"} <= set(EXPERIMENTS)
+    assert {"lm_quick", "gpt2_owt", "gpt2_owt_allreduce"} <= set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize(("group", "option"), [(g, o) for g in GROUPS for o in _options(g)])
 def test_every_option_composes(group, option):
     cfg = _compose([f"{group}={option}"])
-    assert cfg[group].name == option  # every option's name is its file name
+    # every option's name is its file name, but for the presets of a model
+    assert cfg[group].name == PRESETS.get((group, option), option)
     # the whole config resolves and every other group keeps its default
     container = OmegaConf.to_container(cfg, resolve=True)
     assert set(container) == {*GROUPS, "train", "log", "checkpoint", "dist"}
@@ -107,6 +115,58 @@ def test_imagenet_recipe():
         and base.train.batch_size == 32
         and base.train.label_smoothing == 0.1
     )
+
+
+def test_gpt2_owt_recipes():
+    cfg = _compose(["experiment=gpt2_owt"])
+    assert cfg.model.name == "gpt" and cfg.dataset.name == "tokens"
+    m = cfg.model
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size) == (12, 12, 768, 1024, 50304)
+    assert m.bias is False and m.dropout == 0.0
+    assert cfg.dataset.root == "data/openwebtext" and cfg.dataset.block_size is None
+    assert cfg.topology.name == "alternating-exp-ring"
+    o = cfg.optim
+    assert o.name == "accum_adamw" and list(o.betas) == [0.9, 0.98] and o.accum_iter == 8
+    assert o.lr == 6e-4 and o.weight_decay == 0.1
+    s = cfg.scheduler
+    assert s.name == "cosine_warmup" and s.warmup_steps == 2000 and s.eta_min == 6e-5
+    t = cfg.train
+    assert t.max_steps == 600_000 and t.global_batch_size == 480 and t.grad_clip_norm == 1.0
+    assert t.amp == "bf16"
+    base = _compose(["experiment=gpt2_owt_allreduce"])
+    assert base.topology.name == "allreduce"
+    assert base.optim.name == "adamw" and list(base.optim.betas) == [0.9, 0.95]
+    assert base.optim.lr == 6e-4 and base.optim.weight_decay == 0.1
+    # the rest of the recipe is the same
+    for section in ("model", "dataset", "scheduler", "train", "log", "checkpoint"):
+        assert base[section] == cfg[section], section
+
+
+def test_gpt2_owt_decays_matrices_only():
+    import torch
+
+    from experiments.models.gpt import build_gpt
+    from experiments.train.optim import build_optim_fn
+
+    cfg = _compose(["experiment=gpt2_owt"])
+    model = build_gpt({"name": "gpt", "n_layer": 1, "n_embd": 64, "bias": True}, vocab_size=64)
+    optimizer = build_optim_fn(cfg.optim)(list(model.named_parameters()))
+    decay = {g["weight_decay"]: g["params"] for g in optimizer.param_groups}
+    assert set(decay) == {0.1, 0.0}
+    assert all(p.ndim >= 2 for p in decay[0.1]) and all(p.ndim < 2 for p in decay[0.0])
+    assert type(optimizer).__name__ == "AccumAdamW" and isinstance(optimizer, torch.optim.Optimizer)
+
+
+def test_lm_quick_recipe():
+    cfg = _compose(["experiment=lm_quick"])
+    assert cfg.model.name == "gpt" and cfg.model.n_layer == 4 and cfg.model.n_embd == 128
+    assert cfg.dataset.name == "tokens" and cfg.dataset.root == "data/stdlib-bpe"
+    assert cfg.optim.name == "adamw" and cfg.scheduler.name == "cosine_warmup"
+    assert cfg.logger.name == "none" and cfg.scheduler.warmup_steps is not None
+    steps_per_epoch = cfg.dataset.tokens_per_epoch // (
+        cfg.train.batch_size * cfg.dataset.block_size * 4
+    )
+    assert 2 <= cfg.train.max_steps // steps_per_epoch <= 8  # a few evaluations on 4 workers
 
 
 def test_cifar_experiment_and_command_line_root():

@@ -104,14 +104,14 @@ def test_nan_policy_skip_zeroes_one_steps_gradient_on_the_device(
 
     def init_and_poison_step_6(step: TrainStep, *args: Any, **kwargs: Any) -> None:
         init(step, *args, **kwargs)
-        criterion, calls = step.criterion, [0]
+        criterion, calls = step.task.criterion, [0]
 
         def poisoned(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             calls[0] += 1  # a fresh run: the n-th call is step n
             # a NaN loss whose gradient is NaN for every parameter
             return criterion(out, y) * (math.nan if calls[0] == 6 else 1.0)
 
-        step.criterion = poisoned
+        step.task.criterion = poisoned
 
     monkeypatch.setattr(TrainStep, "__init__", init_and_poison_step_6)
     reads = _HostReads(monkeypatch)
