@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from experiments.report.configs import Band, Config, Section, band
+from experiments.report.runs import count
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -160,9 +161,13 @@ def _stack_legends(
 
 def _context(section: Section) -> str:
     """What every run of the section shares, for titles: dataset, model, workers."""
-    parts = [section.constant("dataset"), section.constant("model")]
+    dataset, model = section.constant("dataset"), section.constant("model")
     workers = section.constant("world_size")
-    parts.append(f"{workers} workers" if workers is not None else None)
+    parts = [
+        f"dataset {dataset}" if dataset else "",
+        f"model {model}" if model else "",
+        f"{workers} workers" if workers else "",
+    ]
     return ", ".join(p for p in parts if p)
 
 
@@ -316,13 +321,6 @@ def bar_plot(section: Section, styles: Styles, key: str, ylabel: str, title: str
     return plot
 
 
-def _tokens(value: float, _pos: Any = None) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:g}{suffix}"
-    return f"{value:g}"
-
-
 def vision_figures(section: Section) -> dict[str, Plot]:
     """The vision plots: consensus, loss against time, accuracy against epochs, throughput."""
     styles = Styles(section)
@@ -363,7 +361,7 @@ def lm_figures(section: Section) -> dict[str, Plot]:
     return {
         "tokens": line_plot(
             section, styles, "tokens", "eval/loss", xlabel="tokens (all workers)",
-            title="Loss against tokens", x_format=_tokens, **common,
+            title="Loss against tokens", x_format=count, **common,
         ),
         "time": line_plot(
             section, styles, "time_s", "eval/loss", xlabel="wall-clock time (s)",

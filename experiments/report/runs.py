@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "find_run_dirs", "load_run", "load", "num", "ALLREDUCE"]
+__all__ = ["Run", "find_run_dirs", "load_run", "load", "num", "count", "ALLREDUCE"]
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -25,6 +25,17 @@ _LM_KEYS = ("eval/ppl", "perf/tokens_per_s")
 def num(value: Any) -> bool:
     """Whether ``value`` is a finite int or float (``bool`` is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def count(value: float, _pos: Any = None) -> str:
+    """A large count for people: ``196608`` reads ``197k``, ``2.5e9`` reads ``2.5B``.
+
+    ``_pos`` lets it serve as a matplotlib tick formatter.
+    """
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:g}"
 
 
 @dataclass

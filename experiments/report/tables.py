@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from experiments.report.configs import Config, Section
-from experiments.report.runs import Run
+from experiments.report.runs import Run, count
 
 __all__ = ["config_table", "reference", "run_table"]
 
@@ -18,6 +18,10 @@ _SHOWN = {"topology", "network", "world_size", "dataset", "model"}
 
 def _f(value: float | None, spec: str, suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _count(value: float | None) -> str:
+    return "n/a" if value is None else count(value)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -126,7 +130,7 @@ def config_table(section: Section, target: float) -> list[str]:
                 _stat(config.finals("eval/loss_local"), ".4f"),
                 _stat(config.means("perf/tokens_per_s"), ".0f"),
                 _f(_ratio(section, config, "perf/tokens_per_s"), ".2f", "x"),
-                _f(_mean(config.finals("tokens")), ".3g"),
+                _count(_mean(config.finals("tokens"))),
             ]  # fmt: skip
         else:
             cells += [
@@ -179,7 +183,7 @@ def run_table(section: Section, target: float, out: Path) -> list[str]:
                 cells += [
                     _f(run.final("eval/loss"), ".4f"), _f(run.final("eval/ppl"), ".2f"),
                     _f(run.final("eval/loss_local"), ".4f"),
-                    _f(run.mean("perf/tokens_per_s"), ".0f"), _f(run.final("tokens"), ".3g"),
+                    _f(run.mean("perf/tokens_per_s"), ".0f"), _count(run.final("tokens")),
                 ]  # fmt: skip
             else:
                 reached = run.time_to(target)
