@@ -243,6 +243,10 @@ def line_plot(
         from matplotlib.ticker import FuncFormatter
 
         ax.xaxis.set_major_formatter(FuncFormatter(x_format))
+    if x in {"epoch", "step"}:  # counted in whole units: no 1.25 epochs on the axis
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     context = _context(section)
