@@ -5,7 +5,9 @@
 - :mod:`.trainer`: the ``Trainer`` and its loop, over four collaborators:
   :mod:`.step` (one training step), :mod:`.checkpointer` (when and what to
   save, resuming), :mod:`.metrics` (metrics lines and their windows) and
-  :mod:`.evaluation` (test accuracy, consensus distance).
+  :mod:`.evaluation` (test accuracy or loss, consensus distance); and
+  :mod:`.task`, what is learnt (image classification or language modelling:
+  the data, the model, the loss, the evaluation metrics).
 - :mod:`.optim`: the ``optim`` and ``scheduler`` config groups as factories.
 - :mod:`.config`: the structured-config schemas; :mod:`.checkpoint`: the
   on-disk checkpoint format; :mod:`.reshard`: the global average of a

@@ -117,8 +117,17 @@ class Task:
         """One evaluation, in words, for the log."""
         raise NotImplementedError
 
-    def summary(self, last_eval: dict[str, float], history_tokens: dict[str, Any]) -> dict:
-        """The task's keys of the job's summary (none beyond the usual ones by default)."""
+    def summary(self, last_eval: dict[str, float], tokens: dict[str, Any]) -> dict:
+        """The task's keys of the job's summary (none beyond the usual ones by default).
+
+        Args:
+            last_eval: The newest evaluation's metrics.
+            tokens: ``tokens``, ``perf/tokens_per_s`` and ``perf/mfu`` of the run, for a
+                task that counts tokens.
+
+        Returns:
+            The keys to add.
+        """
         return {}
 
     def final_message(self, summary: dict[str, Any]) -> str | None:
@@ -243,11 +252,11 @@ class LanguageModeling(Task):
             f"{result['eval/loss_local']:.4f} eval/ppl {result['eval/ppl']:.2f}"
         )
 
-    def summary(self, last_eval: dict[str, float], history_tokens: dict[str, Any]) -> dict:
+    def summary(self, last_eval: dict[str, float], tokens: dict[str, Any]) -> dict:
         return {
             "eval/loss_local": last_eval.get("eval/loss_local"),
             "eval/ppl": last_eval.get("eval/ppl"),
-            **history_tokens,
+            **tokens,
             "unigram_entropy": self.data.unigram_entropy,
         }
 

@@ -17,6 +17,7 @@ from experiments.data.tokens import (
     TokenData,
     build_tokens,
     eval_starts,
+    token_sizes,
     tokens_section,
 )
 from experiments.train.config import ConfigError
@@ -244,6 +245,23 @@ def test_vocab_size_from_nowhere(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="vocab_size unknown"):
         build(root)
     assert build(root, vocab_size=VOCAB).vocab_size == VOCAB
+
+
+def test_token_sizes_are_known_before_the_files_are_opened(tmp_path: Path) -> None:
+    root = write_tokens(tmp_path / "ok")
+    assert token_sizes({"root": str(root)}, 16) == (16, VOCAB)  # the model's block size
+    assert token_sizes({"root": str(root), "block_size": 8}, 16) == (8, VOCAB)
+    assert token_sizes({"root": str(root), "vocab_size": 9000}, 16) == (16, 9000)
+    with pytest.raises(ConfigError, match="^dataset.block_size=32 is invalid; it must be <= "):
+        token_sizes({"root": str(root), "block_size": 32}, 16)
+    (root / "meta.json").unlink()
+    with pytest.raises(ConfigError, match="^vocab_size unknown: "):
+        token_sizes({"root": str(root)}, 16)
+    (root / "val.bin").unlink()
+    with pytest.raises(ConfigError) as exc:
+        token_sizes({"root": str(root), "vocab_size": VOCAB}, 16)
+    message = str(exc.value)
+    assert "holds no val.bin" in message and "prepare_tokens" in message and "\n" not in message
 
 
 def test_section_is_checked_like_a_config(tmp_path: Path) -> None:
