@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 
 import hydra
 import torch.distributed as dist
@@ -42,6 +43,7 @@ from experiments.train.config import compose_error_line
 from experiments.train.run import ConfigError, run
 
 failed_jobs: list[int] = []
+_CONFIG_ERROR_GRACE_S = 3.0
 
 
 def _rank() -> int:
@@ -71,6 +73,9 @@ def main(cfg: DictConfig) -> float | None:
         if isinstance(exc, ConfigError) and HydraConfig.get().mode == RunMode.MULTIRUN:
             failed_jobs.append(HydraConfig.get().job.num)
             return None
+        if rank != 0 and isinstance(exc, ConfigError):
+            # rank 0 fails alike; torchrun stops every rank once one exits: let it print first
+            time.sleep(_CONFIG_ERROR_GRACE_S)
         sys.exit(1)  # a peer may be waiting on this rank: stop here, not in the next job
 
 

@@ -190,7 +190,7 @@ class LanguageModeling(Task):
     """Token windows to next tokens: mean token cross-entropy, ``eval/loss`` and ``eval/ppl``.
 
     A sample is a window of ``block_size`` tokens: the dataset's ``block_size`` if set,
-    else the model's.
+    else the model's. ``train.label_smoothing`` does not apply to next-token prediction.
     """
 
     eval_width = 2  # loss sum, tokens
