@@ -19,6 +19,9 @@ document is encoded and followed by ``<|endoftext|>``, and the ids are written t
 ``train.bin`` and ``val.bin`` as flat little-endian ``uint16`` (so the vocabulary must fit
 in 65,536 ids), beside a ``meta.json`` that :func:`experiments.data.tokens.build_tokens`
 reads. The same inputs and seed give the same files.
+
+One module of about 500 lines: reading, splitting, tokenizing and writing are the steps
+of one command, each short, and its tests exercise them end to end.
 """
 
 from __future__ import annotations

@@ -24,6 +24,10 @@ other ranks' shards before it writes the index).
 Resuming with another world size or topology reads the global average of a
 checkpoint's shards instead (:mod:`experiments.train.reshard`).
 
+A little over 500 lines on purpose: writing, verifying, listing and pruning checkpoints
+are one protocol (what makes a checkpoint complete), and splitting them would put the
+rules for one crash case in two files.
+
 Example::
 
     info = latest_checkpoint(root)
