@@ -43,7 +43,7 @@ from experiments.train.config import compose_error_line
 from experiments.train.run import ConfigError, run
 
 failed_jobs: list[int] = []
-_CONFIG_ERROR_GRACE_S = 3.0
+_CONFIG_ERROR_GRACE_S = 1.0
 
 
 def _rank() -> int:

@@ -42,6 +42,7 @@ def _ok(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow
 def test_two_ranks_train_a_gpt_on_a_token_directory(tmp_path):
     root = write_corpus(tmp_path / "corpus")
     run_dir = tmp_path / "run"

@@ -282,6 +282,7 @@ def _gossip_worker(rank: int, world_size: int, port: int) -> None:
         assert times[1] <= steps * pair_s + times[0] + SLACK_S, f"{times} vs {pair_s:.3f}s/step"
 
 
+@pytest.mark.slow
 def test_wrapper_gossip_is_held_for_the_modelled_time() -> None:
     mp.spawn(_gossip_worker, args=(2, free_port()), nprocs=2, join=True)
 

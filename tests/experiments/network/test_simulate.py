@@ -350,6 +350,7 @@ def test_measure_times_a_real_model(tmp_path: Path) -> None:
     assert "compute measured on this CPU" in (tmp_path / "simulate.md").read_text()
 
 
+@pytest.mark.slow
 def test_runs_as_a_module_on_a_custom_profile(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.network.simulate", "--out", str(tmp_path), "world_sizes=[16]",
