@@ -414,7 +414,14 @@ def test_the_table_covers_at_least_15_inputs() -> None:
     assert len(CASES) >= 15
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# the two cases of a real 3-rank torchrun sweep take about 20 s on 2 cores: the slow suite
+_SLOW_CASES = {"world-size-3-one-peer-exp", "one-node-alternating-exp-ring"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_CASES else n for n in CASES],
+)
 def test_bad_input_fails_fast_with_one_line(
     name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

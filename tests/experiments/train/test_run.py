@@ -348,6 +348,7 @@ def _assert_same_final_params(a: Path, b: Path, world_size: int) -> None:
 # ---------------------------------------------------------------- subprocesses
 
 
+@pytest.mark.slow
 def test_bad_batch_size_exits_with_one_line(tmp_path):
     start = time.time()
     args = ["train.batch_size=0", "logger=none", f"hydra.run.dir={tmp_path}"]
@@ -426,6 +427,7 @@ def _wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_writes_metrics_and_summary(ring_run):
     summary = json.loads((ring_run / "summary.json").read_text())
     assert set(summary) >= SUMMARY_KEYS
@@ -465,6 +467,7 @@ def test_torchrun_two_ranks_resume_matches_straight_run(ring_run, tmp_path):
     _assert_same_final_params(ring_run, tmp_path, world_size=2)
 
 
+@pytest.mark.slow
 def test_torchrun_short_run_logs_consensus_to_wandb_too(ring_run):
     rows = _wandb_history(ring_run)
     exact = {r["_step"]: r["consensus/distance"] for r in rows if "consensus/distance" in r}
