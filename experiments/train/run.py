@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from decent_dp.topo import TopologyReg
 from decent_dp.utils import initialize_dist
 from experiments.network.netem import profile_from_cfg
+from experiments.schema import require
 from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
@@ -194,9 +195,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             ("scheduler.step_size_epochs", s.step_size_epochs, s.step_size_epochs > 0, "> 0"),
             ("scheduler.gamma", s.gamma, s.gamma > 0, "> 0"),
         ]
-    for key, value, valid, allowed in rules:
-        if not valid:
-            raise ConfigError(f"{key}={value} is invalid; it must be {allowed}")
+    for rule in rules:
+        require(*rule)
     check_dataset(d)
     check_model(cfg.model)
     per_worker_batch(t, world_size)
