@@ -31,17 +31,52 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {raw!r}") from None
 
 
+def _visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _local_rank() -> int:
-    """``LOCAL_RANK``, or ``RANK`` modulo the GPU count when a launcher did not set it."""
-    if "LOCAL_RANK" in os.environ:
-        return _env_int("LOCAL_RANK", 0)
-    rank = _env_int("RANK", 0)
-    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return rank % n_gpus if n_gpus > 0 else 0
+    """``LOCAL_RANK``, else ``SLURM_LOCALID``, else ``RANK`` modulo the GPU count."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        if os.environ.get(name, "") != "":
+            return _env_int(name, 0)
+    n_gpus = _visible_gpus()
+    return _env_int("RANK", 0) % n_gpus if n_gpus > 0 else 0
 
 
-def _cuda_usable(local_rank: int) -> bool:
-    return torch.cuda.is_available() and 0 <= local_rank < torch.cuda.device_count()
+def _local_world_size() -> int:
+    """``LOCAL_WORLD_SIZE``, else SLURM's tasks on this node (``4`` or ``4(x2)``), else 1."""
+    if os.environ.get("LOCAL_WORLD_SIZE", "") != "":
+        return _env_int("LOCAL_WORLD_SIZE", 1)
+    raw = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or ""
+    head = raw.split("(")[0].split(",")[0]
+    return int(head) if head.isdigit() else 1
+
+
+def _plan() -> tuple[int | None, str]:
+    """This process's GPU index (``None``: the CPU) and the backend every rank chooses alike.
+
+    The backend depends only on what every rank of a node sees the same (the
+    number of visible GPUs, the processes per node, whether the launcher
+    restricts ``CUDA_VISIBLE_DEVICES``), never on the rank itself, so that no
+    rank waits in a rendezvous of another backend:
+
+    * no GPU: the CPU and gloo;
+    * one visible GPU: ``cuda:0``; NCCL when it is this process's own (one
+      process per node, or ``CUDA_VISIBLE_DEVICES`` set per task, as SLURM's
+      ``--gpus-per-task`` does), gloo when several processes share it;
+    * several GPUs: ``cuda:LOCAL_RANK`` (modulo the count); NCCL when there are
+      at least as many GPUs as processes per node, else gloo with the GPUs shared.
+    """
+    n_gpus = _visible_gpus()
+    local_rank = _local_rank()
+    if n_gpus == 0:
+        return None, "gloo"
+    per_node = _local_world_size()
+    if n_gpus == 1:
+        own = per_node <= 1 or os.environ.get("CUDA_VISIBLE_DEVICES", "") != ""
+        return 0, "nccl" if own else "gloo"
+    return local_rank % n_gpus, "nccl" if per_node <= n_gpus else "gloo"
 
 
 def _free_port() -> int:
@@ -55,16 +90,16 @@ def get_device() -> torch.device:
     """Return the device this process should compute on.
 
     Returns:
-        ``cuda:LOCAL_RANK`` when CUDA is available and has a GPU for
-        ``LOCAL_RANK``, else ``cpu``.
+        ``cpu`` without a GPU; ``cuda:0`` when one GPU is visible (a launcher
+        that binds one GPU per task); else ``cuda:LOCAL_RANK`` (modulo the
+        number of GPUs). ``LOCAL_RANK`` falls back to ``SLURM_LOCALID``, then
+        to ``RANK``.
 
     Raises:
         ValueError: If ``LOCAL_RANK`` is set but is not an integer.
     """
-    local_rank = _local_rank()
-    if _cuda_usable(local_rank):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    index, _ = _plan()
+    return torch.device("cpu") if index is None else torch.device("cuda", index)
 
 
 def get_backend_for(device: torch.device | str) -> str:
@@ -95,11 +130,12 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
     it sets ``RANK=0``, ``WORLD_SIZE=1``, ``LOCAL_RANK=0``,
     ``LOCAL_WORLD_SIZE=1`` and, unless already set, ``MASTER_ADDR=127.0.0.1``
     and a free ``MASTER_PORT``, then builds a one-process group. On a GPU it
-    selects ``cuda:LOCAL_RANK`` before initializing.
+    selects :func:`get_device`'s GPU before initializing.
 
     Args:
-        backend: ``"nccl"``, ``"gloo"`` or ``None`` to choose: ``"nccl"``
-            when there is a GPU for ``LOCAL_RANK``, else ``"gloo"``.
+        backend: ``"nccl"``, ``"gloo"`` or ``None`` to choose the same way
+            on every rank: ``"nccl"`` when each process has a GPU of its own
+            (see :func:`get_device`), else ``"gloo"``.
         timeout_s: Seconds a collective may wait before failing, so that a
             dead peer surfaces as an error rather than a hang; ``> 0``.
 
@@ -108,7 +144,7 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
 
     Raises:
         ValueError: If ``backend`` is not ``nccl``/``gloo``/``None``, if
-            ``nccl`` is asked for without a GPU for ``LOCAL_RANK``, or if
+            ``nccl`` is asked for without a visible GPU, or if
             ``timeout_s`` is not positive.
         RuntimeError: If ``torch.distributed`` is not available in this build.
     """
@@ -123,14 +159,16 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
 
     # Resolve everything that can fail before touching the environment.
     single = "WORLD_SIZE" not in os.environ
-    local_rank = 0 if single else _local_rank()
+    if single:
+        index, auto = (0, "nccl") if _visible_gpus() > 0 else (None, "gloo")
+    else:
+        index, auto = _plan()
     if backend is None:
-        backend = "nccl" if _cuda_usable(local_rank) else "gloo"
-    if backend == "nccl" and not _cuda_usable(local_rank):
-        n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = auto
+    if backend == "nccl" and index is None:
         raise ValueError(
-            f"backend 'nccl' needs a CUDA device for LOCAL_RANK={local_rank}, "
-            f"but {n_gpus} GPU(s) are visible; use backend='gloo' or None"
+            f"backend 'nccl' needs a CUDA device for LOCAL_RANK={_local_rank()}, "
+            f"but {_visible_gpus()} GPU(s) are visible; use backend='gloo' or None"
         )
 
     if single:
@@ -142,14 +180,14 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
     kwargs: dict[str, object] = {}
-    if _cuda_usable(local_rank):
+    if index is not None:
         # NCCL binds to the current device at init, so it must be chosen first.
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(index)
         if (
             backend == "nccl"
             and "device_id" in inspect.signature(dist.init_process_group).parameters
         ):
-            kwargs["device_id"] = torch.device("cuda", local_rank)
+            kwargs["device_id"] = torch.device("cuda", index)
 
     timeout = datetime.timedelta(seconds=timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
