@@ -6,6 +6,7 @@ so each must be called by every rank at the same point.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -14,7 +15,24 @@ from torch import nn
 
 from .topo import Edge, Topology
 
-__all__ = ["broadcast_from_rank0", "check_ranks_agree", "make_groups", "plan_buckets"]
+__all__ = [
+    "broadcast_from_rank0",
+    "check_ranks_agree",
+    "communicators_per_rank",
+    "make_groups",
+    "plan_buckets",
+]
+
+
+def _round_digests(topology: Topology) -> list[str]:
+    """A short digest of each round's edges (sorted ranks and weight), to compare across ranks."""
+    digests = []
+    for edges in topology.rounds:
+        text = ";".join(
+            f"{sorted(e.ranks)}:{e.weight!r}" for e in sorted(edges, key=lambda e: sorted(e.ranks))
+        )
+        digests.append(hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16])
+    return digests
 
 
 def check_ranks_agree(
@@ -24,6 +42,8 @@ def check_ranks_agree(
     sig = {
         "params": [(n, tuple(p.shape), str(p.dtype), p.requires_grad) for n, p in named],
         "topology": (topology.name, topology.world_size, topology.period),
+        # a custom topology built differently per rank would create groups in another order
+        "edges": _round_digests(topology),
     }
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, sig)
@@ -34,6 +54,12 @@ def check_ranks_agree(
         if other["topology"] != ref["topology"]:
             raise ValueError(
                 f"ranks disagree on the topology: rank 0 has {ref['topology']}, rank {r} has {other['topology']}"
+            )
+        if other["edges"] != ref["edges"]:
+            k = next(i for i, (x, y) in enumerate(zip(ref["edges"], other["edges"])) if x != y)
+            raise ValueError(
+                f"ranks disagree on the edges of topology {topology.name!r}: rank 0 and rank {r} "
+                f"have other groups or weights in round {k}; every rank must build the same topology"
             )
         a, b = ref["params"], other["params"]
         for i in range(max(len(a), len(b))):
@@ -56,10 +82,33 @@ def broadcast_from_rank0(module: nn.Module, world_size: int) -> None:
         dist.broadcast(t.data, src=0)
 
 
+def _can_split() -> bool:
+    """Whether each round's groups can come from one ``split_group`` of the default group.
+
+    torch splits only NCCL communicators, and only from a default group bound to
+    a device (``init_process_group(..., device_id=...)``, as
+    :func:`decent_dp.utils.initialize_dist` does). ``new_group(...,
+    use_local_synchronization=True)`` is no alternative: its non-members return
+    before the group counter that salts the group names advances, so members of
+    a later group can disagree on its name.
+    """
+    if not hasattr(dist, "split_group") or dist.get_backend() != "nccl":
+        return False
+    default = dist.distributed_c10d._get_default_group()
+    return getattr(default, "bound_device_id", None) is not None
+
+
 def make_groups(
     topology: Topology, rank: int, world_size: int
 ) -> tuple[list[Any], list[Edge], list[Any]]:
-    """One process group per distinct multi-rank edge, created in the same order on every rank.
+    """The process group of every distinct multi-rank edge, created in the same order on every rank.
+
+    On NCCL with a bound device, the new edges of each round (disjoint, as
+    every rank is in one edge per round) come from one ``split_group`` call,
+    which splits the default communicator instead of building one per group
+    from scratch; otherwise one ``new_group`` per distinct edge. Either way a
+    rank holds a communicator only for the edges it belongs to:
+    :func:`communicators_per_rank`.
 
     Returns:
         The groups created here (to destroy on release), this rank's edge in
@@ -69,7 +118,9 @@ def make_groups(
     groups: dict[tuple[int, ...], Any] = {}
     created: list[Any] = []
     full = tuple(range(world_size))
+    split = _can_split()
     for edges in topology.rounds:
+        new: list[tuple[int, ...]] = []
         for edge in edges:
             key = tuple(sorted(edge.ranks))
             if len(key) < 2 or key in groups:
@@ -77,12 +128,40 @@ def make_groups(
             if key == full:
                 groups[key] = dist.group.WORLD
             else:
+                new.append(key)
+                groups[key] = None
+        if not new:
+            continue
+        if split:
+            group = dist.split_group(split_ranks=[list(k) for k in new])
+            mine = [k for k in new if rank in k]
+            if mine:
+                groups[mine[0]] = group
+                created.append(group)
+        else:
+            for key in new:
                 groups[key] = dist.new_group(list(key))
                 created.append(groups[key])
     my_edges = [topology.get_edge(r, rank) for r in range(topology.period)]
     # kept beside the edges: the user's Topology object is not modified
     my_groups = [groups.get(tuple(sorted(e.ranks))) for e in my_edges]
     return created, my_edges, my_groups
+
+
+def communicators_per_rank(topology: Topology) -> list[int]:
+    """How many process groups (communicators on NCCL) each rank belongs to for ``topology``.
+
+    Counts the distinct multi-rank edges of the period that contain the rank,
+    the whole world counted once (as the default group, which exists anyway).
+    """
+    mine: list[set[tuple[int, ...]]] = [set() for _ in range(topology.world_size)]
+    for edges in topology.rounds:
+        for edge in edges:
+            key = tuple(sorted(edge.ranks))
+            if len(key) >= 2:
+                for r in key:
+                    mine[r].add(key)
+    return [len(s) for s in mine]
 
 
 def plan_buckets(
