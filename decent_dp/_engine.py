@@ -26,8 +26,9 @@ from torch.utils._pytree import tree_flatten
 
 from ._bucket import Bucket, is_dense
 from ._cpu_memory import keep_freed_memory
+from ._device import GradStreams, device_guard, side_stream
 from ._factories import OptimBuilder
-from ._gossip import GossipState, arrived, launch, step_bucket, wait
+from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
 from ._optim_plan import prefer_fused, restore_fused
 from ._setup import make_groups, plan_buckets
 from ._timers import SpanTimers
@@ -49,21 +50,31 @@ class _Resources:
         self.handles: list[Any] = []
         self.groups: list[Any] = []
         self.buckets: list[Bucket] = []
+        self.device: torch.device | None = None
 
     def release(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        for b in self.buckets:
-            if b.work is not None:
-                with contextlib.suppress(Exception):  # a dead peer must not block the release
-                    b.work.wait()
-                b.work = None
+        with device_guard(self.device or torch.device("cpu")):
+            self._finish_work()
         for group in self.groups:
             if dist.is_initialized():
                 with contextlib.suppress(Exception):  # already gone with the default group
                     dist.destroy_process_group(group)
         self.groups.clear()
+
+    def _finish_work(self) -> None:
+        for b in self.buckets:
+            if b.work is not None:
+                with contextlib.suppress(Exception):  # a dead peer must not block the release
+                    b.work.wait()
+                b.work = None
+        if self.device is not None and self.device.type == "cuda":
+            # on NCCL work.wait() only orders streams: the communicators' kernels (and the
+            # side stream's use of the buffers) must be over before the groups are destroyed
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize(self.device)
 
 
 class Engine:
@@ -107,12 +118,14 @@ class Engine:
         self._as_view = as_view
         self._bucket_bytes = bucket_bytes
         self._res = _Resources()
-        created, edges, groups = make_groups(topology, self.rank, self.world_size)
-        self._res.groups.extend(created)
-
         self.device = params[0].device
-        # bucket work runs beside the backward pass on CUDA (see _side)
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._res.device = self.device
+        # bucket work runs beside the backward pass on CUDA (see _side); the stream is
+        # this process's one for the device, taken before any group of this wrapper exists
+        self.stream = side_stream(self.device)
+        with device_guard(self.device):
+            created, edges, groups = make_groups(topology, self.rank, self.world_size)
+        self._res.groups.extend(created)
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
@@ -126,6 +139,7 @@ class Engine:
         self._bwd_active = False
         self._next_launch = 0
         self._ready: list[Bucket] = []  # complete, not yet stepped (their gossip is late)
+        self._grad_streams = GradStreams(self.device)  # keyed by bucket, -1 before buckets
         self.relaunch = False  # launch every bucket's gossip before the next forward
         self.closed = False
         me = weakref.ref(self)
@@ -184,8 +198,9 @@ class Engine:
 
     def drain(self) -> None:
         """Finish in-flight gossip (the results stay pending for the next step)."""
-        for b in self.buckets or []:
-            wait(self.gossip, b)
+        with device_guard(self.device):
+            for b in self.buckets or []:
+                wait(self.gossip, b)
 
     def forget_gossip(self) -> list[Any]:
         """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
@@ -205,8 +220,9 @@ class Engine:
             self._recover_failed_backward()
         if self.relaunch and self.buckets is not None:
             self.relaunch = False
-            for b in self.buckets:
-                launch(self.gossip, b, self.step_count + 1)
+            with device_guard(self.device):
+                for b in self.buckets:
+                    launch(self.gossip, b, self.step_count + 1)
 
     @torch.compiler.disable
     def watch_outputs(self, out: Any) -> None:
@@ -224,11 +240,16 @@ class Engine:
         """Global-norm clipping and loss scaling need every gradient before any step."""
         return self._grad_clip_norm > 0 or (self.scaler is not None and self.scaler.is_enabled())
 
-    def _side(self) -> contextlib.AbstractContextManager[Any]:
-        """Bucket work runs on the side stream, after everything queued so far on the caller's."""
+    def _side(self, buckets: Sequence[Bucket] = ()) -> contextlib.AbstractContextManager[Any]:
+        """Bucket work runs on the side stream, after everything queued so far on the caller's.
+
+        It also waits for the gradients of ``buckets`` made on other streams
+        (a model that runs branches under ``torch.cuda.stream(s)``).
+        """
         if self.stream is None:
             return contextlib.nullcontext()
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        keys = [b.index for b in buckets] if self.buckets is not None else []
+        self._grad_streams.make_wait(self.stream, keys + [-1])
         return torch.cuda.stream(self.stream)
 
     def _begin_backward(self) -> None:
@@ -249,6 +270,8 @@ class Engine:
         if not self._bwd_active:
             self._begin_backward()  # a backward that did not pass through forward()'s outputs
         if self.buckets is None:
+            if self.stream is not None:
+                self._grad_streams.note(-1)
             if not self._seen_first[index]:
                 self._seen_first[index] = True
                 self._order.append(index)
@@ -256,6 +279,8 @@ class Engine:
         bucket, j = self._bucket_of[index]
         if bucket.fired[j]:
             return
+        if self.stream is not None:
+            self._grad_streams.note(bucket.index)
         bucket.fired[j] = True
         bucket.n_fired += 1
         if self.accumulate or self._deferred or bucket.stepped:
@@ -270,17 +295,26 @@ class Engine:
 
         On CPU, waiting for a late neighbour blocks the thread that runs the
         backward pass; it computes the remaining gradients first instead, and
-        the end of backward waits for what is still missing.
+        the end of backward waits for what is still missing. On CUDA the wait
+        is a stream dependency and costs the thread nothing, but an emulated
+        network delay would be a sleep: those buckets are left for later too.
         """
-        with self._side():
+        with self._side(self._ready):
             for bucket in list(self._ready):
                 if self.stream is None and not arrived(self.gossip, bucket):
+                    continue
+                if self.stream is not None and not delivered(self.gossip, bucket):
                     continue
                 self._ready.remove(bucket)
                 step_bucket(self.gossip, bucket, skip_update=False)
             self._launch_in_order()
 
     def _on_backward_end(self) -> None:
+        # the callback may run on the caller's thread, whose current device can be another
+        with device_guard(self.device):
+            self._end_backward()
+
+    def _end_backward(self) -> None:
         self._bwd_active = False
         if self.buckets is None:
             if self.accumulate:
@@ -297,7 +331,7 @@ class Engine:
     def _finish_iteration(self, skip: bool) -> None:
         """Step what is left, launch every remaining gossip in order, and count the step."""
         assert self.buckets is not None
-        with self._side():
+        with self._side(self.buckets):
             for b in self.buckets:
                 if not b.stepped:
                     step_bucket(self.gossip, b, skip_update=skip)
@@ -307,6 +341,7 @@ class Engine:
         for b in self.buckets:
             b.reset_iteration()
         self._ready.clear()
+        self._grad_streams.clear()
         self._next_launch = 0
         self.step_count += 1
 
@@ -327,7 +362,7 @@ class Engine:
                 b.reset_iteration()
             return
         # complete buckets left for their late gossip step as they would have in time
-        with self._side():
+        with self._side(self._ready):
             for b in self._ready:
                 step_bucket(self.gossip, b, skip_update=False)
         self._ready.clear()
@@ -348,14 +383,17 @@ class Engine:
             scale = scaler._scale  # GradScaler keeps its scale as a 1-element tensor
             found = torch.full((1,), float(failed), dtype=torch.float32, device=scale.device)
             if grads:
-                inv = scale.double().reciprocal().float().to(grads[0].device)
+                inv = scale.double().reciprocal().float()
+                # GradScaler's own fused kernel: one launch per (device, dtype) for all gradients
+                by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
                 for g in grads:
-                    g.mul_(inv.to(g.dtype))
-                found += (
-                    torch.stack([(~torch.isfinite(g)).any() for g in grads])
-                    .any()
-                    .to(found.device, found.dtype)
-                )
+                    by_kind.setdefault((g.device, g.dtype), []).append(g)
+                for (device, _), same in by_kind.items():
+                    found_here = torch.zeros(1, dtype=torch.float32, device=device)
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        same, found_here, inv.to(device)
+                    )
+                    found += found_here.to(found.device)
             # every worker must skip together and keep the same scale
             dist.all_reduce(found, op=dist.ReduceOp.MAX)
             torch._amp_update_scale_(

@@ -8,6 +8,9 @@ steps; :mod:`decent_dp._engine` decides *when*.
 
 from __future__ import annotations
 
+import math
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ from ._optim_plan import DecayFold, decay_plan, drop_fused
 from ._timers import SpanTimers
 from .topo import Edge
 
-__all__ = ["GossipState", "arrived", "launch", "step_bucket", "wait"]
+__all__ = ["GossipState", "arrived", "delivered", "launch", "step_bucket", "wait"]
 
 
 @dataclass
@@ -49,9 +52,58 @@ class GossipState:
     alpha: float = 1.0
     comm_delay: Callable[[int, int], float] | None = None
     period: int = field(init=False)  # of the topology: len(edges)
+    # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
+    launches: dict[int, object] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.period = len(self.edges)
+
+
+class _StartClock:
+    """A host thread that stamps when the GPU reached each emulated gossip's launch.
+
+    On CUDA the host queues a launch long before the device runs it; an
+    emulated transfer starts when the device gets there, so its delay is
+    counted from the moment the launch's event completes.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Any, Callable[[float], None]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def stamp(self, event: Any, on_start: Callable[[float], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="decent-dp-netem-clock", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((event, on_start))
+
+    def _run(self) -> None:
+        while True:
+            event, on_start = self._queue.get()
+            try:
+                event.synchronize()  # releases the GIL while the device gets there
+            finally:
+                on_start(time.perf_counter())
+
+
+_CLOCK = _StartClock()
+
+
+def _started(state: GossipState, bucket: Bucket, token: object) -> Callable[[float], None]:
+    def on_start(t: float) -> None:
+        if state.launches.get(bucket.index) is token:  # not a stale stamp of an earlier launch
+            bucket.launch_t = t
+
+    return on_start
+
+
+def delivered(state: GossipState, bucket: Bucket) -> bool:
+    """Whether the emulated network has delivered the bucket's gossip (True without emulation)."""
+    return bucket.work is None or state.comm_delay is None or bucket.delay_left() <= 0
 
 
 def arrived(state: GossipState, bucket: Bucket) -> bool:
@@ -70,7 +122,15 @@ def wait(state: GossipState, bucket: Bucket) -> None:
         return
     t0 = state.timers.mark()
     bucket.work.wait()
+    if state.stream is not None:
+        # work.wait() ordered only the current stream after the collective; the next mix
+        # runs on the side stream, which must not read the buffer before it is written
+        current = torch.cuda.current_stream(state.stream.device)
+        if current != state.stream:
+            state.stream.wait_stream(current)
     if state.comm_delay is not None:
+        while bucket.launch_t == math.inf:  # the device has not reached the launch yet
+            time.sleep(1e-4)
         remaining = bucket.delay_left()
         if remaining > 0:
             time.sleep(remaining)
@@ -95,6 +155,13 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     bucket.launch_t = time.perf_counter()
     if state.comm_delay is not None:
         bucket.delay_s = float(state.comm_delay(bucket.numel * bucket.comm.element_size(), k))
+        if state.stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(state.stream.device))
+            token = object()
+            state.launches[bucket.index] = token
+            bucket.launch_t = math.inf  # until the start clock sees the device get here
+            _CLOCK.stamp(event, _started(state, bucket, token))
     group = state.groups[round_index]
     bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
     state.timers.add("comm/mix_s", t0, state.timers.mark())

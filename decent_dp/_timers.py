@@ -26,6 +26,7 @@ class SpanTimers:
     def __init__(self, keys: tuple[str, ...], device: torch.device):
         self.keys = keys
         self.cuda = device.type == "cuda"
+        self.device = device
         self._sums = dict.fromkeys(keys, 0.0)
         self._pending: list[tuple[str, Any, Any]] = []
 
@@ -33,7 +34,8 @@ class SpanTimers:
         """A point in time on the current stream."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            # on the current stream of this device, not of the thread's current device
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 

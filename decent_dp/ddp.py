@@ -43,6 +43,7 @@ from torch.optim import Optimizer
 
 from ._averaging import GlobalAverager
 from ._bucket import Bucket
+from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
 from ._setup import broadcast_from_rank0, check_ranks_agree
@@ -222,20 +223,24 @@ class DecentralizedDataParallel(nn.Module):
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
 
-        check_ranks_agree(every, self.topology, self._world_size)
-        broadcast_from_rank0(self._plain, self._world_size)
-        self._engine = Engine(
-            [p for _, p in named],
-            [n for n, _ in named],
-            self.topology,
-            build_optim,
-            lr_scheduler_fn,
-            scaler,
-            float(grad_clip_norm),
-            as_view=bool(param_as_bucket_view),
-            stable_storage=bool(stable_param_storage),
-            bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
-        )
+        device = check_cuda_placement(named)
+        warn_cuda_graphs_without_stable_storage(model, bool(stable_param_storage))
+        # object collectives stage on the current device: make it the parameters' one
+        with device_guard(device):
+            check_ranks_agree(every, self.topology, self._world_size)
+            broadcast_from_rank0(self._plain, self._world_size)
+            self._engine = Engine(
+                [p for _, p in named],
+                [n for n, _ in named],
+                self.topology,
+                build_optim,
+                lr_scheduler_fn,
+                scaler,
+                float(grad_clip_norm),
+                as_view=bool(param_as_bucket_view),
+                stable_storage=bool(stable_param_storage),
+                bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
+            )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 
     # ---------------------------------------------------------------- forward
