@@ -110,18 +110,18 @@ def check_cuda_placement(named: list[tuple[str, nn.Parameter]]) -> torch.device:
     """The trained parameters' device; raises one line where NCCL would put ranks on the wrong GPU.
 
     Raises:
-        ValueError: Parameters on several CUDA devices, or on another GPU than
-            the one the NCCL process group is bound to (``device_id``).
+        ValueError: With NCCL, parameters on several devices, or on another GPU
+            than the one the process group is bound to (``device_id``).
     """
     device = named[0][1].device
-    for n, p in named:
-        if p.device.type == "cuda" and p.device != device:
-            raise ValueError(
-                f"parameter '{n}' is on {p.device} but '{named[0][0]}' is on {device}; one "
-                "process trains on one device: move the whole model to cuda:LOCAL_RANK"
-            )
     if device.type != "cuda" or dist.get_backend() != "nccl":
         return device
+    for n, p in named:
+        if p.device != device:
+            raise ValueError(
+                f"parameter '{n}' is on {p.device} but '{named[0][0]}' is on {device}; with nccl "
+                "one process trains on one GPU: move the whole model to cuda:LOCAL_RANK"
+            )
     bound = getattr(dist.distributed_c10d._get_default_group(), "bound_device_id", None)
     if bound is not None and bound.index is not None and bound.index != device.index:
         raise ValueError(

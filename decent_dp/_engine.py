@@ -215,12 +215,12 @@ class Engine:
         """Recover from a backward that raised, and relaunch gossip after a load or average."""
         if self.closed:
             raise RuntimeError("this DecentralizedDataParallel was closed; wrap the model again")
-        if self._bwd_active and torch._C._current_autograd_node() is None:
-            # a backward began and never finished: it raised
-            self._recover_failed_backward()
-        if self.relaunch and self.buckets is not None:
-            self.relaunch = False
-            with device_guard(self.device):
+        with device_guard(self.device):
+            if self._bwd_active and torch._C._current_autograd_node() is None:
+                # a backward began and never finished: it raised
+                self._recover_failed_backward()
+            if self.relaunch and self.buckets is not None:
+                self.relaunch = False
                 for b in self.buckets:
                     launch(self.gossip, b, self.step_count + 1)
 
@@ -325,6 +325,10 @@ class Engine:
             for b in self.buckets:
                 b.reset_iteration()
             return
+        if self._deferred and self.stream is not None:
+            # unscaling and clipping read every gradient on this stream, wherever each was made
+            keys = [b.index for b in self.buckets] + [-1]
+            self._grad_streams.make_wait(torch.cuda.current_stream(self.device), keys)
         skip = self._unscale_and_clip() if self._deferred else False
         self._finish_iteration(skip)
 
