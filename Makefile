@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu lint format train train-lm sweep bench bench-upstream report simulate topo clean
+.PHONY: help install test test-all test-gpu gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ test-all: ## Every test, `slow` included
 
 test-gpu: ## Only the tests that need CUDA
 	$(PY) -m pytest -m gpu -q $(ARGS)
+
+gpu-check: ## On one GPU (< 8 min): test-gpu, the CUDA step-time bench, a bf16 train run -> docs/results/gpu.md
+	$(PY) -m experiments.bench.gpu_check $(ARGS)
 
 lint: ## ruff (lint + format check) and mypy on decent_dp
 	.venv/bin/ruff check .

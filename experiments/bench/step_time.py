@@ -12,6 +12,10 @@ the ratios are comparable even on a noisy machine:
 It prints the median step time, the ratio to torch DDP and to local, and where
 the wrapper's time goes (waiting for gossip, mixing, optimizer), and writes
 the rows to ``--out`` as JSON.
+
+``--device cuda`` runs every process on the first visible GPU, still with
+gloo (which moves CUDA tensors itself), so one GPU is enough for 1, 2 and 4
+processes; each timed step ends with ``torch.cuda.synchronize()``.
 """
 
 from __future__ import annotations
@@ -132,14 +136,24 @@ def _minor_faults() -> int:
 
 
 def time_variant(
-    variant: str, model_name: str, batch: int, warmup: int, steps: int, local_world_size: int
+    variant: str,
+    model_name: str,
+    batch: int,
+    warmup: int,
+    steps: int,
+    local_world_size: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     from decent_dp import DecentralizedDataParallel
     from decent_dp.optim import optim_fn_sgd
 
     rank, world = dist.get_rank(), dist.get_world_size()
     model, shape, classes = build(model_name)
-    data = synthetic_batches(batch, shape, classes, seed=rank)
+    model = model.to(device)
+    data = [
+        (x.to(device), y.to(device)) for x, y in synthetic_batches(batch, shape, classes, seed=rank)
+    ]
+    cuda = torch.device(device).type == "cuda"
     loss_fn = nn.CrossEntropyLoss()
     optim_fn = partial(optim_fn_sgd, lr=0.01, momentum=0.9, weight_decay=0.0)
     wrapper: DecentralizedDataParallel | None = None
@@ -162,6 +176,8 @@ def time_variant(
         if wrapper is None:
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()  # the step is over when the device is done
 
     timed = timed_steps(step, warmup, steps, wrapper.pop_timers if wrapper is not None else None)
     timers = wrapper.pop_timers() if wrapper is not None else {}
@@ -173,6 +189,8 @@ def time_variant(
         "variant": variant,
         "median_step_s": timed["median_step_s"],
     }
+    if cuda:
+        row["device"] = torch.cuda.get_device_name()
     for key, value in timers.items():
         row[key.replace("comm/", "") + "_per_step"] = value / steps
     if wrapper is not None:
@@ -206,6 +224,8 @@ def worker(args: argparse.Namespace) -> None:
     from decent_dp.topo import TopologyReg
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)  # every process on the first GPU; gloo moves the tensors
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     local = 2 if world % 2 == 0 and world >= 4 else world
@@ -228,7 +248,7 @@ def worker(args: argparse.Namespace) -> None:
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for rep in range(args.repeats):
             for variant in variants:
-                r = time_variant(variant, model_name, batch, args.warmup, steps, local)
+                r = time_variant(variant, model_name, batch, args.warmup, steps, local, args.device)
                 runs[variant].append(r)
                 if dist.get_rank() == 0:
                     print(
@@ -279,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     add_common_arguments(parser, batch=16, out="outputs/bench/bench.json")
     parser.add_argument("--out-part", default="", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every process on GPU 0"
+    )
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
@@ -286,18 +309,22 @@ def main(argv: list[str] | None = None) -> None:
     for p in args.procs:
         if p < 1:
             parser.error(f"--procs {p} is invalid; process counts must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda is invalid here: torch.cuda.is_available() is False")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     torchrun = Path(sys.executable).with_name("torchrun")
     for procs in args.procs:
         part = out.with_suffix(f".{procs}.json")
-        print(f"== {procs} processes (CPU, gloo, {args.threads} thread(s) each)", flush=True)
+        where = "CPU" if args.device == "cpu" else "CUDA tensors on GPU 0"
+        print(f"== {procs} processes ({where}, gloo, {args.threads} thread(s) each)", flush=True)
         cmd = [
             str(torchrun), "--standalone", f"--nproc_per_node={procs}", "-m", "experiments.bench.step_time", "--worker",
             "--out-part", str(part), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--threads", str(args.threads), "--repeats", str(args.repeats),
             "--models", *args.models, *(["--with-noview"] if args.with_noview else []),
+            "--device", args.device,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         subprocess.run(cmd, check=True, env=env)
