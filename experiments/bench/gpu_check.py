@@ -7,8 +7,9 @@ GPU:
 2. ``bench``: :mod:`experiments.bench.step_time` with ``--device cuda``: at 1
    process the wrapper beside local training, and gloo with CUDA tensors at 2
    and 4 processes, all on the one GPU;
-3. ``train``: ``train.py`` under ``torchrun`` on CUDA with ``train.amp=bf16``
-   (digits and the small CNN, built in, no download).
+3. ``train``: ``train.py`` under ``torchrun`` on CUDA with ``train.amp=bf16``,
+   2 ranks on the one GPU through gloo (digits and the small CNN, built in, no
+   download).
 
 The parts fail soft: a failure or a timeout is recorded and the next part
 still runs. The report, ``docs/results/gpu.md`` by default, names the device
@@ -136,7 +137,9 @@ def run_train(timeout_s: float, work: Path, procs: int = 2) -> PartResult:
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [
         str(torchrun), "--standalone", f"--nproc_per_node={procs}", "train.py",
-        "train.amp=bf16", "logger=none", "log.progress=false", f"hydra.run.dir={run_dir}",
+        # gloo: both ranks share the one GPU, which NCCL refuses, whatever CUDA_VISIBLE_DEVICES says
+        "train.amp=bf16", "dist.backend=gloo", "logger=none", "log.progress=false",
+        f"hydra.run.dir={run_dir}",
     ]  # fmt: skip
     result, _ = run_command("train", cmd, timeout_s)
     summary_file = run_dir / "summary.json"
