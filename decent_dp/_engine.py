@@ -142,6 +142,8 @@ class Engine:
         self._grad_streams = GradStreams(self.device)  # keyed by bucket, -1 before buckets
         self.relaunch = False  # launch every bucket's gossip before the next forward
         self.closed = False
+        # called once with the buckets when they are built (states a checkpoint left to load)
+        self.after_build: Callable[[list[Bucket]], None] | None = None
         me = weakref.ref(self)
         for i, p in enumerate(params):
             self._res.handles.append(p.register_post_accumulate_grad_hook(_grad_hook(me, i)))
@@ -186,6 +188,9 @@ class Engine:
             buckets.append(bucket)
         self.buckets = buckets
         self._res.buckets[:] = buckets
+        if self.after_build is not None:
+            load, self.after_build = self.after_build, None
+            load(buckets)
         if self.device.type == "cpu":
             # gradients are freed after each step and allocated again by the next backward
             keep_freed_memory(sum(p.numel() * p.element_size() for p in self.params))

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from . import _legacy
 from ._averaging import GlobalAverager
 from ._bucket import Bucket
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
@@ -434,6 +435,40 @@ class DecentralizedDataParallel(nn.Module):
     def _stream(self) -> Any:
         """The CUDA side stream of the bucket work (``None`` on CPU)."""
         return self._engine.stream
+
+    @property
+    def _optims(self) -> list[Optimizer]:
+        """decent-dp 0.2.x's per-bucket optimizers, in bucket order (``[]`` before the first backward)."""
+        return _legacy.bucket_optimizers(self._engine)
+
+    @property
+    def _lr_schedulers(self) -> list[Any]:
+        """decent-dp 0.2.x's per-bucket LR schedulers (``None`` without ``lr_scheduler_fn``; ``[]`` at first)."""
+        return _legacy.bucket_schedulers(self._engine)
+
+    def load_bucket_states(
+        self,
+        optimizers: list[dict[str, Any]],
+        lr_schedulers: list[dict[str, Any] | None],
+        step: int,
+    ) -> None:
+        """Restore the states a 0.2.x-style script saved through :attr:`_optims` and :attr:`_lr_schedulers`.
+
+        Load the model's ``state_dict`` too. A fresh wrapper applies them once
+        its first backward has built the buckets; that step mixes nothing in,
+        as after :meth:`global_avg`, so a checkpoint saved then resumes exactly.
+
+        Args:
+            optimizers: ``[opt.state_dict() for opt in model._optims]``.
+            lr_schedulers: ``[s.state_dict() for s in model._lr_schedulers if s is not None]``.
+            step: The number of optimizer steps taken when they were saved
+                (:attr:`step_count`), which selects the topology's round.
+
+        Raises:
+            ValueError: ``step`` is not an integer ``>= 0``, or the states do
+                not fit this wrapper's buckets.
+        """
+        _legacy.load_bucket_states(self._engine, optimizers, lr_schedulers, step)
 
     @property
     def step_count(self) -> int:
