@@ -42,7 +42,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ._averaging import GlobalAverager
-from ._bucket import Bucket
+from ._bucket import Bucket, aligned_offsets
+from ._compression import CompressionSpec, bytes_per_step, parse_compression
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
 from ._setup import broadcast_from_rank0, check_ranks_agree
@@ -130,10 +131,17 @@ class DecentralizedDataParallel(nn.Module):
             storage (``data_ptr()``) never changes, at two more passes over
             each bucket per step. For CUDA graphs (``torch.compile(...,
             mode="reduce-overhead")``) and code that keeps ``p.data``.
+        compression: Compressed gossip: ``None`` or ``"none"`` (exact), ``"bf16"``,
+            ``"int8"`` (a float32 scale per 1024 elements), ``"randk"`` or
+            ``"randk:<ratio>"`` (the same random coordinates on every member
+            of a group; ratio 0.1 by default), or a ``CompressionSpec``. Each
+            round's group exchanges compressed deviations from a reference
+            its members share; see :mod:`decent_dp._compression` for the
+            algorithm, its memory and its cost.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
-        ValueError: Unknown topology, a topology that does not fit the world
+        ValueError: Unknown topology or compression, a topology that does not fit the world
             size, a negative bucket size, fp16 parameters with a GradScaler, an
             ``optim_fn`` whose optimizer does not hold exactly the parameters it
             is given, or model shapes that differ across ranks.
@@ -167,6 +175,7 @@ class DecentralizedDataParallel(nn.Module):
         topology_kwargs: dict[str, Any] | None = None,
         _local_world_size: int | None = None,
         stable_param_storage: bool = False,
+        compression: str | CompressionSpec | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -185,6 +194,7 @@ class DecentralizedDataParallel(nn.Module):
             )
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.compression = parse_compression(compression)
         if local_world_size is None:
             local_world_size = _local_world_size
         self.module = model
@@ -235,6 +245,7 @@ class DecentralizedDataParallel(nn.Module):
             as_view=bool(param_as_bucket_view),
             stable_storage=bool(stable_param_storage),
             bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
+            compression=self.compression,
         )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 
@@ -461,6 +472,24 @@ class DecentralizedDataParallel(nn.Module):
         """
         self._engine.gossip.comm_delay = fn
 
+    def comm_bytes_per_step(self) -> float:
+        """Bytes this rank sends per step for gossip, averaged over the topology's period.
+
+        Computed from the schedule, the buckets (padding included) and the
+        compressor: an all-reduce of ``N`` bytes over ``k`` ranks counts
+        ``2 (k-1) / k N``, an all-gather of a ``P``-byte payload ``(k-1) P``
+        (exactly one payload per exchange for pairs); rounds alone count 0.
+        Before the first backward the trained parameters count as one block.
+        """
+        engine = self._engine
+        if engine.buckets is not None:
+            numels = [b.numel for b in engine.buckets]
+            size = engine.buckets[0].comm.element_size()
+        else:
+            size = engine.params[0].element_size()
+            numels = [aligned_offsets(engine.params, size)[1]]
+        return bytes_per_step(self.compression, engine.gossip.edges, numels, size)
+
     @property
     def buckets_info(self) -> list[dict[str, Any]]:
         """Name list, element count (padding included) and dtype of each bucket (empty before the first backward)."""
@@ -473,4 +502,5 @@ class DecentralizedDataParallel(nn.Module):
         return (
             f"topology={self.topology.name}, world_size={self._world_size}, "
             f"step={self._engine.step_count}"
+            + (f", compression={self.compression.name}" if self.compression.name != "none" else "")
         )
