@@ -227,10 +227,15 @@ def randk_seed(base: int, for_step: int, bucket: int) -> int:
     return ((base * 1_000_003 + for_step) * 1_000_003 + bucket) % (2**63 - 1)
 
 
-def randk_indices(numel: int, ratio: float, seed: int) -> torch.Tensor:
-    """The sorted coordinates ``randk`` sends: the same on every rank for the same seed (CPU)."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randperm(numel, generator=g)[: randk_count(numel, ratio)]
+def randk_indices(
+    numel: int, ratio: float, seed: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """The sorted coordinates ``randk`` sends: the same on every rank for the same seed and device type.
+
+    Drawn on ``device`` itself, so that a CUDA step copies nothing from the host.
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
+    idx = torch.randperm(numel, generator=g, device=device)[: randk_count(numel, ratio)]
     return idx.sort().values
 
 
@@ -313,9 +318,8 @@ class GossipCompressor:
         name = self.spec.name
         dev = self._deviation(bucket, self._ref(round_index, bucket))
         if name == "randk":
-            idx = randk_indices(
-                bucket.numel, self.spec.ratio, randk_seed(self.spec.seed, for_step, bucket.index)
-            ).to(bucket.device)
+            seed = randk_seed(self.spec.seed, for_step, bucket.index)
+            idx = randk_indices(bucket.numel, self.spec.ratio, seed, bucket.device)
             own = dev.index_select(0, idx)
             recv = own.clone()
             self.inflight[bucket.index] = _InFlight(round_index, k, own, recv, idx)

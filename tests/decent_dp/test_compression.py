@@ -110,6 +110,7 @@ VARIANTS = [
     ("bf16", "inplace"),
     ("int8", "inplace"),
     ("randk:0.3", "inplace"),
+    ("int8", "noview"),  # parameters apart from the bucket block: the in-place path, per tensor
 ]
 
 
@@ -119,7 +120,7 @@ def _wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParal
         optim_fn=make_optim(cfg),
         topology=cfg["topology"],
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
-        param_as_bucket_view=cfg.get("view", True),
+        param_as_bucket_view=cfg.get("path") != "noview",
         stable_param_storage=cfg.get("path") == "inplace",
         compression=cfg.get("compression"),
     )
