@@ -28,7 +28,8 @@ properties follow:
   in the next ``v_i`` (the reference moves to the group mean of the public
   estimates, not to ``x_i``). That is why no separate error-feedback buffer
   is kept: it would count the dropped part twice (once in ``x_i - ref``,
-  once in the buffer) and make the reference overshoot;
+  once in the buffer) and make the reference overshoot (``randk:0.1`` on
+  a pair of fixed models diverges with it and reaches consensus without);
 * with ``C`` the identity, this is uncompressed gossip exactly, and the
   reference is the group's mean.
 

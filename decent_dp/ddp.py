@@ -131,13 +131,9 @@ class DecentralizedDataParallel(nn.Module):
             storage (``data_ptr()``) never changes, at two more passes over
             each bucket per step. For CUDA graphs (``torch.compile(...,
             mode="reduce-overhead")``) and code that keeps ``p.data``.
-        compression: Compressed gossip: ``None`` or ``"none"`` (exact), ``"bf16"``,
-            ``"int8"`` (a float32 scale per 1024 elements), ``"randk"`` or
-            ``"randk:<ratio>"`` (the same random coordinates on every member
-            of a group; ratio 0.1 by default), or a ``CompressionSpec``. Each
-            round's group exchanges compressed deviations from a reference
-            its members share; see :mod:`decent_dp._compression` for the
-            algorithm, its memory and its cost.
+        compression: ``None``/``"none"`` (exact), ``"bf16"``, ``"int8"``, ``"randk"``
+            or ``"randk:<ratio>"`` (0.1 by default): each group exchanges compressed
+            deviations from a reference its members share (:mod:`decent_dp._compression`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -473,13 +469,11 @@ class DecentralizedDataParallel(nn.Module):
         self._engine.gossip.comm_delay = fn
 
     def comm_bytes_per_step(self) -> float:
-        """Bytes this rank sends per step for gossip, averaged over the topology's period.
+        """Bytes this rank sends per step for gossip, averaged over the period.
 
-        Computed from the schedule, the buckets (padding included) and the
-        compressor: an all-reduce of ``N`` bytes over ``k`` ranks counts
-        ``2 (k-1) / k N``, an all-gather of a ``P``-byte payload ``(k-1) P``
-        (exactly one payload per exchange for pairs); rounds alone count 0.
-        Before the first backward the trained parameters count as one block.
+        From the schedule, the buckets and the compressor, with the cost model of
+        :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
+        the first backward the trained parameters count as one block.
         """
         engine = self._engine
         if engine.buckets is not None:
