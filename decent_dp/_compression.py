@@ -240,6 +240,9 @@ def randk_indices(
     return idx.sort().values
 
 
+# torch 2.14 renamed all_gather_into_tensor; torch >= 2.4 is supported
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 _ENCODE = {"int8": (int8_encode, int8_decode), "bf16": (bf16_encode, bf16_decode)}
 
 
@@ -330,7 +333,7 @@ class GossipCompressor:
         own = encode(dev, torch.empty(size, dtype=torch.uint8, device=bucket.device))
         recv = torch.empty(k * size, dtype=torch.uint8, device=bucket.device)
         self.inflight[bucket.index] = _InFlight(round_index, k, own, recv)
-        return dist.all_gather_into_tensor(recv, own, group=group, async_op=True)
+        return _all_gather(recv, own, group=group, async_op=True)
 
     def nbytes(self, bucket: Any) -> int:
         """The payload this bucket sends per exchange (for the network emulation)."""

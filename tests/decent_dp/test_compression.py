@@ -111,7 +111,9 @@ VARIANTS = [
     ("int8", "inplace"),
     ("randk:0.3", "inplace"),
     ("int8", "noview"),  # parameters apart from the bucket block: the in-place path, per tensor
+    ("randk:0.3", "clip_avg"),  # deferred steps (clipping) and a global average mid-run
 ]
+EXTRA = {"clip_avg": {"clip": 0.5, "global_avg_at": 3}}
 
 
 def _wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
@@ -120,6 +122,7 @@ def _wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParal
         optim_fn=make_optim(cfg),
         topology=cfg["topology"],
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
+        grad_clip_norm=cfg.get("clip", 0.0),
         param_as_bucket_view=cfg.get("path") != "noview",
         stable_param_storage=cfg.get("path") == "inplace",
         compression=cfg.get("compression"),
@@ -130,7 +133,7 @@ def _variants_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, An
     """Train one wrapper per variant in the same process group; return each one's result."""
     out: dict[str, Any] = {}
     for comp, path in [(None, "swap"), ("none", "swap"), *VARIANTS]:
-        run = {**cfg, "compression": comp, "path": path}
+        run = {**cfg, "compression": comp, "path": path, **EXTRA.get(path, {})}
         ddp = _wrap(make_model("mlp", seed=rank), run)
         if run.get("alpha") is not None:
             ddp.set_adaptive_factor(run["alpha"])
@@ -201,12 +204,17 @@ def compressed_replay(
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
             loss_of(m, i, t).backward()
+            if cfg.get("clip"):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
             opt.step()
         new = [_buckets_of(m, layout) for m in models]
         r = (t - 1) % topo.period
         mixed = [[nb.clone() for nb in new[i]] for i in range(world)]
-        # step 1 mixes nothing: the first gossip is launched after it (and the models are equal)
-        for edge in topo.rounds[r] if t > 1 else []:
+        # step 1 mixes nothing: the first gossip is launched after it (and the models are
+        # equal); nor does the step after a global average, which drops the exchange in flight
+        # on every rank (and so moves no reference)
+        mixes = t > 1 and cfg.get("global_avg_at") != t - 1
+        for edge in topo.rounds[r] if mixes else []:
             k = len(edge.ranks)
             if k == 1:
                 continue
@@ -222,6 +230,10 @@ def compressed_replay(
                     refs[(j, r, b)] = ref_new
         for i, m in enumerate(models):
             _set_buckets(m, layout, mixed[i])
+        if cfg.get("global_avg_at") == t:
+            mean = torch.stack([flat(m) for m in models]).mean(0)
+            for m in models:
+                set_flat(m, mean)
     return [flat(m) for m in models]
 
 
@@ -236,7 +248,7 @@ def test_matches_compressed_replay(topology: str) -> None:
     for comp, path in VARIANTS:
         key = f"{comp}/{path}"
         layout = results[0][key]["layout"]
-        expected = compressed_replay({**cfg, "compression": comp}, 4, layout)
+        expected = compressed_replay({**cfg, "compression": comp, **EXTRA.get(path, {})}, 4, layout)
         for rank, (res, exp) in enumerate(zip(results, expected)):
             assert_close(
                 res[key]["params"],
