@@ -87,3 +87,22 @@ def test_bytes_per_step_is_logged_and_follows_the_formula(tmp_path: Path) -> Non
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         train = [json.loads(x) for x in lines if "train/loss" in x]
         assert train and all(line["comm/bytes_per_step"] == value for line in train)
+
+
+def _resume_runs(rank: int, world: int, root: str) -> dict[str, Any]:
+    # a schedule that does not depend on max_steps, so the interrupted run is a prefix
+    common = [*QUICK, "topology=ring", "compression=int8", "checkpoint.every_steps=3"]
+    common += ["scheduler=step", "scheduler.step_size_epochs=0.5"]
+    straight = run(compose_config(*common, "train.max_steps=12"), run_dir=Path(root) / "a")
+    run(compose_config(*common, "train.max_steps=7"), run_dir=Path(root) / "b")
+    resumed = run(compose_config(*common, "train.max_steps=12"), run_dir=Path(root) / "b")
+    return {"straight": straight, "resumed": resumed}
+
+
+@pytest.mark.slow
+def test_resume_with_compression_through_checkpoints_is_exact(tmp_path: Path) -> None:
+    got = ok_values(run_distributed(_resume_runs, 2, str(tmp_path), timeout=400))[0]
+    straight, resumed = got["straight"], got["resumed"]
+    assert resumed["resumed_from_step"] == 7 and resumed["train/steps"] == 12
+    for key in ("eval/acc", "eval/acc_local", "eval/loss", "train/loss", "comm/bytes_per_step"):
+        assert resumed[key] == straight[key], key
