@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ._bucket import Bucket, is_dense
+from ._compression import CompressionSpec, GossipCompressor
 from ._cpu_memory import keep_freed_memory
 from ._device import GradStreams, device_guard, side_stream
 from ._factories import OptimBuilder
@@ -91,6 +92,7 @@ class Engine:
         as_view: Make the parameters views into each bucket's block.
         stable_storage: Step in place, keeping the parameters' storage.
         bucket_bytes: Target bucket size in bytes.
+        compression: The gossip's compressor (``None``: exact all-reduce).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class Engine:
         as_view: bool,
         stable_storage: bool,
         bucket_bytes: int,
+        compression: CompressionSpec | None = None,
     ):
         self.params = params
         self.names = names
@@ -130,6 +133,8 @@ class Engine:
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
         )
+        if compression is not None and compression.name != "none":
+            self.gossip.compressor = GossipCompressor(compression)
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
@@ -157,6 +162,9 @@ class Engine:
             return
         self.closed = True
         self._finalizer()
+        if self.gossip.compressor is not None:  # the references are model-sized
+            self.gossip.compressor.load_state(None)
+            self.gossip.compressor.scratch.clear()
 
     # ---------------------------------------------------------------- buckets
     def build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:
@@ -446,6 +454,8 @@ class Engine:
             "schedulers": [],
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
+        if self.gossip.compressor is not None:
+            state["compression"] = self.gossip.compressor.state()
         if self.buckets is not None:
             state["layout"] = [list(b.names) for b in self.buckets]
             state["optimizers"] = [
@@ -478,6 +488,16 @@ class Engine:
                 if b.scheduler is not None and sched_state is not None:
                     b.scheduler.load_state_dict(sched_state)
             self.forget_gossip()
+        comp = self.gossip.compressor
+        if comp is not None:
+            comp.load_state(state.get("compression"))  # absent in older states: start afresh
+            if self.buckets is not None:
+                comp.place(self.buckets)
+        elif state.get("compression") is not None:
+            raise ValueError(
+                f"training state was saved with compression={state['compression'].get('name')!r}; "
+                "this run has compression='none'"
+            )
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.step_count = int(state["step"])

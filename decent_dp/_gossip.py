@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ._bucket import Bucket
+from ._compression import GossipCompressor
 from ._optim_plan import DecayFold, decay_plan, drop_fused
 from ._timers import SpanTimers
 from .topo import Edge
@@ -41,6 +42,8 @@ class GossipState:
         alpha: The mixing step size ``a``.
         comm_delay: The network-emulation delay, ``fn(nbytes, group_size)``
             seconds after launch, or ``None``.
+        compressor: Compressed gossip (:mod:`decent_dp._compression`), or
+            ``None`` for the exact all-reduce.
     """
 
     edges: list[Edge]
@@ -51,6 +54,7 @@ class GossipState:
     timers: SpanTimers
     alpha: float = 1.0
     comm_delay: Callable[[int, int], float] | None = None
+    compressor: GossipCompressor | None = None
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -149,6 +153,15 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         return
     t0 = state.timers.mark()
     peer_w = edge.peer_weight
+    if state.compressor is not None:
+        bucket.pending = (edge, edge.self_weight, peer_w)
+        bucket.launch_t = time.perf_counter()
+        if state.comm_delay is not None:
+            bucket.delay_s = float(state.comm_delay(state.compressor.nbytes(bucket), k))
+        group = state.groups[round_index]
+        bucket.work = state.compressor.launch(bucket, round_index, k, group, for_step)
+        state.timers.add("comm/mix_s", t0, state.timers.mark())
+        return
     for c, v in zip(bucket.comm_views, bucket.values()):
         torch.mul(v, peer_w, out=c)  # copy and weight in one pass
     bucket.pending = (edge, edge.self_weight, peer_w)
@@ -195,7 +208,12 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     if pending is not None:
         if bucket.flat is not None and pre is None and post is None and not state.stable_storage:
             plan = [] if skip_update else decay_plan(opt)
-        if plan is None:
+        if state.compressor is not None:
+            # comm := sum_j W_ij xhat_j - xhat_i, from the compressed deviations
+            state.compressor.correction(bucket, pending[1], pending[2])
+            if plan is not None:
+                _mix_in_place_of(bucket, plan, state.alpha, corrected=True)
+        elif plan is None:
             _mix_correction(bucket)  # comm := W x(t-1) - x(t-1)
         else:
             _mix_in_place_of(bucket, plan, state.alpha)  # parameters := mixed x(t-1)
@@ -245,19 +263,26 @@ def _mix_correction(bucket: Bucket) -> None:
         c.add_(v, alpha=self_w - peer_w - 1.0)
 
 
-def _mix_in_place_of(bucket: Bucket, plan: list[DecayFold], a: float) -> None:
+def _mix_in_place_of(
+    bucket: Bucket, plan: list[DecayFold], a: float, corrected: bool = False
+) -> None:
     """Make the parameters ``x(t-1) + a (W x(t-1) - x(t-1))``, this step's decay folded in.
 
     The decay the optimizer would compute from the parameters is computed
     here from x(t-1), before the parameters change: L2 terms go into the
-    gradients, decoupled terms into the mixed value.
+    gradients, decoupled terms into the mixed value. With ``corrected``,
+    ``comm`` already holds the correction (compressed gossip's).
     """
     _, self_w, peer_w = bucket.pending
     assert bucket.flat is not None
     x, comm = bucket.flat, bucket.comm
     # comm = peer_w * sum_j x_j, so the mix is a * comm + b * x
     b = 1.0 + a * (self_w - peer_w - 1.0)
-    if abs(b) < 1e-15:  # equal weights (up to the rounding of 1/k) and a = 1
+    if corrected:
+        if a != 1.0:
+            comm.mul_(a)
+        comm.add_(x)
+    elif abs(b) < 1e-15:  # equal weights (up to the rounding of 1/k) and a = 1
         pass
     elif a == 1.0:
         comm.add_(x, alpha=b)

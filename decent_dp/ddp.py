@@ -43,7 +43,8 @@ from torch.optim import Optimizer
 
 from . import _legacy
 from ._averaging import GlobalAverager
-from ._bucket import Bucket
+from ._bucket import Bucket, aligned_offsets
+from ._compression import CompressionSpec, bytes_per_step, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
@@ -132,10 +133,13 @@ class DecentralizedDataParallel(nn.Module):
             storage (``data_ptr()``) never changes, at two more passes over
             each bucket per step. For CUDA graphs (``torch.compile(...,
             mode="reduce-overhead")``) and code that keeps ``p.data``.
+        compression: ``None``/``"none"`` (exact), ``"bf16"``, ``"int8"``, ``"randk"``
+            or ``"randk:<ratio>"`` (0.1 by default): each group exchanges compressed
+            deviations from a reference its members share (:mod:`decent_dp._compression`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
-        ValueError: Unknown topology, a topology that does not fit the world
+        ValueError: Unknown topology or compression, a topology that does not fit the world
             size, a negative bucket size, fp16 parameters with a GradScaler, an
             ``optim_fn`` whose optimizer does not hold exactly the parameters it
             is given, or model shapes that differ across ranks.
@@ -169,6 +173,7 @@ class DecentralizedDataParallel(nn.Module):
         topology_kwargs: dict[str, Any] | None = None,
         _local_world_size: int | None = None,
         stable_param_storage: bool = False,
+        compression: str | CompressionSpec | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -187,6 +192,7 @@ class DecentralizedDataParallel(nn.Module):
             )
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.compression = parse_compression(compression)
         if local_world_size is None:
             local_world_size = _local_world_size
         self.module = model
@@ -241,6 +247,7 @@ class DecentralizedDataParallel(nn.Module):
                 as_view=bool(param_as_bucket_view),
                 stable_storage=bool(stable_param_storage),
                 bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
+                compression=self.compression,
             )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 
@@ -501,6 +508,22 @@ class DecentralizedDataParallel(nn.Module):
         """
         self._engine.gossip.comm_delay = fn
 
+    def comm_bytes_per_step(self) -> float:
+        """Bytes this rank sends per step for gossip, averaged over the period.
+
+        From the schedule, the buckets and the compressor, with the cost model of
+        :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
+        the first backward the trained parameters count as one block.
+        """
+        engine = self._engine
+        if engine.buckets is not None:
+            numels = [b.numel for b in engine.buckets]
+            size = engine.buckets[0].comm.element_size()
+        else:
+            size = engine.params[0].element_size()
+            numels = [aligned_offsets(engine.params, size)[1]]
+        return bytes_per_step(self.compression, engine.gossip.edges, numels, size)
+
     @property
     def buckets_info(self) -> list[dict[str, Any]]:
         """Name list, element count (padding included) and dtype of each bucket (empty before the first backward)."""
@@ -513,4 +536,5 @@ class DecentralizedDataParallel(nn.Module):
         return (
             f"topology={self.topology.name}, world_size={self._world_size}, "
             f"step={self._engine.step_count}"
+            + (f", compression={self.compression.name}" if self.compression.name != "none" else "")
         )

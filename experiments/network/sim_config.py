@@ -189,7 +189,10 @@ class Profile:
         model_bytes = read_number(cfg, "model_bytes", 1)
         bucket = read_number(cfg, "bucket_mb", 0) if cfg.get("bucket_mb") is not None else 25.0
         first = cfg.get("ddp_first_bucket_mb", 1.0)
-        self.workload = Workload(model_bytes, self.compute_s, self.backward_frac, bucket, first)
+        ratio = read_number(cfg, "compression_ratio", 0, 1) if "compression_ratio" in cfg else 1.0
+        self.workload = Workload(
+            model_bytes, self.compute_s, self.backward_frac, bucket, first, ratio
+        )
 
     def cluster(self, n: int, collective_start: str = "all") -> Cluster:
         """The :class:`Cluster` of ``n`` workers on this profile."""

@@ -232,6 +232,9 @@ class Workload:
         backward_frac: Share of ``compute_s`` in which buckets become ready.
         bucket_mb: Bucket size in MiB (torch DDP's ``bucket_cap_mb``, the wrapper's buckets).
         ddp_first_bucket_mb: torch DDP's small first bucket (MiB); ``None`` for none.
+        gossip_ratio: The bytes one gossip exchange sends over those of the fp32 model
+            (compressed gossip: bf16 0.5, int8 about 0.25, randk its ratio); the
+            all-reduce baseline is not compressed.
     """
 
     model_bytes: float
@@ -239,6 +242,7 @@ class Workload:
     backward_frac: float
     bucket_mb: float = 25.0
     ddp_first_bucket_mb: float | None = 1.0
+    gossip_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         _positive("model_bytes", self.model_bytes)
@@ -248,6 +252,10 @@ class Workload:
                 f"backward_frac={self.backward_frac!r} is invalid; it must be in [0, 1]"
             )
         _positive("bucket_mb", self.bucket_mb)
+        if not 0 < self.gossip_ratio <= 1:
+            raise ValueError(
+                f"compression_ratio={self.gossip_ratio!r} is invalid; it must be in (0, 1]"
+            )
 
 
 @dataclass(frozen=True)
@@ -461,6 +469,7 @@ def simulate_gossip(
     n = cluster.n
     sizes = bucket_sizes(work.model_bytes, work.bucket_mb)
     ready_frac = np.diff(np.concatenate([[0.0], np.cumsum(sizes) / sum(sizes)]))
+    sizes = [s * work.gossip_ratio for s in sizes]  # each bucket's compressed payload
     prepared = [_prepare(edges, sizes, cluster) for edges in rounds]
     fwd, bwd = mc.phases(work, n)
     own = cluster.collective_start == "own"

@@ -134,7 +134,13 @@ def _inputs(cfg: Any, profs: Sequence[Profile]) -> list[str]:
         f"{' (compute measured on this CPU)' if cfg.get('measured') else ''}; "
         f"buckets of {cfg.get('bucket_mb', 25)} MiB (torch DDP's first: "
         f"{cfg.get('ddp_first_bucket_mb', 1)} MiB); Monte Carlo {monte_carlo(cfg).steps} steps, "
-        f"seed {monte_carlo(cfg).seed}.",
+        f"seed {monte_carlo(cfg).seed}."
+        + (
+            f" Gossip compressed to {float(cfg.get('compression_ratio'))}x of these bytes "
+            "(the all-reduce is not)."
+            if float(cfg.get("compression_ratio", 1.0)) != 1.0
+            else ""
+        ),
         "",
         "| profile | network | efficiency | per-call latency | hop latency | compute | "
         "backward | jitter | per node | intra-node |",

@@ -126,6 +126,9 @@ __all__ = [
     "StepConfig",
     "TopologyConfig",
     "NetworkConfig",
+    "CompressionName",
+    "CompressionConfig",
+    "compression_arg",
     "LoggerConfig",
     "TrainConfig",
     "LogConfig",
@@ -159,6 +162,7 @@ NetworkName = name_enum(
     "NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"], __name__
 )
 LoggerName = name_enum("LoggerName", ["wandb", "none"], __name__)
+CompressionName = name_enum("CompressionName", ["none", "bf16", "int8", "randk"], __name__)
 WandbMode = name_enum("WandbMode", ["offline", "online", "disabled"], __name__)
 AmpMode = name_enum("AmpMode", ["bf16", "fp16", "off"], __name__)
 NanPolicy = name_enum("NanPolicy", ["error", "skip"], __name__)
@@ -293,6 +297,27 @@ class NetworkConfig:
 
 
 @dataclass
+class CompressionConfig:
+    """``compression`` group: what gossip sends (``decent_dp``'s ``compression=``).
+
+    Attributes:
+        name: ``none`` (exact), ``bf16``, ``int8`` or ``randk``.
+        ratio: The share of coordinates ``randk`` sends, in ``(0, 1]``; 1.0 for the others.
+    """
+
+    name: CompressionName = MISSING  # type: ignore[valid-type]
+    ratio: float = 1.0
+
+
+def compression_arg(section: Any) -> str | None:
+    """The wrapper's ``compression=`` for a ``compression`` section (``None`` when absent)."""
+    if section is None or str(section.name) == "none":
+        return None
+    name = str(section.name)
+    return f"randk:{float(section.ratio)}" if name == "randk" else name
+
+
+@dataclass
 class LoggerConfig:
     """``logger`` group: ``wandb`` (offline by default, written into the run directory) or ``none``.
 
@@ -411,6 +436,7 @@ class MainConfig:
     scheduler: Any = MISSING
     topology: Any = MISSING
     network: Any = MISSING
+    compression: Any = None
     logger: Any = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -447,6 +473,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     },
     "topology": {"topology": TopologyConfig},
     "network": {"network": NetworkConfig},
+    "compression": {"compression": CompressionConfig},
     "logger": {"logger": LoggerConfig},
 }
 

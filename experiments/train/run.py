@@ -195,6 +195,17 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             ("scheduler.step_size_epochs", s.step_size_epochs, s.step_size_epochs > 0, "> 0"),
             ("scheduler.gamma", s.gamma, s.gamma > 0, "> 0"),
         ]
+    comp = cfg.get("compression")
+    if comp is not None:
+        rules += [
+            ("compression.ratio", comp.ratio, 0 < comp.ratio <= 1, "in (0, 1]"),
+            (
+                "compression.name",
+                comp.name,
+                str(comp.name) == "none" or str(topo.name) != ALLREDUCE,
+                "none with topology=allreduce (torch DDP all-reduces exact gradients)",
+            ),
+        ]
     for rule in rules:
         require(*rule)
     check_dataset(d)

@@ -179,6 +179,7 @@ class TrainStep:
         world_size: Number of ranks.
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
         task: What the model learns (its loss); image classification by default.
+        compression: The wrapper's ``compression=`` (``None``: exact gossip).
 
     Example::
 
@@ -202,11 +203,13 @@ class TrainStep:
         world_size: int,
         channels_last: bool = False,
         task: Task | None = None,
+        compression: str | None = None,
     ) -> None:
         self.device = window.device
         self.task = ImageClassification(train_cfg) if task is None else task
         self.window = window
         self.channels_last = channels_last
+        self.compression = compression
         self.topology = str(topology_cfg.name)
         self.decentralized = self.topology != ALLREDUCE
         self.grad_clip_norm = float(train_cfg.grad_clip_norm)
@@ -246,6 +249,7 @@ class TrainStep:
                 bucket_size_in_mb=float(topo.bucket_size_in_mb),
                 local_world_size=topo.local_world_size,
                 topology_kwargs=dict(topo.kwargs),
+                compression=self.compression,
             )
         wrapped = DistributedDataParallel(
             model,
@@ -333,6 +337,19 @@ class TrainStep:
     def pop_timers(self) -> dict[str, float]:
         """The wrapper's ``comm/*`` timers since the last call; none under ``allreduce``."""
         return self.ddp.pop_timers() if self.decentralized else {}
+
+    def bytes_per_step(self) -> float:
+        """Bytes this rank sends per step (``comm/bytes_per_step``), from the schedule.
+
+        The wrapper counts its gossip (:meth:`DecentralizedDataParallel.comm_bytes_per_step`);
+        ``allreduce`` counts torch DDP's ring all-reduce of every gradient,
+        ``2 (n-1) / n`` of their bytes.
+        """
+        if self.decentralized:
+            return self.ddp.comm_bytes_per_step()
+        n = dist.get_world_size() if dist.is_initialized() else 1
+        grads = sum(p.numel() * p.element_size() for p in self.params if p.requires_grad)
+        return 2.0 * (n - 1) / n * grads
 
     def training_state(self) -> dict[str, Any]:
         """Optimizer, scheduler and scaler state, for a checkpoint."""

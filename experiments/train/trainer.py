@@ -50,6 +50,7 @@ from decent_dp.utils import get_device
 from experiments.network.netem import apply_network
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
+from experiments.train.config import compression_arg
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
@@ -166,6 +167,7 @@ class Trainer:
             world_size=world_size,
             channels_last=bool(cfg.model.get("channels_last", False)),
             task=self.task,
+            compression=compression_arg(cfg.get("compression")),
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
@@ -265,6 +267,7 @@ class Trainer:
         if log_due:
             timers = self.train_step.pop_timers()
             line = metrics.train_line(step, seconds, steps, timers, self.train_step.current_lr())
+            line["comm/bytes_per_step"] = self.train_step.bytes_per_step()
             if metrics.sketch > 0:
                 line["consensus/distance_sketch"] = self.evaluator.consensus(metrics.sketch)
         if cons_due:
@@ -309,6 +312,8 @@ class Trainer:
             "model": str(cfg.model.name),
             "optim": str(cfg.optim.name),
             "network": str(cfg.network.name),
+            "compression": compression_arg(cfg.get("compression")) or "none",
+            "comm/bytes_per_step": self.train_step.bytes_per_step(),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),

@@ -18,7 +18,7 @@ import experiments.train.config as config_module
 from decent_dp.topo import TopologyReg
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-GROUPS = ("model", "dataset", "optim", "scheduler", "topology", "network", "logger")
+GROUPS = ("model", "dataset", "optim", "scheduler", "topology", "network", "compression", "logger")
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # options that are presets of a named model: their name is the model's, not the file's
 PRESETS = {("model", "gpt_tiny"): "gpt", ("model", "gpt2_124m"): "gpt"}
@@ -77,6 +77,7 @@ def test_group_options_exist():
     assert _options("topology") == sorted([*TopologyReg.names(), "allreduce"])
     assert _options("network") == sorted(["none", "ethernet_25g", "infiniband_100g", "custom"])
     assert _options("logger") == ["none", "wandb"]
+    assert _options("compression") == ["bf16", "int8", "none", "randk"]
     assert {"digits_quick", "cifar10_resnet18", "imagenet_resnet50"} <= set(EXPERIMENTS)
     assert {"lm_quick", "gpt2_owt", "gpt2_owt_allreduce"} <= set(EXPERIMENTS)
 
