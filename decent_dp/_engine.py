@@ -29,6 +29,7 @@ from ._cpu_memory import keep_freed_memory
 from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, launch, step_bucket, wait
 from ._optim_plan import prefer_fused, restore_fused
+from ._outer import OuterOptimizer
 from ._setup import make_groups, plan_buckets
 from ._timers import SpanTimers
 from .topo import Edge, Topology
@@ -80,6 +81,7 @@ class Engine:
         as_view: Make the parameters views into each bucket's block.
         stable_storage: Step in place, keeping the parameters' storage.
         bucket_bytes: Target bucket size in bytes.
+        outer: The outer optimizer (:mod:`decent_dp._outer`), or ``None``.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class Engine:
         as_view: bool,
         stable_storage: bool,
         bucket_bytes: int,
+        outer: OuterOptimizer | None = None,
     ):
         self.params = params
         self.names = names
@@ -117,6 +120,8 @@ class Engine:
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
         )
+        self.outer = outer
+        self.gossip.outer = outer
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
@@ -169,6 +174,8 @@ class Engine:
                 bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
             for j, i in enumerate(idx):
                 self._bucket_of[i] = (bucket, j)
+            if self.outer is not None:
+                self.outer.add_bucket(bucket)
             buckets.append(bucket)
         self.buckets = buckets
         self._res.buckets[:] = buckets
@@ -186,6 +193,10 @@ class Engine:
         """Finish in-flight gossip (the results stay pending for the next step)."""
         for b in self.buckets or []:
             wait(self.gossip, b)
+
+    def outer_round_next(self) -> bool:
+        """Whether the next step mixes an outer round (its gossip must then be launched)."""
+        return self.outer is not None and self.outer.due(self.step_count + 1)
 
     def forget_gossip(self) -> list[Any]:
         """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
@@ -407,6 +418,8 @@ class Engine:
             state["schedulers"] = [
                 b.scheduler.state_dict() if b.scheduler is not None else None for b in self.buckets
             ]
+            if self.outer is not None:
+                state["outer"] = self.outer.state_dict()
         return state
 
     def load_training_state(self, state: dict[str, Any]) -> None:
@@ -430,6 +443,8 @@ class Engine:
                     restore_fused(b.optimizer)  # the loaded groups carry their own flags
                 if b.scheduler is not None and sched_state is not None:
                     b.scheduler.load_state_dict(sched_state)
+            if self.outer is not None and state.get("outer") is not None:
+                self.outer.load_state_dict(state["outer"])  # older states keep the current copies
             self.forget_gossip()
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])

@@ -38,6 +38,8 @@ class GossipState:
         alpha: The mixing step size ``a``.
         comm_delay: The network-emulation delay, ``fn(nbytes, group_size)``
             seconds after launch, or ``None``.
+        outer: The outer optimizer, whose rounds replace the topology's every
+            ``H`` steps, or ``None``.
     """
 
     edges: list[Edge]
@@ -48,6 +50,7 @@ class GossipState:
     timers: SpanTimers
     alpha: float = 1.0
     comm_delay: Callable[[int, int], float] | None = None
+    outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
     period: int = field(init=False)  # of the topology: len(edges)
 
     def __post_init__(self) -> None:
@@ -83,20 +86,24 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
     round_index = (for_step - 1) % state.period
     edge = state.edges[round_index]
+    group = state.groups[round_index]
+    outer_round = state.outer is not None and state.outer.due(for_step)
+    if outer_round:  # the exact average of the world, whatever the topology's round
+        edge, group = state.outer.edge, state.outer.group
     k = len(edge.ranks)
-    if k == 1:
+    if k == 1 and not outer_round:
         bucket.pending = None  # a round alone costs nothing: no copy, no collective
         return
     t0 = state.timers.mark()
-    peer_w = edge.peer_weight
+    peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
     for c, v in zip(bucket.comm_views, bucket.values()):
         torch.mul(v, peer_w, out=c)  # copy and weight in one pass
     bucket.pending = (edge, edge.self_weight, peer_w)
     bucket.launch_t = time.perf_counter()
     if state.comm_delay is not None:
         bucket.delay_s = float(state.comm_delay(bucket.numel * bucket.comm.element_size(), k))
-    group = state.groups[round_index]
-    bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
+    if k > 1:  # alone, an outer round's average is the copy itself
+        bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
     state.timers.add("comm/mix_s", t0, state.timers.mark())
 
 
@@ -115,6 +122,8 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     wait(state, bucket)
     t0 = timers.mark()
     pending = bucket.pending
+    if pending is not None and state.outer is not None and pending[0] is state.outer.edge:
+        state.outer.step(bucket)  # comm: xbar(t-1) becomes the stepped x_outer, mixed in below
     opt = bucket.optimizer
     assert opt is not None
     if bucket.fused and not bucket.fused_checked:

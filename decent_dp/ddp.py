@@ -45,6 +45,7 @@ from ._averaging import GlobalAverager
 from ._bucket import Bucket
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
+from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args
 from ._setup import broadcast_from_rank0, check_ranks_agree
 from .topo import Topology, TopologyReg
 
@@ -130,14 +131,25 @@ class DecentralizedDataParallel(nn.Module):
             storage (``data_ptr()``) never changes, at two more passes over
             each bucket per step. For CUDA graphs (``torch.compile(...,
             mode="reduce-overhead")``) and code that keeps ``p.data``.
+        outer_optim_fn: Builds the outer optimizer (DiLoCo, SlowMo) over one
+            bucket's outer copy ``x_outer`` (a list of tensors), e.g.
+            ``partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``.
+            At each step ``t`` with ``t % outer_every == 0`` the gossip is one
+            all-reduce of all ranks, giving ``xbar(t-1)``; ``x_outer`` steps
+            with the gradient ``x_outer - xbar(t-1)`` and
+            ``x(t) = x_outer + d(t)`` (see :mod:`decent_dp._outer`).
+        outer_every: ``H``, an int >= 1, given exactly when ``outer_optim_fn`` is.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
         ValueError: Unknown topology, a topology that does not fit the world
             size, a negative bucket size, fp16 parameters with a GradScaler, an
             ``optim_fn`` whose optimizer does not hold exactly the parameters it
-            is given, or model shapes that differ across ranks.
-        TypeError: ``optim_fn`` or ``lr_scheduler_fn`` returns the wrong type.
+            is given, model shapes that differ across ranks, or only one of
+            ``outer_optim_fn`` and ``outer_every`` (or an ``outer_every`` that
+            is not an int >= 1).
+        TypeError: ``optim_fn``, ``lr_scheduler_fn`` or ``outer_optim_fn``
+            returns the wrong type.
 
     Example::
 
@@ -167,6 +179,8 @@ class DecentralizedDataParallel(nn.Module):
         topology_kwargs: dict[str, Any] | None = None,
         _local_world_size: int | None = None,
         stable_param_storage: bool = False,
+        outer_optim_fn: OuterOptimFn | None = None,
+        outer_every: int | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -221,6 +235,10 @@ class DecentralizedDataParallel(nn.Module):
         check_scheduler(lr_scheduler_fn, trial)
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
+        check_outer_args(outer_optim_fn, outer_every, named[0][1])
+        outer = None
+        if outer_optim_fn is not None and outer_every is not None:
+            outer = OuterOptimizer(outer_optim_fn, outer_every, self._world_size)
 
         check_ranks_agree(every, self.topology, self._world_size)
         broadcast_from_rank0(self._plain, self._world_size)
@@ -235,6 +253,7 @@ class DecentralizedDataParallel(nn.Module):
             as_view=bool(param_as_bucket_view),
             stable_storage=bool(stable_param_storage),
             bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
+            outer=outer,
         )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 
@@ -453,6 +472,11 @@ class DecentralizedDataParallel(nn.Module):
         does the bucket work; reading them synchronizes with those events.
         """
         return self._engine.timers.pop()
+
+    def outer_delta_norm(self) -> float | None:
+        """``||x_outer - xbar||`` at the latest outer step (same on every rank), or ``None``."""
+        outer = self._engine.outer
+        return outer.delta_norm() if outer is not None else None
 
     def set_comm_delay(self, fn: CommDelayFn | None) -> None:
         """Hold each gossip's completion until ``fn(nbytes, group_size)`` seconds after launch.
