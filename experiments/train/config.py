@@ -89,6 +89,7 @@ from experiments.schema import (
     require,
     typed_section,
 )
+from experiments.train.outer import OuterConfig
 
 __all__ = [
     "ALLREDUCE",
@@ -412,6 +413,7 @@ class MainConfig:
     topology: Any = MISSING
     network: Any = MISSING
     logger: Any = MISSING
+    outer: Any = None  # the outer group (experiments.train.outer); None reads as outer=none
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -448,6 +450,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "topology": {"topology": TopologyConfig},
     "network": {"network": NetworkConfig},
     "logger": {"logger": LoggerConfig},
+    "outer": {"outer": OuterConfig},
 }
 
 

@@ -179,6 +179,8 @@ class TrainStep:
         world_size: Number of ranks.
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
         task: What the model learns (its loss); image classification by default.
+        outer: The wrapper's ``outer_optim_fn`` and ``outer_every``
+            (:func:`experiments.train.outer.outer_kwargs`); empty for none.
 
     Example::
 
@@ -202,8 +204,10 @@ class TrainStep:
         world_size: int,
         channels_last: bool = False,
         task: Task | None = None,
+        outer: dict[str, Any] | None = None,
     ) -> None:
         self.device = window.device
+        self._outer = dict(outer or {})
         self.task = ImageClassification(train_cfg) if task is None else task
         self.window = window
         self.channels_last = channels_last
@@ -246,6 +250,7 @@ class TrainStep:
                 bucket_size_in_mb=float(topo.bucket_size_in_mb),
                 local_world_size=topo.local_world_size,
                 topology_kwargs=dict(topo.kwargs),
+                **self._outer,
             )
         wrapped = DistributedDataParallel(
             model,
@@ -333,6 +338,10 @@ class TrainStep:
     def pop_timers(self) -> dict[str, float]:
         """The wrapper's ``comm/*`` timers since the last call; none under ``allreduce``."""
         return self.ddp.pop_timers() if self.decentralized else {}
+
+    def outer_delta_norm(self) -> float | None:
+        """``||x_outer - xbar||`` at the latest outer step; ``None`` without one (reads the device)."""
+        return self.ddp.outer_delta_norm() if self.decentralized else None
 
     def training_state(self) -> dict[str, Any]:
         """Optimizer, scheduler and scaler state, for a checkpoint."""

@@ -53,6 +53,7 @@ from experiments.train.checkpointer import Checkpointer
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
+from experiments.train.outer import outer_every, outer_kwargs, outer_section
 from experiments.train.step import TrainStep
 from experiments.train.task import task_for
 
@@ -166,6 +167,7 @@ class Trainer:
             world_size=world_size,
             channels_last=bool(cfg.model.get("channels_last", False)),
             task=self.task,
+            outer=outer_kwargs(cfg.get("outer"), cfg.topology),
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
@@ -267,6 +269,9 @@ class Trainer:
             line = metrics.train_line(step, seconds, steps, timers, self.train_step.current_lr())
             if metrics.sketch > 0:
                 line["consensus/distance_sketch"] = self.evaluator.consensus(metrics.sketch)
+            delta = self.train_step.outer_delta_norm()
+            if delta is not None:
+                line["outer/delta_norm"] = delta
         if cons_due:
             line = line if line is not None else metrics.line(step)
             line["consensus/distance"] = metrics.record_consensus(self.evaluator.consensus())
@@ -309,6 +314,8 @@ class Trainer:
             "model": str(cfg.model.name),
             "optim": str(cfg.optim.name),
             "network": str(cfg.network.name),
+            "outer": str(outer_section(cfg.get("outer")).name),
+            "outer_every": outer_every(cfg.get("outer"), cfg.topology),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
