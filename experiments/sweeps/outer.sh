@@ -6,8 +6,9 @@
 #   (experiment=lm_quick, 128 steps) on the embedded corpus.
 # H in {8, 32} on digits; H=8 only on the LM (LM_HS="8 32" adds H=32: its 128 steps hold just
 # four outer steps at H=32). About 60 minutes on 2 cores shared with other jobs.
-# PART=base runs the configurations without an outer optimizer, PART=outer the DiLoCo ones,
-# PART=all (default) both; SKIP_RUNS=1 only rebuilds the reports in docs/results/outer/ from
+# SlowMo over gossip (one-peer-exp, slow momentum 0.5, slow lr 1, every 8 steps) on digits.
+# PART=base runs the configurations without an outer optimizer, PART=outer the DiLoCo and SlowMo
+# ones (PART=slowmo only SlowMo), PART=all (default) all; SKIP_RUNS=1 only rebuilds the reports in docs/results/outer/ from
 # the runs' files committed there (runs/<task>/<configuration>/seed<k>/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,14 +36,17 @@ if [ "${SKIP_RUNS:-0}" != 1 ]; then
   for task in ${TASKS:-digits noniid lm}; do
     hs=${HS:-8 32}
     [ "$task" = lm ] && hs=${LM_HS:-8}
-    if [ "$PART" != outer ]; then
+    if [ "$PART" != outer ] && [ "$PART" != slowmo ]; then
       run "$task" allreduce topology=allreduce
       run "$task" one-peer-exp topology=one-peer-exp
       for h in $hs; do
         run "$task" "local-sgd-H$h" topology=local-sgd topology.kwargs.period="$h"
       done
     fi
-    if [ "$PART" != base ]; then
+    if [ "$PART" != base ] && [ "$task" != lm ]; then  # SlowMo over gossip: one-peer-exp
+      run "$task" slowmo-one-peer-exp-H8 topology=one-peer-exp outer=slowmo outer.every=8
+    fi
+    if [ "$PART" != base ] && [ "$PART" != slowmo ]; then
       for h in $hs; do
         run "$task" "diloco-H$h" topology=local-sgd topology.kwargs.period="$h" outer=diloco \
           outer.every="$h"
@@ -106,8 +110,10 @@ def per_step(name, n):
         topo = TopologyReg.create("one-peer-exp", n)
         return statistics.mean(share(len(next(e for e in r if 0 in e.ranks).ranks))
                                for r in topo.rounds)
-    h = int(name.rsplit("-H", 1)[1])  # local-sgd-H / diloco-H: one all-reduce every H steps
-    return share(n) / h
+    h = int(name.rsplit("-H", 1)[1])
+    if name.startswith("slowmo-one-peer-exp"):  # every H-th round becomes a world all-reduce
+        return per_step("one-peer-exp", n) * (h - 1) / h + share(n) / h
+    return share(n) / h  # local-sgd-H, diloco-H: one all-reduce every H steps
 
 
 lines = []
@@ -142,7 +148,8 @@ lines += ["bytes/step/rank: what one rank sends per step in a bandwidth-optimal 
           "group of k ranks, 2(k-1)/k x the model's float32 bytes, averaged over the schedule:",
           "allreduce 1.5x the model every step (k=4); one-peer-exp 1x (pairs, k=2);",
           "local-sgd and DiLoCo with period H one world all-reduce every H steps, 1.5/H x. DiLoCo's",
-          "outer round is local-sgd's averaging round, so both send the same bytes."]
+          "outer round is local-sgd's averaging round, so both send the same bytes; SlowMo over",
+          "one-peer-exp replaces every 8th pair round by a world all-reduce, (7/8) 1x + (1/8) 1.5x."]
 dest.parent.mkdir(parents=True, exist_ok=True)
 dest.write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
