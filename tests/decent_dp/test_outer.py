@@ -171,16 +171,19 @@ def test_outer_step_matches_replay(cfg: dict[str, Any]) -> None:
         assert (values[0]["params"] - values[1]["params"]).abs().max() > 1e-6
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [
-        pytest.param({"view": False}, id="params-not-bucket-views"),
+        pytest.param({"view": False}, id="params-not-bucket-views", marks=pytest.mark.slow),
         pytest.param({"accum": 2}, id="no_sync-accumulation"),
         pytest.param({"global_avg_at": 3}, id="global-avg-before-an-outer-step"),
-        pytest.param({"alpha": 0.5}, id="mixing-step-0.5"),
-        pytest.param({"bucket_mb": 25}, id="one-bucket"),
-        pytest.param({"scaler": True, "inf_at": (4, 2)}, id="skipped-step-still-steps-outer"),
+        pytest.param({"alpha": 0.5}, id="mixing-step-0.5", marks=pytest.mark.slow),
+        pytest.param({"bucket_mb": 25}, id="one-bucket", marks=pytest.mark.slow),
+        pytest.param(
+            {"scaler": True, "inf_at": (4, 2)},
+            id="skipped-step-still-steps-outer",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_outer_with_wrapper_features(extra: dict[str, Any]) -> None:
