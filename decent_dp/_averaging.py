@@ -63,7 +63,8 @@ class GlobalAverager:
         saved = [t.clone() for t in targets] if (will_revert or return_d2c) else []
         self._average_in_place(targets)
         dropped = engine.forget_gossip()
-        engine.relaunch = False
+        # identical workers mix to themselves, except that an outer round must still take place
+        engine.relaunch = engine.outer_round_next()
         self._backup = (engine.step_count, saved, dropped) if will_revert else None
         if not return_d2c:
             return None

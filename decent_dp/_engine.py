@@ -31,6 +31,7 @@ from ._device import GradStreams, device_guard, side_stream
 from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
 from ._optim_plan import prefer_fused, restore_fused
+from ._outer import OuterOptimizer
 from ._setup import make_groups, plan_buckets
 from ._timers import SpanTimers
 from .topo import Edge, Topology
@@ -93,6 +94,7 @@ class Engine:
         stable_storage: Step in place, keeping the parameters' storage.
         bucket_bytes: Target bucket size in bytes.
         compression: The gossip's compressor (``None``: exact all-reduce).
+        outer: The outer optimizer (:mod:`decent_dp._outer`), or ``None``.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class Engine:
         stable_storage: bool,
         bucket_bytes: int,
         compression: CompressionSpec | None = None,
+        outer: OuterOptimizer | None = None,
     ):
         self.params = params
         self.names = names
@@ -135,6 +138,8 @@ class Engine:
         )
         if compression is not None and compression.name != "none":
             self.gossip.compressor = GossipCompressor(compression)
+        self.outer = outer
+        self.gossip.outer = outer
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
@@ -193,6 +198,8 @@ class Engine:
                 bucket.scheduler = self._lr_scheduler_fn(bucket.optimizer)
             for j, i in enumerate(idx):
                 self._bucket_of[i] = (bucket, j)
+            if self.outer is not None:
+                self.outer.add_bucket(bucket)
             buckets.append(bucket)
         self.buckets = buckets
         self._res.buckets[:] = buckets
@@ -214,6 +221,10 @@ class Engine:
         with device_guard(self.device):
             for b in self.buckets or []:
                 wait(self.gossip, b)
+
+    def outer_round_next(self) -> bool:
+        """Whether the next step mixes an outer round (its gossip must then be launched)."""
+        return self.outer is not None and self.outer.due(self.step_count + 1)
 
     def forget_gossip(self) -> list[Any]:
         """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
@@ -464,6 +475,8 @@ class Engine:
             state["schedulers"] = [
                 b.scheduler.state_dict() if b.scheduler is not None else None for b in self.buckets
             ]
+            if self.outer is not None:
+                state["outer"] = self.outer.state_dict()
         return state
 
     def load_training_state(self, state: dict[str, Any]) -> None:
@@ -487,6 +500,8 @@ class Engine:
                     restore_fused(b.optimizer)  # the loaded groups carry their own flags
                 if b.scheduler is not None and sched_state is not None:
                     b.scheduler.load_state_dict(sched_state)
+            if self.outer is not None and state.get("outer") is not None:
+                self.outer.load_state_dict(state["outer"])  # older states keep the current copies
             self.forget_gossip()
         comp = self.gossip.compressor
         if comp is not None:

@@ -44,6 +44,8 @@ class GossipState:
             seconds after launch, or ``None``.
         compressor: Compressed gossip (:mod:`decent_dp._compression`), or
             ``None`` for the exact all-reduce.
+        outer: The outer optimizer, whose rounds replace the topology's every
+            ``H`` steps, or ``None``.
     """
 
     edges: list[Edge]
@@ -55,6 +57,7 @@ class GossipState:
     alpha: float = 1.0
     comm_delay: Callable[[int, int], float] | None = None
     compressor: GossipCompressor | None = None
+    outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -147,37 +150,48 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
     round_index = (for_step - 1) % state.period
     edge = state.edges[round_index]
+    group = state.groups[round_index]
+    outer_round = state.outer is not None and state.outer.due(for_step)
+    if outer_round:  # the exact average of the world, whatever the topology's round
+        edge, group = state.outer.edge, state.outer.group
     k = len(edge.ranks)
-    if k == 1:
+    if k == 1 and not outer_round:
         bucket.pending = None  # a round alone costs nothing: no copy, no collective
         return
     t0 = state.timers.mark()
-    peer_w = edge.peer_weight
-    if state.compressor is not None:
+    peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
+    if state.compressor is not None and not outer_round:  # outer rounds stay exact
         bucket.pending = (edge, edge.self_weight, peer_w)
-        bucket.launch_t = time.perf_counter()
-        if state.comm_delay is not None:
-            bucket.delay_s = float(state.comm_delay(state.compressor.nbytes(bucket), k))
-        group = state.groups[round_index]
+        _start_clock(state, bucket, state.compressor.nbytes(bucket), k)
         bucket.work = state.compressor.launch(bucket, round_index, k, group, for_step)
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
     for c, v in zip(bucket.comm_views, bucket.values()):
         torch.mul(v, peer_w, out=c)  # copy and weight in one pass
     bucket.pending = (edge, edge.self_weight, peer_w)
-    bucket.launch_t = time.perf_counter()
-    if state.comm_delay is not None:
-        bucket.delay_s = float(state.comm_delay(bucket.numel * bucket.comm.element_size(), k))
-        if state.stream is not None:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(state.stream.device))
-            token = object()
-            state.launches[bucket.index] = token
-            bucket.launch_t = math.inf  # until the start clock sees the device get here
-            _CLOCK.stamp(event, _started(state, bucket, token))
-    group = state.groups[round_index]
-    bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
+    _start_clock(state, bucket, bucket.numel * bucket.comm.element_size(), k)
+    if k > 1:  # alone, an outer round's average is the copy itself
+        bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
     state.timers.add("comm/mix_s", t0, state.timers.mark())
+
+
+def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, k: int) -> None:
+    """Note the launch time and, under network emulation, the delay of ``nbytes`` over ``k`` ranks.
+
+    On CUDA the transfer can start only when the device reaches the launch, so
+    the clock starts when a host thread sees the event recorded here complete.
+    """
+    bucket.launch_t = time.perf_counter()
+    if state.comm_delay is None:
+        return
+    bucket.delay_s = float(state.comm_delay(nbytes, k))
+    if state.stream is not None:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(state.stream.device))
+        token = object()
+        state.launches[bucket.index] = token
+        bucket.launch_t = math.inf  # until the start clock sees the device get here
+        _CLOCK.stamp(event, _started(state, bucket, token))
 
 
 @torch.no_grad()
@@ -195,6 +209,9 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     wait(state, bucket)
     t0 = timers.mark()
     pending = bucket.pending
+    outer_round = pending is not None and state.outer is not None and pending[0] is state.outer.edge
+    if outer_round:
+        state.outer.step(bucket)  # comm: xbar(t-1) becomes the stepped x_outer, mixed in below
     opt = bucket.optimizer
     assert opt is not None
     if bucket.fused and not bucket.fused_checked:
@@ -208,7 +225,7 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     if pending is not None:
         if bucket.flat is not None and pre is None and post is None and not state.stable_storage:
             plan = [] if skip_update else decay_plan(opt)
-        if state.compressor is not None:
+        if state.compressor is not None and not outer_round:
             # comm := sum_j W_ij xhat_j - xhat_i, from the compressed deviations
             state.compressor.correction(bucket, pending[1], pending[2])
             if plan is not None:

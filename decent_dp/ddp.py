@@ -33,6 +33,7 @@ dicts and the names decent-dp 0.2.x scripts use. The per-iteration work
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,6 +49,7 @@ from ._compression import CompressionSpec, bytes_per_step, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
+from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args
 from ._setup import broadcast_from_rank0, check_ranks_agree
 from .topo import Topology, TopologyReg
 
@@ -136,14 +138,25 @@ class DecentralizedDataParallel(nn.Module):
         compression: ``None``/``"none"`` (exact), ``"bf16"``, ``"int8"``, ``"randk"``
             or ``"randk:<ratio>"`` (0.1 by default): each group exchanges compressed
             deviations from a reference its members share (:mod:`decent_dp._compression`).
+        outer_optim_fn: Builds the outer optimizer (DiLoCo, SlowMo) over one
+            bucket's outer copy ``x_outer`` (a list of tensors), e.g.
+            ``partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``.
+            At each step ``t`` with ``t % outer_every == 0`` the gossip is one
+            all-reduce of all ranks, giving ``xbar(t-1)``; ``x_outer`` steps
+            with the gradient ``x_outer - xbar(t-1)`` and
+            ``x(t) = x_outer + d(t)`` (see :mod:`decent_dp._outer`).
+        outer_every: ``H``, an int >= 1, given exactly when ``outer_optim_fn`` is.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
         ValueError: Unknown topology or compression, a topology that does not fit the world
             size, a negative bucket size, fp16 parameters with a GradScaler, an
             ``optim_fn`` whose optimizer does not hold exactly the parameters it
-            is given, or model shapes that differ across ranks.
-        TypeError: ``optim_fn`` or ``lr_scheduler_fn`` returns the wrong type.
+            is given, model shapes that differ across ranks, or only one of
+            ``outer_optim_fn`` and ``outer_every`` (or an ``outer_every`` that
+            is not an int >= 1).
+        TypeError: ``optim_fn``, ``lr_scheduler_fn`` or ``outer_optim_fn``
+            returns the wrong type.
 
     Example::
 
@@ -174,6 +187,8 @@ class DecentralizedDataParallel(nn.Module):
         _local_world_size: int | None = None,
         stable_param_storage: bool = False,
         compression: str | CompressionSpec | None = None,
+        outer_optim_fn: OuterOptimFn | None = None,
+        outer_every: int | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -229,6 +244,10 @@ class DecentralizedDataParallel(nn.Module):
         check_scheduler(lr_scheduler_fn, trial)
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
+        check_outer_args(outer_optim_fn, outer_every, named[0][1])
+        outer = None
+        if outer_optim_fn is not None and outer_every is not None:
+            outer = OuterOptimizer(outer_optim_fn, outer_every, self._world_size)
 
         device = check_cuda_placement(named)
         warn_cuda_graphs_without_stable_storage(model, bool(stable_param_storage))
@@ -248,6 +267,7 @@ class DecentralizedDataParallel(nn.Module):
                 stable_storage=bool(stable_param_storage),
                 bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
                 compression=self.compression,
+                outer=outer,
             )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 
@@ -501,6 +521,11 @@ class DecentralizedDataParallel(nn.Module):
         """
         return self._engine.timers.pop()
 
+    def outer_delta_norm(self) -> float | None:
+        """``||x_outer - xbar||`` at the latest outer step (same on every rank), or ``None``."""
+        outer = self._engine.outer
+        return outer.delta_norm() if outer is not None else None
+
     def set_comm_delay(self, fn: CommDelayFn | None) -> None:
         """Hold each gossip's completion until ``fn(nbytes, group_size)`` seconds after launch.
 
@@ -509,7 +534,7 @@ class DecentralizedDataParallel(nn.Module):
         self._engine.gossip.comm_delay = fn
 
     def comm_bytes_per_step(self) -> float:
-        """Bytes this rank sends per step for gossip, averaged over the period.
+        """Bytes this rank sends per step for gossip, averaged over the period (and outer rounds).
 
         From the schedule, the buckets and the compressor, with the cost model of
         :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
@@ -522,7 +547,19 @@ class DecentralizedDataParallel(nn.Module):
         else:
             size = engine.params[0].element_size()
             numels = [aligned_offsets(engine.params, size)[1]]
-        return bytes_per_step(self.compression, engine.gossip.edges, numels, size)
+        edges, outer = engine.gossip.edges, engine.outer
+        if outer is None:
+            return bytes_per_step(self.compression, edges, numels, size)
+        # every H-th step's round is the exact world all-reduce instead of the topology's
+        span = math.lcm(len(edges), outer.every)
+        exact = parse_compression(None)
+        total = sum(
+            bytes_per_step(exact, [outer.edge], numels, size)
+            if t % outer.every == 0
+            else bytes_per_step(self.compression, [edges[(t - 1) % len(edges)]], numels, size)
+            for t in range(1, span + 1)
+        )
+        return total / span
 
     @property
     def buckets_info(self) -> list[dict[str, Any]]:

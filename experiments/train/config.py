@@ -89,6 +89,7 @@ from experiments.schema import (
     require,
     typed_section,
 )
+from experiments.train.outer import OuterConfig
 
 __all__ = [
     "ALLREDUCE",
@@ -438,6 +439,7 @@ class MainConfig:
     network: Any = MISSING
     compression: Any = None
     logger: Any = MISSING
+    outer: Any = None  # the outer group (experiments.train.outer); None reads as outer=none
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -475,6 +477,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "network": {"network": NetworkConfig},
     "compression": {"compression": CompressionConfig},
     "logger": {"logger": LoggerConfig},
+    "outer": {"outer": OuterConfig},
 }
 
 

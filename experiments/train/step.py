@@ -180,6 +180,8 @@ class TrainStep:
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
         task: What the model learns (its loss); image classification by default.
         compression: The wrapper's ``compression=`` (``None``: exact gossip).
+        outer: The wrapper's ``outer_optim_fn`` and ``outer_every``
+            (:func:`experiments.train.outer.outer_kwargs`); empty for none.
 
     Example::
 
@@ -204,8 +206,10 @@ class TrainStep:
         channels_last: bool = False,
         task: Task | None = None,
         compression: str | None = None,
+        outer: dict[str, Any] | None = None,
     ) -> None:
         self.device = window.device
+        self._outer = dict(outer or {})
         self.task = ImageClassification(train_cfg) if task is None else task
         self.window = window
         self.channels_last = channels_last
@@ -250,6 +254,7 @@ class TrainStep:
                 local_world_size=topo.local_world_size,
                 topology_kwargs=dict(topo.kwargs),
                 compression=self.compression,
+                **self._outer,
             )
         wrapped = DistributedDataParallel(
             model,
@@ -350,6 +355,10 @@ class TrainStep:
         n = dist.get_world_size() if dist.is_initialized() else 1
         grads = sum(p.numel() * p.element_size() for p in self.params if p.requires_grad)
         return 2.0 * (n - 1) / n * grads
+
+    def outer_delta_norm(self) -> float | None:
+        """``||x_outer - xbar||`` at the latest outer step; ``None`` without one (reads the device)."""
+        return self.ddp.outer_delta_norm() if self.decentralized else None
 
     def training_state(self) -> dict[str, Any]:
         """Optimizer, scheduler and scaler state, for a checkpoint."""

@@ -54,6 +54,7 @@ from experiments.train.config import compression_arg
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
+from experiments.train.outer import outer_every, outer_kwargs, outer_section
 from experiments.train.step import TrainStep
 from experiments.train.task import task_for
 
@@ -168,6 +169,7 @@ class Trainer:
             channels_last=bool(cfg.model.get("channels_last", False)),
             task=self.task,
             compression=compression_arg(cfg.get("compression")),
+            outer=outer_kwargs(cfg.get("outer"), cfg.topology),
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
@@ -270,6 +272,9 @@ class Trainer:
             line["comm/bytes_per_step"] = self.train_step.bytes_per_step()
             if metrics.sketch > 0:
                 line["consensus/distance_sketch"] = self.evaluator.consensus(metrics.sketch)
+            delta = self.train_step.outer_delta_norm()
+            if delta is not None:
+                line["outer/delta_norm"] = delta
         if cons_due:
             line = line if line is not None else metrics.line(step)
             line["consensus/distance"] = metrics.record_consensus(self.evaluator.consensus())
@@ -314,6 +319,8 @@ class Trainer:
             "network": str(cfg.network.name),
             "compression": compression_arg(cfg.get("compression")) or "none",
             "comm/bytes_per_step": self.train_step.bytes_per_step(),
+            "outer": str(outer_section(cfg.get("outer")).name),
+            "outer_every": outer_every(cfg.get("outer"), cfg.topology),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),

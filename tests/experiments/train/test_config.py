@@ -18,7 +18,17 @@ import experiments.train.config as config_module
 from decent_dp.topo import TopologyReg
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
-GROUPS = ("model", "dataset", "optim", "scheduler", "topology", "network", "compression", "logger")
+GROUPS = (
+    "model",
+    "dataset",
+    "optim",
+    "scheduler",
+    "topology",
+    "network",
+    "compression",
+    "logger",
+    "outer",
+)
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # options that are presets of a named model: their name is the model's, not the file's
 PRESETS = {("model", "gpt_tiny"): "gpt", ("model", "gpt2_124m"): "gpt"}

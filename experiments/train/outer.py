@@ -1,0 +1,109 @@
+"""The ``outer`` config group: an outer optimizer over the wrapper's topology (DiLoCo, SlowMo).
+
+``outer=none`` (the default) trains as before. ``outer=diloco`` and ``outer=slowmo``
+give the wrapper an ``outer_optim_fn`` (torch SGD with the section's ``lr``,
+``momentum`` and ``nesterov``) and ``outer_every`` (``every``): every ``every``
+steps the workers' exact average ``xbar`` gives the outer gradient
+``x_outer - xbar``, the outer copy takes one SGD step and every worker continues
+from it (see :class:`decent_dp.DecentralizedDataParallel`). ``every: null`` takes
+the period of ``topology=local-sgd``, whose averaging round is then the outer
+round at no extra communication; other topologies need an explicit ``every``.
+The ``allreduce`` baseline (torch DDP) has no outer optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+
+from experiments.schema import is_int, name_enum, require, typed_section
+
+__all__ = ["OuterName", "OuterConfig", "SCHEMAS", "outer_section", "outer_every", "outer_kwargs"]
+
+OuterName = name_enum("OuterName", ["none", "diloco", "slowmo"], __name__)
+
+_LOCAL_SGD = "local-sgd"
+_ALLREDUCE = "allreduce"
+
+
+@dataclass
+class OuterConfig:
+    """``outer`` group: the outer optimizer, SGD on the outer copy every ``every`` steps.
+
+    Attributes:
+        name: ``none``, ``diloco`` or ``slowmo`` (the same update, with their
+            published hyper-parameters).
+        every: Steps between outer steps ``H``; ``None`` takes ``topology.kwargs.period``
+            of ``topology=local-sgd`` and is an error on other topologies.
+        lr: The outer learning rate.
+        momentum: The outer momentum.
+        nesterov: Nesterov momentum.
+    """
+
+    name: OuterName = OuterName["none"]  # type: ignore[valid-type]
+    every: int | None = None
+    lr: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = False
+
+
+SCHEMAS: dict[str, type] = {"none": OuterConfig, "diloco": OuterConfig, "slowmo": OuterConfig}
+
+
+def outer_section(section: Any) -> Any:
+    """The ``outer`` section with its schema's defaults (``None`` reads as ``outer=none``)."""
+    return typed_section(section, "outer", SCHEMAS, "none")
+
+
+def outer_every(section: Any, topology: Any) -> int | None:
+    """``H`` of the ``outer`` section under ``topology``, checked; ``None`` for ``outer=none``.
+
+    Args:
+        section: The ``outer`` section (or ``None``).
+        topology: The ``topology`` section.
+
+    Raises:
+        ConfigError: One line naming the bad key: an ``every`` that is not an integer
+            >= 1, ``every: null`` on a topology other than ``local-sgd``, a negative
+            ``lr`` or a ``momentum`` outside ``[0, 1)``, or an outer optimizer with
+            ``topology=allreduce``.
+    """
+    o = outer_section(section)
+    if str(o.name) == "none":
+        return None
+    topo = str(topology.name)
+    require("outer.name", o.name, topo != _ALLREDUCE, "none with topology=allreduce (torch DDP)")
+    require("outer.lr", o.lr, o.lr >= 0, ">= 0")
+    require("outer.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)")
+    require("outer.nesterov", o.nesterov, not o.nesterov or o.momentum > 0, "false with momentum 0")
+    every = o.every
+    if every is None:
+        require(
+            "outer.every",
+            None,
+            topo == _LOCAL_SGD,
+            f"an integer >= 1 with topology={topo} (null takes the period of local-sgd)",
+        )
+        every = dict(topology.get("kwargs") or {}).get("period", 8)  # local-sgd's default
+    require("outer.every", every, is_int(every) and every >= 1, "an integer >= 1")
+    return int(every)
+
+
+def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
+    """The wrapper's ``outer_optim_fn`` and ``outer_every`` for the section; ``{}`` for none.
+
+    Example::
+
+        ddp = DecentralizedDataParallel(model, optim_fn, **outer_kwargs(cfg.outer, cfg.topology))
+    """
+    every = outer_every(section, topology)
+    if every is None:
+        return {}
+    o = outer_section(section)
+    fn = partial(
+        torch.optim.SGD, lr=float(o.lr), momentum=float(o.momentum), nesterov=bool(o.nesterov)
+    )
+    return {"outer_optim_fn": fn, "outer_every": every}
