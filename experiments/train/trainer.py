@@ -308,6 +308,7 @@ class Trainer:
             "dataset": str(cfg.dataset.name),
             "model": str(cfg.model.name),
             "optim": str(cfg.optim.name),
+            "optim_kernels": self.train_step.optimizer_kernels(),
             "network": str(cfg.network.name),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
