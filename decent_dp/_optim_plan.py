@@ -22,7 +22,14 @@ from torch.optim import Optimizer
 
 from decent_dp.optim import AccumAdam, AccumAdamW
 
-__all__ = ["DecayFold", "decay_plan", "drop_fused", "prefer_fused", "restore_fused"]
+__all__ = [
+    "DecayFold",
+    "decay_plan",
+    "drop_fused",
+    "kernel_flags",
+    "prefer_fused",
+    "restore_fused",
+]
 
 
 def _flag(key: str) -> Callable[[dict[str, Any]], str]:
@@ -129,3 +136,31 @@ def drop_fused(opt: Optimizer) -> None:
         g["fused"] = None
     opt.defaults["fused"] = None
     opt._step_supports_amp_scaling = False  # type: ignore[attr-defined]
+
+
+def kernel_flags(opt: Optimizer) -> dict[str, Any]:
+    """Which kernels ``opt.step()`` will run: ``{"optimizer", "fused", "foreach"}``.
+
+    ``fused`` is torch's single-kernel update; ``foreach`` its multi-tensor
+    kernels (the default torch picks when both flags are unset, or, for
+    :class:`AccumAdam`, its own choice per device). Both ``False`` is a loop
+    over the parameters. A flag is ``True`` only if every param group uses it.
+    """
+    groups = [g for g in opt.param_groups if g["params"]]
+    fused = bool(groups) and all(bool(g.get("fused")) for g in groups)
+    if isinstance(opt, AccumAdam):
+        foreach = bool(groups) and all(
+            opt._use_foreach(p.device) for g in groups for p in g["params"]
+        )
+    elif fused or not all("foreach" in g for g in groups):
+        foreach = False  # fused, or a class without multi-tensor kernels
+    else:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        def group_foreach(g: dict[str, Any]) -> bool:
+            if g["foreach"] is not None:
+                return bool(g["foreach"])
+            return _default_to_fused_or_foreach(g["params"], bool(g.get("differentiable")))[1]
+
+        foreach = bool(groups) and all(group_foreach(g) for g in groups)
+    return {"optimizer": type(opt).__name__, "fused": fused, "foreach": foreach}

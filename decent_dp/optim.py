@@ -399,3 +399,68 @@ def lr_scheduler_fn_step(optimizer: Optimizer, step_size: int, gamma: float = 0.
     if not gamma > 0.0:
         raise ValueError(f"gamma must be > 0, got {gamma}")
     return StepLR(optimizer, step_size=step_size, gamma=gamma)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def prefer_fused_kernels(optimizer: Optimizer, device: torch.device | str) -> bool:
+    """Switch ``optimizer`` to torch's fused kernel, as the wrapper does for each bucket.
+
+    For exact :class:`~torch.optim.SGD`, :class:`~torch.optim.Adam` and
+    :class:`~torch.optim.AdamW` whose ``foreach`` and ``fused`` are unset in
+    every group, on a device with fused kernels (CPU and CUDA); any other
+    optimizer is left alone. Call it again after ``load_state_dict``, which
+    replaces the groups and their flags. A baseline that calls it steps with
+    the same kernels as :class:`~decent_dp.ddp.DecentralizedDataParallel`.
+
+    Args:
+        optimizer: The optimizer, built but not yet stepped.
+        device: The device of its parameters.
+
+    Returns:
+        ``True`` if the optimizer now uses the fused kernel.
+
+    Example::
+
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        prefer_fused_kernels(opt, "cuda")
+    """
+    from ._optim_plan import prefer_fused  # that module imports this one
+
+    return prefer_fused(optimizer, torch.device(device))
+
+
+def optimizer_kernels(optimizer: Any) -> dict[str, Any]:
+    """Which kernels ``optimizer.step()`` runs, for a report.
+
+    Args:
+        optimizer: Any optimizer, or a
+            :class:`~decent_dp.ddp.DecentralizedDataParallel`, whose per-bucket
+            optimizers are then summed up.
+
+    Returns:
+        ``{"optimizer": class name, "fused": bool, "foreach": bool}``: torch's
+        fused single-kernel update, its multi-tensor (``_foreach``) kernels
+        (what torch picks when both flags are unset; :class:`AccumAdam`'s own
+        choice per device), or neither (a loop over the parameters). A flag is
+        ``True`` only if every param group (every bucket) uses it. For a
+        wrapper before its first backward, when no bucket exists yet, the
+        three values are ``None``.
+    """
+    from ._optim_plan import kernel_flags
+    from .ddp import DecentralizedDataParallel
+
+    if not isinstance(optimizer, DecentralizedDataParallel):
+        return kernel_flags(optimizer)
+    flags = [kernel_flags(b.optimizer) for b in optimizer._buckets or [] if b.optimizer]
+    if not flags:
+        return {"optimizer": None, "fused": None, "foreach": None}
+    return {
+        "optimizer": ",".join(sorted({f["optimizer"] for f in flags})),
+        "fused": all(f["fused"] for f in flags),
+        "foreach": all(f["foreach"] for f in flags),
+    }
+
+
+__all__ += ["prefer_fused_kernels", "optimizer_kernels"]

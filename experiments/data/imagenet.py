@@ -9,11 +9,13 @@ to ``image_size * 8 / 7`` and the centred crop. Both normalise with the ImageNet
 Determinism. A sample is addressed by ``(index, sample_seed)``, its seed drawn from its
 batch's generator, so its augmentation depends neither on which worker loads it nor on what
 that worker loaded before; a resumed epoch skips batches without reading them. Batches come
-from pinned memory on CUDA (``pin_memory``, ``non_blocking=True``).
+from pinned memory on CUDA (``pin_memory``, ``non_blocking=True``). Each loader keeps one
+``DataLoader``, whose workers persist across epochs and evaluations.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,15 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from experiments.data.augment import EvalTransform, TrainTransform
-from experiments.data.loaders import Data, EvalLoader, Placement, Shard, ShardLoader, plan_shard
+from experiments.data.loaders import (
+    Data,
+    EvalLoader,
+    Placement,
+    Shard,
+    ShardLoader,
+    in_format,
+    plan_shard,
+)
 from experiments.data.partition import eval_range
 
 __all__ = [
@@ -64,23 +74,59 @@ class SeededImages(torch.utils.data.Dataset):
         return self.transform(self.folder.loader(path), gen), target
 
 
-def _folder_loader(
-    dataset: SeededImages,
-    batches: Sequence[list[tuple[int, int]]],
-    num_workers: int,
-    device: torch.device,
-) -> Iterator[tuple[Tensor, Tensor]]:
-    loader = torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=batches,
-        num_workers=num_workers,
-        pin_memory=device.type == "cuda",
-        # The loader draws its worker base seed from this generator instead of the global
-        # RNG; the samples themselves are seeded by their keys.
-        generator=torch.Generator().manual_seed(0),
-    )
-    for x, y in loader:
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+class _Batches(torch.utils.data.Sampler):
+    """A batch sampler whose batches are replaced before each pass over the loader."""
+
+    def __init__(self) -> None:
+        self.batches: Sequence[list[tuple[int, int]]] = []
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _collate(memory_format: torch.memory_format, samples: list[Any]) -> tuple[Tensor, Tensor]:
+    """Stack a batch in the worker, already in the model's memory format."""
+    x, y = torch.utils.data.default_collate(samples)
+    return in_format(x, memory_format), y
+
+
+class _Reader:
+    """One ``DataLoader`` for every pass of a loader: its worker processes live across
+    epochs and evaluations (``persistent_workers``) instead of starting at every pass."""
+
+    def __init__(self, dataset: SeededImages, num_workers: int, device: torch.device) -> None:
+        self._dataset = dataset
+        self._num_workers = num_workers
+        self._device = device
+        self._sampler = _Batches()
+        self._loader: torch.utils.data.DataLoader | None = None
+        self._format = torch.contiguous_format
+
+    def _build(self, memory_format: torch.memory_format) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(
+            self._dataset,
+            batch_sampler=self._sampler,
+            num_workers=self._num_workers,
+            collate_fn=functools.partial(_collate, memory_format),
+            pin_memory=self._device.type == "cuda",
+            persistent_workers=self._num_workers > 0,
+            # The loader draws its worker base seed from this generator instead of the global
+            # RNG; the samples themselves are seeded by their keys.
+            generator=torch.Generator().manual_seed(0),
+        )
+
+    def read(
+        self, batches: Sequence[list[tuple[int, int]]], memory_format: torch.memory_format
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        if self._loader is None or memory_format != self._format:
+            self._loader, self._format = self._build(memory_format), memory_format
+        self._sampler.batches = batches
+        device = self._device
+        for x, y in self._loader:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
 class FolderShardLoader(ShardLoader):
@@ -99,9 +145,7 @@ class FolderShardLoader(ShardLoader):
         self, shard: Shard, dataset: SeededImages, *, num_workers: int, device: torch.device
     ) -> None:
         super().__init__(shard)
-        self._dataset = dataset
-        self._num_workers = num_workers
-        self._device = device
+        self._reader = _Reader(dataset, num_workers, device)
 
     def _batches(self, order: Tensor, epoch: int, start: int) -> Iterator[tuple[Tensor, Tensor]]:
         bs = self.batch_size
@@ -111,7 +155,7 @@ class FolderShardLoader(ShardLoader):
             batches.append(list(zip(order[b * bs : (b + 1) * bs].tolist(), seeds.tolist())))
         if not batches:
             return iter(())
-        return _folder_loader(self._dataset, batches, self._num_workers, self._device)
+        return self._reader.read(batches, self.memory_format)
 
 
 class FolderEvalLoader(EvalLoader):
@@ -127,10 +171,8 @@ class FolderEvalLoader(EvalLoader):
         num_workers: int,
         device: torch.device,
     ) -> None:
-        self._dataset = dataset
+        self._reader = _Reader(dataset, num_workers, device)
         self._range = (lo, hi)
-        self._num_workers = num_workers
-        self._device = device
         self.batch_size = batch_size
         self.num_samples = hi - lo
 
@@ -142,7 +184,7 @@ class FolderEvalLoader(EvalLoader):
         ]
         if not batches:
             return iter(())
-        return _folder_loader(self._dataset, batches, self._num_workers, self._device)
+        return self._reader.read(batches, self.memory_format)
 
 
 def image_folder(path: Path) -> Any:

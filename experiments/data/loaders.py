@@ -24,6 +24,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -50,6 +51,8 @@ __all__ = [
     "InMemory",
     "plan_shard",
     "build_in_memory",
+    "in_format",
+    "set_memory_format",
 ]
 
 MIN_EVAL_BATCH = 256
@@ -94,6 +97,25 @@ class Shard:
     rank: int
 
 
+def in_format(x: Tensor, memory_format: torch.memory_format) -> Tensor:
+    """``x`` in ``memory_format`` when it is a 4-d image batch; as it is otherwise."""
+    if memory_format is torch.contiguous_format or x.dim() != 4:
+        return x
+    return x.contiguous(memory_format=memory_format)
+
+
+def set_memory_format(data: Any, memory_format: torch.memory_format) -> None:
+    """Have ``data``'s image loaders yield their batches in ``memory_format``.
+
+    For a model in ``torch.channels_last``: the batch is then produced in the model's
+    format (in the loader's worker processes, where it has some) instead of being
+    converted at every step. Loaders without images (tokens) are left alone.
+    """
+    for loader in (data.train, data.test):
+        if isinstance(loader, (ShardLoader, EvalLoader)):
+            loader.memory_format = memory_format
+
+
 def _to_device(t: Tensor, device: torch.device) -> Tensor:
     """Copy a CPU tensor to ``device``; to CUDA asynchronously, through pinned memory."""
     if device.type != "cuda" or t.device == device:
@@ -126,6 +148,9 @@ class ShardLoader:
         for x, y in data.train.iterate(3, start=5):
             ...
     """
+
+    memory_format: torch.memory_format = torch.contiguous_format
+    """The memory format of the image batches (see :func:`set_memory_format`)."""
 
     def __init__(self, shard: Shard) -> None:
         if shard.indices.numel() == 0:
@@ -209,6 +234,8 @@ class EvalLoader:
 
     num_samples: int
     batch_size: int
+    memory_format: torch.memory_format = torch.contiguous_format
+    """The memory format of the image batches (see :func:`set_memory_format`)."""
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
@@ -260,7 +287,7 @@ class TensorShardLoader(ShardLoader):
             x = to_unit(self._images[idx])
             if self._augment is not None and choices is not None:
                 x = self._augment.apply(x, choices[b - start])
-            yield self._normalize(x), self._labels[idx]
+            yield in_format(self._normalize(x), self.memory_format), self._labels[idx]
 
 
 class TensorEvalLoader(EvalLoader):
@@ -278,7 +305,8 @@ class TensorEvalLoader(EvalLoader):
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         for lo in range(0, self.num_samples, self.batch_size):
             hi = lo + self.batch_size
-            yield self._normalize(to_unit(self._images[lo:hi])), self._labels[lo:hi]
+            x = self._normalize(to_unit(self._images[lo:hi]))
+            yield in_format(x, self.memory_format), self._labels[lo:hi]
 
 
 @dataclass

@@ -360,6 +360,10 @@ class TrainConfig:
         nan_policy: On a non-finite loss, ``error`` stops the run and ``skip``
             replaces that batch's gradient by zeros.
         label_smoothing: Cross-entropy label smoothing in ``[0, 1)``.
+        cudnn_benchmark: ``torch.backends.cudnn.benchmark`` on CUDA (cuDNN times its
+            convolution algorithms once per shape and keeps the fastest); no-op on CPU.
+        tf32: TF32 matmuls and convolutions on CUDA (``torch.backends.cuda.matmul`` and
+            ``torch.backends.cudnn`` ``allow_tf32``); no-op on CPU.
     """
 
     batch_size: int = 32
@@ -371,6 +375,8 @@ class TrainConfig:
     grad_clip_norm: float = 0.0
     nan_policy: NanPolicy = NanPolicy["error"]  # type: ignore[valid-type]
     label_smoothing: float = 0.0
+    cudnn_benchmark: bool = True
+    tf32: bool = True
 
 
 @dataclass

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from decent_dp.topo import TopologyReg
-from decent_dp.utils import initialize_dist
+from decent_dp.utils import get_device, initialize_dist
 from experiments.network.netem import profile_from_cfg
 from experiments.schema import require
 from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
@@ -207,6 +207,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
                 "none with topology=allreduce (torch DDP all-reduces exact gradients)",
             ),
         ]
+    for key in ("cudnn_benchmark", "tf32"):
+        value = t.get(key, True)
+        rules.append((f"train.{key}", value, isinstance(value, bool), "true or false"))
     for rule in rules:
         require(*rule)
     check_dataset(d)
@@ -319,6 +322,30 @@ def _planned_world_size() -> int:
         raise ConfigError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
 
 
+def set_backend_flags(train_cfg: Any, device: torch.device) -> dict[str, bool]:
+    """Apply ``train.cudnn_benchmark`` and ``train.tf32`` on CUDA; change nothing elsewhere.
+
+    Args:
+        train_cfg: The ``train`` section (keys left out count as ``true``).
+        device: This rank's device.
+
+    Returns:
+        The flags set, by their torch name; empty off CUDA.
+    """
+    if device.type != "cuda":
+        return {}
+    benchmark = bool(train_cfg.get("cudnn_benchmark", True))
+    tf32 = bool(train_cfg.get("tf32", True))
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return {
+        "cudnn.benchmark": benchmark,
+        "cuda.matmul.allow_tf32": tf32,
+        "cudnn.allow_tf32": tf32,
+    }
+
+
 def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Train and evaluate one configuration; return the summary (also in ``summary.json``).
 
@@ -342,6 +369,7 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
         backend=cfg.dist.backend, timeout_s=float(cfg.dist.timeout_s)
     )
     job = _agree_on_job(cfg, run_dir, world_size)
+    set_backend_flags(cfg.train, get_device())
     # the trainer's modules log through the package's logger: rank 0 informs, all ranks warn
     logging.getLogger("experiments.train").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     trainer: Trainer | None = None

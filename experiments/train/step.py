@@ -47,6 +47,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from decent_dp.ddp import DecentralizedDataParallel
+from decent_dp.optim import optimizer_kernels, prefer_fused_kernels
 from experiments.train.config import ALLREDUCE
 from experiments.train.metrics import TrainWindow
 from experiments.train.task import ImageClassification, Task
@@ -218,6 +219,7 @@ class TrainStep:
         self.decentralized = self.topology != ALLREDUCE
         self.grad_clip_norm = float(train_cfg.grad_clip_norm)
         self.amp_dtype, self.scaler = amp_setup(str(train_cfg.amp), self.device)
+        self._last_scale = self.scaler.get_scale() if self.scaler is not None else 1.0
         self.module = model
         self.params = list(model.parameters())
         self.optimizer: Any = None
@@ -262,6 +264,8 @@ class TrainStep:
             bucket_cap_mb=float(topo.bucket_size_in_mb),
         )
         self.optimizer = optim_fn(list(model.named_parameters()))
+        # the kernels the wrapper picks per bucket, so that throughput compares the gossip only
+        prefer_fused_kernels(self.optimizer, self.device)
         self.scheduler = scheduler_fn(self.optimizer)
         # GradScaler.step skips optimizer.step on overflow; this is how the step learns of it
         self._handles.append(self.optimizer.register_step_post_hook(self._note_step))
@@ -322,6 +326,11 @@ class TrainStep:
             self._optimizer_stepped = False
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if getattr(self.optimizer, "_step_supports_amp_scaling", False):
+                # a fused kernel is called on overflow too and skips inside; the scale backs off
+                scale = self.scaler.get_scale()
+                self._optimizer_stepped = scale >= self._last_scale
+                self._last_scale = scale
             # as in the wrapper: a skipped step holds the schedule back too
             if self._optimizer_stepped:
                 self.scheduler.step()
@@ -338,6 +347,10 @@ class TrainStep:
         if self.decentralized:
             return self.ddp.current_lr()
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def optimizer_kernels(self) -> dict[str, Any]:
+        """The optimizer kernels in use (:func:`decent_dp.optim.optimizer_kernels`)."""
+        return optimizer_kernels(self.model if self.decentralized else self.optimizer)
 
     def pop_timers(self) -> dict[str, float]:
         """The wrapper's ``comm/*`` timers since the last call; none under ``allreduce``."""
@@ -376,9 +389,11 @@ class TrainStep:
             self.ddp.load_training_state_dict(state)
             return
         self.optimizer.load_state_dict(state["optimizer"])
+        prefer_fused_kernels(self.optimizer, self.device)  # the loaded groups bring their flags
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
+            self._last_scale = self.scaler.get_scale()
 
     def load_model(self, state: dict[str, Any]) -> None:
         """Load the bare model's parameters (through the wrapper, which keeps its own copies)."""

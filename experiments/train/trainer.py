@@ -47,6 +47,7 @@ from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from decent_dp.utils import get_device
+from experiments.data.loaders import set_memory_format
 from experiments.network.netem import apply_network
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
@@ -139,6 +140,8 @@ class Trainer:
             seed=int(t.seed),
             device=self.device,
         )
+        if cfg.model.get("channels_last", False):  # batches made in the model's format
+            set_memory_format(self.data, torch.channels_last)
         self.steps_per_epoch = len(self.data.train)
         self.total_steps = (
             int(t.max_steps) if t.max_steps is not None else int(t.epochs) * self.steps_per_epoch
@@ -316,6 +319,7 @@ class Trainer:
             "dataset": str(cfg.dataset.name),
             "model": str(cfg.model.name),
             "optim": str(cfg.optim.name),
+            "optim_kernels": self.train_step.optimizer_kernels(),
             "network": str(cfg.network.name),
             "compression": compression_arg(cfg.get("compression")) or "none",
             "comm/bytes_per_step": self.train_step.bytes_per_step(),

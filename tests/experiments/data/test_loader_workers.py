@@ -1,0 +1,70 @@
+"""Image-folder loaders keep their worker processes; loaders yield the model's memory format."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from experiments.data import build_data
+from experiments.data.imagenet import FolderEvalLoader, FolderShardLoader
+from experiments.data.loaders import Shard, set_memory_format
+
+CPU = torch.device("cpu")
+
+
+class _PidImages(torch.utils.data.Dataset):
+    """Images keyed like ``SeededImages``; the label is the pid of the process that read it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        index, _ = key
+        return torch.full((3, 4, 4), float(index)), os.getpid()
+
+
+def _pids(batches) -> set[int]:
+    return {int(p) for _, y in batches for p in y}
+
+
+def test_folder_workers_survive_epochs_and_evaluations() -> None:
+    shard = Shard(torch.arange(8), batch_size=2, num_batches=4, seed=0, rank=0)
+    train = FolderShardLoader(shard, _PidImages(), num_workers=1, device=CPU)
+    test = FolderEvalLoader(_PidImages(), 0, 8, batch_size=4, num_workers=1, device=CPU)
+    set_memory_format(_Data(train, test), torch.channels_last)
+
+    first = list(train.iterate(0))
+    evaluated = list(test)
+    second = list(train.iterate(1, start=1))  # a resumed epoch, after an evaluation
+    again = list(test)
+    (train_pid,) = _pids(first)
+    (test_pid,) = _pids(evaluated)
+    assert train_pid != os.getpid() and test_pid != os.getpid()
+    assert _pids(second) == {train_pid} and _pids(again) == {test_pid}
+    assert len(first) == 4 and len(second) == 3 and len(evaluated) == 2
+    # the worker stacked the batch in channels_last
+    for x, _ in first + evaluated:
+        assert x.shape[1] == 3 and x.is_contiguous(memory_format=torch.channels_last)
+    # the samples are the ones of the epoch's order, as without persistent workers
+    order = train.epoch_order(1)
+    assert torch.equal(second[0][0][:, 0, 0, 0], order[2:4].float())
+
+
+class _Data:
+    def __init__(self, train, test) -> None:
+        self.train, self.test = train, test
+
+
+def test_in_memory_batches_come_in_channels_last() -> None:
+    data = build_data(
+        {"name": "synthetic"}, rank=0, world_size=1, batch_size=16, seed=0, device=CPU
+    )
+    plain = next(iter(data.train.iterate(0)))[0]
+    assert plain.shape[1] == 3 and not plain.is_contiguous(memory_format=torch.channels_last)
+    set_memory_format(data, torch.channels_last)
+    x, _ = next(iter(data.train.iterate(0)))
+    t, _ = next(iter(data.test))
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert t.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(x, plain)  # the same values, in another layout
