@@ -10,7 +10,6 @@ and compressor outputs that are exactly representable in float32.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
@@ -32,7 +31,16 @@ from decent_dp._compression import (
     randk_seed,
 )
 from decent_dp.topo import TopologyReg
-from tests.support.ddp_cases import flat, loss_of, make_model, make_optim, set_flat, train_steps
+from tests.support.ddp_cases import (
+    assert_same_runs,
+    flat,
+    loss_of,
+    make_model,
+    make_optim,
+    resume_worker,
+    set_flat,
+    train_steps,
+)
 from tests.support.dist_harness import ok_values, run_distributed
 
 TOL = 1e-6
@@ -276,34 +284,15 @@ def test_bytes_per_step_follows_the_payloads() -> None:
 
 
 # ------------------------------------------------------------------ resume
-def _resume_worker(rank: int, world: int, cfg: dict[str, Any], ckpt: str, phase: str):
-    ddp = _wrap(make_model("mlp", seed=rank), cfg)
-    k = cfg.get("resume_at")
-    path = os.path.join(ckpt, f"rank{rank}.pt")
-    if phase == "straight":
-        train_steps(ddp, rank, cfg, 1, cfg["steps"])
-    elif phase == "first":
-        train_steps(ddp, rank, cfg, 1, k)
-        torch.save({"model": ddp.state_dict(), "train": ddp.training_state_dict()}, path)
-    else:
-        state = torch.load(path, weights_only=True)
-        ddp.load_state_dict(state["model"])
-        if phase == "old":
-            del state["train"]["compression"]  # a state saved before compression existed
-        ddp.load_training_state_dict(state["train"])
-        train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
-    return {"params": flat(ddp.module), "step": ddp.step_count}
-
-
 def test_resume_with_compression_is_bit_exact(tmp_path) -> None:
     cfg = {"topology": "one-peer-exp", "steps": 9, "resume_at": 5, "compression": "int8"}
-    straight = ok_values(run_distributed(_resume_worker, 4, cfg, str(tmp_path), "straight"))
-    ok_values(run_distributed(_resume_worker, 4, cfg, str(tmp_path), "first"))
-    resumed = ok_values(run_distributed(_resume_worker, 4, cfg, str(tmp_path), "second"))
-    for a, b in zip(straight, resumed):
-        assert b["step"] == 9
-        assert torch.equal(a["params"], b["params"])
+    args = (str(tmp_path),)
+    straight = ok_values(run_distributed(resume_worker, 4, cfg, *args, "straight", _wrap))
+    ok_values(run_distributed(resume_worker, 4, cfg, *args, "first", _wrap))
+    resumed = ok_values(run_distributed(resume_worker, 4, cfg, *args, "second", _wrap))
+    assert_same_runs(straight, resumed, 9)
     # a state without references still loads; the references start afresh (and differ)
-    old = ok_values(run_distributed(_resume_worker, 4, cfg, str(tmp_path), "old"))
+    before = {**cfg, "drop_train_keys": ["compression"]}  # saved before compression existed
+    old = ok_values(run_distributed(resume_worker, 4, before, *args, "second", _wrap))
     assert old[0]["step"] == 9
     assert not torch.equal(old[0]["params"], straight[0]["params"])

@@ -6,7 +6,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from tests.support.ddp_cases import DECAY_OPTIMS, replay, resume_worker, train_worker
+from tests.support.ddp_cases import (
+    DECAY_OPTIMS,
+    assert_same_runs,
+    replay,
+    resume_worker,
+    train_worker,
+)
 from tests.support.dist_harness import ok_values, run_distributed
 
 ATOL = 1e-9
@@ -98,9 +104,7 @@ def test_resume_is_exact(tmp_path) -> None:
     straight = ok_values(run_distributed(train_worker, 4, cfg))
     ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "first"))
     resumed = ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "second"))
-    for a, b in zip(straight, resumed):
-        assert b["step"] == 20
-        assert torch.equal(a["params"], b["params"])
+    assert_same_runs(straight, resumed, 20)
 
 
 def test_consensus_distance_exact_and_sketch() -> None:

@@ -9,7 +9,6 @@ at the other steps the topology mixes as usual.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from typing import Any
 
@@ -21,11 +20,13 @@ from torch.testing import assert_close
 from decent_dp import DecentralizedDataParallel
 from decent_dp.topo import LocalSGDTopology, mixing_matrices
 from tests.support.ddp_cases import (
+    assert_same_runs,
     flat,
     loss_of,
     make_model,
     make_optim,
     make_sched,
+    resume_worker,
     set_flat,
     topology_of,
     train_steps,
@@ -211,32 +212,13 @@ def test_unit_lr_without_momentum_is_plain_local_sgd() -> None:
     assert (plain[0]["params"] - plain[1]["params"]).abs().max() > 1e-4  # not a trivial run
 
 
-def resume_outer_worker(
-    rank: int, world: int, cfg: dict[str, Any], ckpt_dir: str, phase: str
-) -> dict[str, Any]:
-    ddp = wrap_outer(make_model("mlp", seed=rank), cfg)
-    k = cfg["resume_at"]
-    path = os.path.join(ckpt_dir, f"rank{rank}.pt")
-    if phase == "first":
-        train_steps(ddp, rank, cfg, 1, k)
-        torch.save({"model": ddp.state_dict(), "train": ddp.training_state_dict()}, path)
-    else:
-        state = torch.load(path, weights_only=True)
-        ddp.load_state_dict(state["model"])
-        ddp.load_training_state_dict(state["train"])
-        train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
-    return {"params": flat(ddp.module), "step": ddp.step_count}
-
-
 def test_resume_mid_period_is_bit_exact(tmp_path) -> None:
     # saved after step 7: the next step is an outer one, mixing a gossip relaunched after the load
     cfg = {**RING, "steps": 10, "resume_at": 7, "optim": "adam", "sched": True}
     straight = ok_values(run_distributed(outer_worker, 4, cfg))
-    ok_values(run_distributed(resume_outer_worker, 4, cfg, str(tmp_path), "first"))
-    resumed = ok_values(run_distributed(resume_outer_worker, 4, cfg, str(tmp_path), "second"))
-    for a, b in zip(straight, resumed):
-        assert b["step"] == 10
-        assert torch.equal(a["params"], b["params"])
+    ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "first", wrap_outer))
+    resumed = ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "second", wrap_outer))
+    assert_same_runs(straight, resumed, 10)
 
 
 def _state_worker(rank: int, world: int) -> dict[str, Any]:

@@ -8,6 +8,7 @@ taken from ``x_i(t-1)``, and the mixing uses the topology's matrices.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -269,22 +270,44 @@ def train_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_worker(
-    rank: int, world: int, cfg: dict[str, Any], ckpt_dir: str, phase: str
+    rank: int,
+    world: int,
+    cfg: dict[str, Any],
+    ckpt_dir: str,
+    phase: str,
+    wrapper: Callable[[nn.Module, dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
-    """phase 'first': train 1..k and save; 'second': load and train k+1..steps (fresh processes)."""
+    """Train in phases, each in fresh processes.
+
+    'straight': train 1..steps; 'first': train 1..k and save; 'second': load
+    and train k+1..steps. ``cfg["drop_train_keys"]`` are removed from the
+    saved training state before it loads (a state from before a feature).
+    ``wrapper(model, cfg)`` builds the wrapper (:func:`wrap` by default).
+    """
     model = make_model(cfg.get("kind", "mlp"), seed=rank)
-    ddp = wrap(model, cfg)
-    k = cfg["resume_at"]
+    ddp = (wrapper or wrap)(model, cfg)
+    k = cfg.get("resume_at", 0)
     path = os.path.join(ckpt_dir, f"rank{rank}.pt")
-    if phase == "first":
+    if phase == "straight":
+        train_steps(ddp, rank, cfg, 1, cfg["steps"])
+    elif phase == "first":
         train_steps(ddp, rank, cfg, 1, k)
         torch.save({"model": ddp.state_dict(), "train": ddp.training_state_dict()}, path)
     else:
         state = torch.load(path, weights_only=True)
         ddp.load_state_dict(state["model"])
+        for key in cfg.get("drop_train_keys", ()):
+            del state["train"][key]
         ddp.load_training_state_dict(state["train"])
         train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
     return {"params": flat(ddp.module), "step": ddp.step_count}
+
+
+def assert_same_runs(straight: list[Any], resumed: list[Any], steps: int) -> None:
+    """Every rank of the resumed run took ``steps`` steps and ends bit for bit where the straight one does."""
+    for a, b in zip(straight, resumed):
+        assert b["step"] == steps
+        assert torch.equal(a["params"], b["params"])
 
 
 def replay(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
