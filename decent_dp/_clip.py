@@ -26,7 +26,7 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
         The global 2-norm before clipping, a float64 scalar tensor on the gradients' device.
     """
     dense: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    sparse = []
+    sparse: list[torch.Tensor] = []
     for g in grads:
         (sparse if g.is_sparse else dense[(g.device, g.dtype)]).append(g)
     norms = [
