@@ -23,7 +23,7 @@ def test_clips_mixed_dtypes_and_sparse_gradients_to_the_global_norm(max_norm: fl
         torch.randn(3, generator=gen, dtype=torch.float64),
         torch.randn(4, 2, generator=gen).to(torch.bfloat16),
         # an uncoalesced sparse gradient: index 1 appears twice and must be summed first
-        torch.sparse_coo_tensor([[1, 1, 4]], [0.5, 2.0, -1.5], (6,)),
+        torch.sparse_coo_tensor([[1, 1, 4]], [0.5, 2.0, -1.5], (6,), check_invariants=True),
     ]
     total, expected = _reference(grads, max_norm)
     norm = clip_grads_(grads, max_norm)
