@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ._bucket import Bucket, is_dense
+from ._clip import clip_grads_
 from ._compression import CompressionSpec, GossipCompressor
 from ._cpu_memory import keep_freed_memory
 from ._device import GradStreams, device_guard, side_stream
@@ -434,13 +435,7 @@ class Engine:
             )
             skip = bool(found.item() > 0)  # the optimizer step is host-side control flow
         if not skip and self._grad_clip_norm > 0 and grads:
-            norms = torch.stack(
-                [torch.linalg.vector_norm(g.detach(), dtype=torch.float64) for g in grads]
-            )
-            total = norms.norm()
-            coef = torch.clamp(self._grad_clip_norm / (total + 1e-6), max=1.0)
-            for g in grads:
-                g.mul_(coef.to(g.dtype))
+            clip_grads_(grads, self._grad_clip_norm)
         return skip
 
     def _launch_in_order(self, force: bool = False) -> None:

@@ -6,7 +6,13 @@ data and optimizer under three implementations:
 
 1. ``ours``: this repository's :class:`decent_dp.DecentralizedDataParallel`;
 2. ``0.2.3``: ``decent-dp==0.2.3`` from PyPI, as a new user would call it;
-3. ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` + ``SGD``.
+3. ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` + the same optimizer.
+
+Two models (``--models``): ``mlp``, about 9.5M parameters with SGD and the
+wrappers' default bucket size; and ``gpt``, the paper's GPT-2 recipe
+(:mod:`experiments.bench.gpt_workload`: a tied-embedding GPT whose
+``model(x, y)`` returns ``(logits, loss)``, AccumAdamW on two param groups, a
+warmup-cosine schedule, a GradScaler, clipping at 1.0 and 100 MB buckets).
 
 Both packages are imported as ``decent_dp``, so 0.2.3 lives in its own virtual
 environment, ``.bench/venv`` (git-ignored), built on first use by
@@ -67,16 +73,30 @@ from experiments.bench.upstream_env import (  # noqa: E402
 )
 from experiments.bench.upstream_worker import CATEGORIES, await_file, worker  # noqa: E402
 
-# (procs, topology, numerator, denominator, target): the ratios this benchmark checks
+MODELS = ("mlp", "gpt")
+
+# (model, procs, topology, numerator, denominator, target): the ratios this benchmark checks
 TARGETS = (
-    (2, "ring", "ours", UPSTREAM, 1.0),
-    (4, "one-peer-exp", "ours", UPSTREAM, 0.90),
-    (4, "one-peer-exp", "ours", "torch-ddp", 0.65),
+    ("mlp", 2, "ring", "ours", UPSTREAM, 1.0),
+    ("mlp", 4, "one-peer-exp", "ours", UPSTREAM, 0.90),
+    ("mlp", 4, "one-peer-exp", "ours", "torch-ddp", 0.65),
+    ("gpt", 2, "ring", "ours", UPSTREAM, 0.85),
+    ("gpt", 4, "one-peer-exp", "ours", UPSTREAM, 0.85),
 )
 
 
+def _batch(model: str, args: argparse.Namespace) -> int:
+    return args.gpt_batch if model == "gpt" else args.batch
+
+
 def _command(
-    impl: str, impl_file: str, procs: int, topology: str, baton: Path, args: argparse.Namespace
+    impl: str,
+    impl_file: str,
+    procs: int,
+    topology: str,
+    baton: Path,
+    args: argparse.Namespace,
+    model: str = "mlp",
 ) -> tuple[list[str], dict[str, str]]:
     python = upstream_python() if impl == UPSTREAM else Path(sys.executable)
     cmd = [
@@ -84,9 +104,11 @@ def _command(
         str(Path(__file__).resolve()), "--worker", "--impl", impl, "--impl-file", impl_file,
         "--topology", topology, "--steps", str(args.steps), "--rounds", str(args.rounds),
         "--warmup", str(args.warmup), "--turn-warmup", str(args.turn_warmup),
-        "--profile-steps", str(args.profile_steps), "--batch", str(args.batch),
-        "--threads", str(args.threads), "--baton", str(baton),
+        "--profile-steps", str(args.profile_steps), "--batch", str(_batch(model, args)),
+        "--threads", str(args.threads), "--baton", str(baton), "--model", model,
     ]  # fmt: skip
+    if args.bucket_mb is not None:
+        cmd += ["--bucket-mb", str(args.bucket_mb)]
     # PYTHONSAFEPATH: neither the script's folder nor the working directory go first on the
     # workers' sys.path, ahead of the site-packages that hold the decent_dp being timed
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONSAFEPATH": "1"}
@@ -106,7 +128,11 @@ def _stop(jobs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _run_rounds(
-    jobs: list[tuple[str, str]], procs: int, topology: str, args: argparse.Namespace
+    jobs: list[tuple[str, str]],
+    procs: int,
+    topology: str,
+    args: argparse.Namespace,
+    model: str = "mlp",
 ) -> dict[str, list[dict[str, Any]]]:
     """Start every implementation once, then hand them the turn, round after round.
 
@@ -117,7 +143,7 @@ def _run_rounds(
     running = []
     try:
         for name, path in jobs:
-            cmd, env = _command(name, path, procs, topology, baton, args)
+            cmd, env = _command(name, path, procs, topology, baton, args, model)
             running.append(subprocess.Popen(cmd, env=env, cwd=VENV.parent))
         for name, _ in jobs:  # nobody's turn starts while another is still importing torch
             await_file(baton / f"ready-{name}.json", running)
@@ -146,11 +172,11 @@ def _run_rounds(
 
 
 def _run_profile(
-    name: str, path: str, procs: int, topology: str, args: argparse.Namespace
+    name: str, path: str, procs: int, topology: str, args: argparse.Namespace, model: str = "mlp"
 ) -> dict[str, float]:
     baton = Path(tempfile.mkdtemp(prefix="bench-upstream-"))
     try:
-        cmd, env = _command(name, path, procs, topology, baton, args)
+        cmd, env = _command(name, path, procs, topology, baton, args, model)
         subprocess.run([*cmd, "--profile"], check=True, env=env, cwd=VENV.parent)
         return json.loads((baton / f"profile-{name}.json").read_text())["profile_ms"]
     finally:
@@ -162,12 +188,16 @@ def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {**median_row(rows), "rounds_ms": [round(r["median_step_s"] * 1e3, 2) for r in rows]}
 
 
+def _model(cfg: dict[str, Any]) -> str:
+    return str(cfg.get("model", "mlp"))  # results written before the gpt model timed the mlp
+
+
 def tables(results: dict[str, Any]) -> str:
     """Markdown: step times, ratios against the targets, and the profile breakdown."""
     lines = [
-        "| procs | topology | impl | median step (ms) | rounds (ms) | CPU per step and rank (ms) "
-        "| page faults per step | wait | mix | optim |",
-        "|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| model | procs | topology | impl | median step (ms) | rounds (ms) "
+        "| CPU per step and rank (ms) | page faults per step | wait | mix | optim |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for cfg in results["configs"]:
         for r in cfg["rows"]:
@@ -176,12 +206,12 @@ def tables(results: dict[str, Any]) -> str:
                 return f"{r[key] * 1e3:.1f}" if key in r else ""
 
             lines.append(
-                f"| {cfg['procs']} | {cfg['topology']} | {r['impl']} | {ms('median_step_s')} | "
+                f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {r['impl']} | {ms('median_step_s')} | "
                 f"{' '.join(f'{x:.0f}' for x in r['rounds_ms'])} | {ms('cpu_step_s')} | "
                 f"{r.get('faults_per_step', float('nan')):.0f} | {ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} |"
             )
     loads = ", ".join(
-        f"{c['procs']} procs {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
+        f"{_model(c)} {c['procs']} procs {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
         for c in results["configs"]
         if "load_avg" in c
     )
@@ -189,15 +219,16 @@ def tables(results: dict[str, Any]) -> str:
         lines += ["", f"Load average of the machine before -> after the rounds: {loads}."]
     lines += [
         "",
-        "| procs | topology | ratio of median steps | measured | target | met | ratio of CPU per step |",
-        "|---:|---|---|---:|---:|---|---:|",
+        "| model | procs | topology | ratio of median steps | measured | target | met "
+        "| ratio of CPU per step |",
+        "|---|---:|---|---|---:|---:|---|---:|",
     ]
     for cfg in results["configs"]:
         rows = {r["impl"]: r for r in cfg["rows"]}
         targets = {
             (num, den): target
-            for procs, topo, num, den, target in TARGETS
-            if (procs, topo) == (cfg["procs"], cfg["topology"])
+            for model, procs, topo, num, den, target in TARGETS
+            if (model, procs, topo) == (_model(cfg), cfg["procs"], cfg["topology"])
         }
         for num in rows:
             for den in (UPSTREAM, "torch-ddp"):
@@ -209,7 +240,7 @@ def tables(results: dict[str, Any]) -> str:
                 met = "" if target is None else ("yes" if ratio <= target else "no")
                 goal = "" if target is None else f"<= {target:.2f}"
                 lines.append(
-                    f"| {cfg['procs']} | {cfg['topology']} | {num} / {den} | {ratio:.2f} | {goal} "
+                    f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {num} / {den} | {ratio:.2f} | {goal} "
                     f"| {met} | {cpu:.2f} |"
                 )
     if any(cfg.get("profile") for cfg in results["configs"]):
@@ -219,15 +250,15 @@ def tables(results: dict[str, Any]) -> str:
             "Profile (torch.profiler, ms per step, mean over ranks; the profiler's own "
             "overhead is in python_other):",
             "",
-            f"| procs | topology | impl | step (profiled) | {head} | CPU main thread "
+            f"| model | procs | topology | impl | step (profiled) | {head} | CPU main thread "
             "| CPU other threads |",
-            "|---:|---|---|---:|" + "---:|" * (len(CATEGORIES) + 2),
+            "|---|---:|---|---|---:|" + "---:|" * (len(CATEGORIES) + 2),
         ]
         for cfg in results["configs"]:
             for impl, p in cfg.get("profile", {}).items():
                 cells = " | ".join(f"{p[c]:.1f}" for c in CATEGORIES)
                 lines.append(
-                    f"| {cfg['procs']} | {cfg['topology']} | {impl} | {p['step_wall']:.1f} | {cells} "
+                    f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {impl} | {p['step_wall']:.1f} | {cells} "
                     f"| {p['cpu_main_thread']:.1f} | {p['cpu_other_threads']:.1f} |"
                 )
     return "\n".join(lines)
@@ -285,6 +316,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     parser.add_argument(
+        "--models",
+        nargs="+",
+        default=list(MODELS),
+        choices=MODELS,
+        help="mlp: 9.5M parameters, SGD; gpt: the paper's GPT-2 recipe on a 1M-parameter GPT",
+    )
+    parser.add_argument("--gpt-batch", type=int, default=8, help="sequences per rank (gpt)")
+    parser.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=None,
+        help="bucket size of both wrappers (default: the wrapper's 25 for mlp, the script's 100 "
+        "for gpt)",
+    )
+    parser.add_argument(
         "--candidate",
         type=_candidate,
         action="append",
@@ -305,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--impl-file", default="", help=argparse.SUPPRESS)
     parser.add_argument("--topology", default="ring", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="mlp", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--baton", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -314,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--rounds {args.rounds} is invalid; it must be >= 1 (or 0 with --profile)")
     if args.turn_warmup < 0:
         parser.error(f"--turn-warmup {args.turn_warmup} is invalid; it must be >= 0")
-    for name in ("steps", "batch", "threads", "profile_steps"):
+    if args.bucket_mb is not None and not args.bucket_mb > 0:
+        parser.error(f"--bucket-mb {args.bucket_mb} is invalid; it must be > 0")
+    for name in ("steps", "batch", "gpt_batch", "threads", "profile_steps"):
         if getattr(args, name) < 1:
             parser.error(
                 f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; it must be >= 1"
@@ -338,6 +387,8 @@ def main(argv: list[str] | None = None) -> None:
                 "warmup",
                 "turn_warmup",
                 "batch",
+                "gpt_batch",
+                "bucket_mb",
                 "threads",
                 "profile_steps",
             )
@@ -347,13 +398,15 @@ def main(argv: list[str] | None = None) -> None:
         "ours": _ours_state(),
         "configs": [],
     }
-    for procs, topo in args.configs:
+    for model, (procs, topo) in [(m, c) for m in args.models for c in args.configs]:
         print(
-            f"== {procs} processes, {topo} (CPU, gloo, {args.threads} thread(s) each)", flush=True
+            f"== {model}, {procs} processes, {topo} (CPU, gloo, {args.threads} thread(s) each)",
+            flush=True,
         )
         load_before = os.getloadavg()[0]
-        runs = _run_rounds(jobs, procs, topo, args) if args.rounds else {}
+        runs = _run_rounds(jobs, procs, topo, args, model) if args.rounds else {}
         cfg: dict[str, Any] = {
+            "model": model,
             "procs": procs,
             "topology": topo,
             # other users' load (1-minute average) around the timed rounds: noise to judge by
@@ -362,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.profile:
             cfg["profile"] = {
-                name: _run_profile(name, path, procs, topo, args) for name, path in jobs
+                name: _run_profile(name, path, procs, topo, args, model) for name, path in jobs
             }
         results["configs"].append(cfg)
     text = (

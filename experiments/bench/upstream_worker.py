@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -139,16 +140,17 @@ def _instrumented() -> Iterator[None]:
 def _labelled_optimizer(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     step, zero_grad = opt.step, opt.zero_grad
 
-    def labelled_step(*args: Any, **kwargs: Any) -> Any:
+    def labelled_step(self: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.profiler.record_function("bench.optimizer"):
             return step(*args, **kwargs)
 
-    def labelled_zero_grad(*args: Any, **kwargs: Any) -> Any:
+    def labelled_zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
         with torch.profiler.record_function("bench.zero_grad"):
             return zero_grad(*args, **kwargs)
 
-    opt.step = labelled_step  # type: ignore[method-assign]
-    opt.zero_grad = labelled_zero_grad  # type: ignore[method-assign]
+    # bound methods: an LR scheduler wraps ``opt.step`` through its ``__func__``
+    opt.step = types.MethodType(labelled_step, opt)  # type: ignore[method-assign]
+    opt.zero_grad = types.MethodType(labelled_zero_grad, opt)  # type: ignore[method-assign]
     return opt
 
 
@@ -233,6 +235,9 @@ def _setup(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[s
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.impl != "torch-ddp":
         _check_import(args.impl, args.impl_file)
+    model_name = getattr(args, "model", "mlp")
+    if model_name == "gpt":
+        return _setup_gpt(args)
     model, shape, classes = bench.build("mlp")
     data = bench.synthetic_batches(args.batch, shape, classes, seed=rank)
     loss_fn = nn.CrossEntropyLoss()
@@ -246,7 +251,8 @@ def _setup(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[s
         opt = optim_fn(list(model.named_parameters()))
     else:
         cls = _wrapper_class(args.impl, args.impl_file)
-        wrapper = net = cls(model, optim_fn, topology=args.topology)
+        kwargs = {} if args.bucket_mb is None else {"bucket_size_in_mb": args.bucket_mb}
+        wrapper = net = cls(model, optim_fn, topology=args.topology, **kwargs)
     rf = torch.profiler.record_function if args.profile else _label_off
 
     def step(i: int) -> None:
@@ -262,10 +268,74 @@ def _setup(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[s
 
     row: dict[str, Any] = {
         "impl": args.impl,
+        "model": "mlp",
         "world_size": world,
         "topology": args.topology if args.impl != "torch-ddp" else "allreduce",
         "batch": args.batch,
         "params_m": bench.n_params(model) / 1e6,
+    }
+    return step, wrapper, row
+
+
+def _setup_gpt(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[str, Any]]:
+    """The paper's GPT-2 workload (see :mod:`experiments.bench.gpt_workload`) under one wrapper.
+
+    Both wrappers get the script's flags: AccumAdamW, the warmup-cosine schedule,
+    a GradScaler (disabled: no fp16 on CPU, as the script with ``amp = false``),
+    clipping at 1.0 and ``bucket_size_in_mb``. torch DDP gets the same optimizer,
+    schedule and clipping, applied after backward.
+    """
+    from experiments.bench import gpt_workload as gw
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = gw.build()
+    data = gw.token_batches(args.batch, seed=rank)
+    optim_fn = gw.accum_adamw_fn()
+    if args.profile:
+        optim_fn = (lambda f: lambda pairs: _labelled_optimizer(f(pairs)))(optim_fn)
+    bucket_mb = gw.BUCKET_MB if args.bucket_mb is None else args.bucket_mb
+    opt: torch.optim.Optimizer | None = None
+    sched: Any = None
+    wrapper: Any = None
+    if args.impl == "torch-ddp":
+        net: nn.Module = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        opt = optim_fn(list(model.named_parameters()))
+        sched = gw.cosine_fn(opt)
+    else:
+        cls = _wrapper_class(args.impl, args.impl_file)
+        wrapper = net = cls(
+            model,
+            optim_fn,
+            lr_scheduler_fn=gw.cosine_fn,
+            topology=args.topology,
+            scaler=torch.GradScaler("cpu", enabled=False),
+            grad_clip_norm=gw.CLIP_NORM,
+            bucket_size_in_mb=bucket_mb,
+        )
+    rf = torch.profiler.record_function if args.profile else _label_off
+
+    def step(i: int) -> None:
+        x, y = data[i % len(data)]
+        with rf("bench.step"):
+            with rf("bench.forward"):
+                _, loss = net(x, y)
+            with rf("bench.backward"):
+                loss.backward()
+            if opt is not None:
+                with rf("bench.optimizer"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), gw.CLIP_NORM)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+
+    row: dict[str, Any] = {
+        "impl": args.impl,
+        "model": "gpt",
+        "world_size": world,
+        "topology": args.topology if args.impl != "torch-ddp" else "allreduce",
+        "batch": args.batch,
+        "bucket_mb": bucket_mb,
+        "params_m": gw.n_params(model) / 1e6,
     }
     return step, wrapper, row
 

@@ -1,0 +1,45 @@
+"""Global-norm gradient clipping with multi-tensor kernels, as the end of backward runs it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+__all__ = ["clip_grads_"]
+
+
+@torch.no_grad()
+def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale ``grads`` in place by ``min(1, max_norm / (||grads|| + 1e-6))``; return the norm.
+
+    Each tensor's norm is taken in its own dtype (as ``clip_grad_norm_`` does; in
+    float32 for 16-bit dtypes) and the per-tensor norms are combined in float64: one multi-tensor kernel per
+    (device, dtype) for the norms and one for the scaling, instead of a cast to
+    float64 and two kernels per gradient. Sparse gradients take the per-tensor path.
+
+    Args:
+        grads: The gradients, on one device, dense or sparse.
+        max_norm: The threshold, ``> 0``.
+
+    Returns:
+        The global 2-norm before clipping, a float64 scalar tensor on the gradients' device.
+    """
+    dense: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    sparse: list[torch.Tensor] = []
+    for g in grads:
+        (sparse if g.is_sparse else dense[(g.device, g.dtype)]).append(g)
+    norms = [
+        n
+        for (_, dtype), gs in dense.items()
+        # half-precision norms are summed in float32, as they lose too much in their own dtype
+        for n in torch._foreach_norm(gs, 2, dtype=torch.float32 if dtype.itemsize < 4 else None)
+    ]
+    norms += [torch.linalg.vector_norm(g.coalesce().values()) for g in sparse]
+    total = torch.stack([n.to(torch.float64) for n in norms]).norm()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for (_, dtype), gs in dense.items():
+        torch._foreach_mul_(gs, coef.to(dtype))
+    for g in sparse:
+        g.mul_(coef.to(g.dtype))
+    return total
