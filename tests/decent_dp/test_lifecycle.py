@@ -176,7 +176,15 @@ def test_failed_backward_with_loss_scaling_skips_every_worker_together() -> None
     assert [v["scale"] for v in values] == [2.0**9, 2.0**9]
 
 
-@pytest.mark.parametrize("how", ["forward", "module", "wrapper"])
+# the paper's scripts compile the forward; the other two ways run in the slow suite
+@pytest.mark.parametrize(
+    "how",
+    [
+        "forward",
+        pytest.param("module", marks=pytest.mark.slow),
+        pytest.param("wrapper", marks=pytest.mark.slow),
+    ],
+)
 def test_compiled_models_train_like_eager(how: str) -> None:
     # the least-squares model's forward takes no Python ints, so it compiles once
     cfg = {"topology": "ring", "steps": 3, "kind": "lsq", "compile": how}

@@ -932,6 +932,7 @@ def test_cli_table_world_size_64() -> None:
     assert int(rows["alternating-exp-ring"][1]) == 15
 
 
+@pytest.mark.slow  # the CLI's start-up is paid once in the fast suite, by the world-size-64 table
 def test_cli_table_world_size_6_marks_sizes_that_do_not_fit() -> None:
     rows = run_table("--world-size", "6", "--local-world-size", "2")
     assert set(BUILTINS) <= set(rows)
