@@ -6,7 +6,17 @@ from collections import defaultdict
 
 import torch
 
-__all__ = ["clip_grads_"]
+__all__ = ["by_device_and_dtype", "clip_grads_"]
+
+
+def by_device_and_dtype(
+    tensors: list[torch.Tensor],
+) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    """The tensors grouped as multi-tensor kernels take them: one list per (device, dtype)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+    for t in tensors:
+        groups[(t.device, t.dtype)].append(t)
+    return groups
 
 
 @torch.no_grad()
@@ -25,10 +35,8 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     Returns:
         The global 2-norm before clipping, a float64 scalar tensor on the gradients' device.
     """
-    dense: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-    sparse: list[torch.Tensor] = []
-    for g in grads:
-        (sparse if g.is_sparse else dense[(g.device, g.dtype)]).append(g)
+    dense = by_device_and_dtype([g for g in grads if not g.is_sparse])
+    sparse = [g for g in grads if g.is_sparse]
     norms = [
         n
         for (_, dtype), gs in dense.items()

@@ -132,8 +132,15 @@ def check_cuda_placement(named: list[tuple[str, nn.Parameter]]) -> torch.device:
     return device
 
 
-def _backend_records_graphs(backend: Any) -> bool:
-    """Whether a torch.compile backend object is the ``cudagraphs`` backend."""
+def _records_graphs(config: Any, backend: Any) -> bool:
+    """Whether a compiler config asks for CUDA graphs, or the backend is ``cudagraphs``.
+
+    ``backend`` may be wrapped once more (``_torchdynamo_orig_backend``), as
+    ``torch.compile`` leaves it.
+    """
+    if config and config.get("triton.cudagraphs", False):
+        return True
+    backend = getattr(backend, "_torchdynamo_orig_backend", backend)
     return getattr(backend, "compiler_name", None) == "cudagraphs"
 
 
@@ -142,17 +149,14 @@ def _compiled_fn_records_graphs(fn: Any) -> bool:
     get_config = getattr(fn, "get_compiler_config", None)
     if get_config is None:
         return False
-    config = get_config()
-    if config and config.get("triton.cudagraphs", False):
+    if _records_graphs(get_config(), None):
         return True
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             content = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        inner = getattr(content, "_torchdynamo_orig_backend", None)
-        inner = getattr(inner, "_torchdynamo_orig_backend", inner)
-        if _backend_records_graphs(inner):
+        if _records_graphs(None, getattr(content, "_torchdynamo_orig_backend", None)):
             return True
     return False
 
@@ -169,12 +173,9 @@ def records_cuda_graphs(model: nn.Module) -> bool:
     for m in model.modules():
         ctx = getattr(m, "dynamo_ctx", None)
         if ctx is not None and isinstance(getattr(m, "_orig_mod", None), nn.Module):
-            config = getattr(ctx, "compiler_config", None)
-            if config and config.get("triton.cudagraphs", False):
-                return True
             callback = getattr(ctx, "callback", None)
             backend = getattr(callback, "_torchdynamo_orig_backend", None)
-            if _backend_records_graphs(getattr(backend, "_torchdynamo_orig_backend", backend)):
+            if _records_graphs(getattr(ctx, "compiler_config", None), backend):
                 return True
         for fn in (m.__dict__.get("forward"), m.__dict__.get("_compiled_call_impl")):
             if fn is not None and _compiled_fn_records_graphs(fn):

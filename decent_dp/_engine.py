@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from ._bucket import Bucket, is_dense
-from ._clip import clip_grads_
+from ._clip import by_device_and_dtype, clip_grads_
 from ._compression import CompressionSpec, GossipCompressor
 from ._cpu_memory import keep_freed_memory
 from ._device import GradStreams, device_guard, side_stream
@@ -419,10 +419,7 @@ class Engine:
             if grads:
                 inv = scale.double().reciprocal().float()
                 # GradScaler's own fused kernel: one launch per (device, dtype) for all gradients
-                by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-                for g in grads:
-                    by_kind.setdefault((g.device, g.dtype), []).append(g)
-                for (device, _), same in by_kind.items():
+                for (device, _), same in by_device_and_dtype(grads).items():
                     found_here = torch.zeros(1, dtype=torch.float32, device=device)
                     torch._amp_foreach_non_finite_check_and_unscale_(
                         same, found_here, inv.to(device)

@@ -115,11 +115,9 @@ def delivered(state: GossipState, bucket: Bucket) -> bool:
 
 def arrived(state: GossipState, bucket: Bucket) -> bool:
     """Whether the bucket's gossip has completed (and the emulated network delivered it)."""
-    if bucket.work is None:
-        return True
-    if state.comm_delay is not None and bucket.delay_left() > 0:
+    if not delivered(state, bucket):
         return False
-    return bool(bucket.work.is_completed())
+    return bucket.work is None or bool(bucket.work.is_completed())
 
 
 @torch.no_grad()
