@@ -329,7 +329,7 @@ class GossipCompressor:
             self.inflight[bucket.index] = _InFlight(round_index, k, own, recv, idx)
             return dist.all_reduce(recv, group=group, async_op=True)
         encode, _ = _ENCODE[name]
-        size = payload_nbytes(name, bucket.numel, bucket.comm.element_size())
+        size = self.nbytes(bucket)
         own = encode(dev, torch.empty(size, dtype=torch.uint8, device=bucket.device))
         recv = torch.empty(k * size, dtype=torch.uint8, device=bucket.device)
         self.inflight[bucket.index] = _InFlight(round_index, k, own, recv)
