@@ -41,19 +41,37 @@ computes from the same payloads in the same order.
 Compressors (``compression=`` of the wrapper; :func:`parse_compression`):
 
 * ``bf16``: ``v`` rounded to bfloat16 (round to nearest even); 2 bytes per
-  element. All-gathered, decoded to the bucket's dtype and summed in rank
-  order.
+  element.
 * ``int8``: per chunk of :data:`INT8_CHUNK` elements, ``scale =
-  max|v| / 127`` as float32 and ``round(v / scale)`` (half to even) in
-  ``[-127, 127]``; ``1 + 4 / INT8_CHUNK`` bytes per element (the element bytes padded to
-  a multiple of 4). The decoding
-  error is at most ``scale / 2`` per element. All-gathered (values and
-  scales in one byte buffer), decoded and summed in rank order.
-* ``randk:<ratio>``: the same ``ceil(ratio * numel)`` random coordinates on
-  every member of the group, drawn from a seed that is a function of the
-  step and the bucket; the selected values are all-reduced (the other
-  coordinates of ``q`` are zero; indices are never sent). ``ratio`` of the
-  bytes.
+  max(max|v| / 127, tiny)`` as float32 and ``round(v / scale)`` (half to
+  even) in ``[-127, 127]``, computed in float32 (float64 for float64 values);
+  ``1 + 4 / INT8_CHUNK`` bytes per element (the element bytes padded to a
+  multiple of 4). The decoding error is at most ``scale / 2`` per element,
+  in every dtype.
+* ``randk:<ratio>``: ``K = ceil(ratio * numel)`` coordinates, one drawn in
+  each of ``K`` equal strata of the bucket, the same on every member of the
+  group (the seed is a function of the step and the bucket); the selected
+  values are all-reduced (the other coordinates of ``q`` are zero; indices
+  are never sent). ``ratio`` of the bytes, ``O(K)`` work to draw.
+
+How ``bf16`` and ``int8`` payloads travel depends on the group size ``k``:
+
+* a pair all-gathers its two payloads, decoded and summed in rank order:
+  one payload sent per member, the least possible;
+* a larger group exchanges in two phases, so that what each member sends
+  does not grow with ``k``. The bucket is cut into ``k`` chunks; member
+  ``c`` receives every member's compressed chunk ``c`` (an all-to-all),
+  sums the decoded chunks in member order (``S_c``, exact), and sends
+  ``C(S_c)`` to all (an all-gather). ``S`` is then the concatenation of the
+  decoded ``C(S_c)``, the same on every member, and member ``c`` adds
+  ``k p (S_c - dec(C(S_c)))`` to its correction on chunk ``c``: the
+  corrections still add up to zero, so the average of the models stays
+  exact, and the rounding of the sum stays in member ``c``'s model, where
+  the next exchange sends it. On NCCL the second phase is queued on the side
+  stream right behind the first, at the launch; on other backends it starts
+  when the result is first waited for (a host-side wait in the launch would
+  block the backward pass). Either way every rank issues them at the same
+  point, so each group sees its collectives in one order.
 
 The collectives run within the round's group. Nothing is sent on a round
 alone.
@@ -62,19 +80,23 @@ Memory: one reference per bucket and per round of the period whose group has
 more than one member, allocated on first use: ``ring`` 2 rounds (2 model
 copies), ``one-peer-exp`` ``log2(n)`` copies, ``complete`` 1; plus, per
 bucket, one scratch block of the bucket's size and the payload buffers
-(``k`` payloads for the gather compressors).
+(:func:`inflight_bytes`: three payloads for a pair, ``(3k + 1) / k`` of one
+for a larger group, whatever ``k``).
 
-Bytes sent (:meth:`GossipCompressor.bytes_sent`, the cost model of
+Bytes sent (:func:`exchange_bytes`, the cost model of
 ``comm_bytes_per_step``): an all-reduce of ``N`` bytes over ``k`` ranks
 sends ``2 (k-1) / k N`` per rank (ring reduce-scatter plus all-gather, the
-bandwidth-optimal volume), an all-gather of a ``P``-byte payload sends
-``(k-1) P``. For pairs (``ring``, ``one-peer-exp``) both are exactly one
-payload, whatever algorithm gloo or NCCL picks.
+bandwidth-optimal volume); a pair's all-gather one payload; the two phases
+``2 (k-1) / k`` of the ``k`` chunk payloads. So compressed gossip costs the
+compressor's ratio of exact gossip's bytes on every topology (0.5 for
+``bf16``, about 0.251 for ``int8``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +109,9 @@ __all__ = [
     "CompressionSpec",
     "GossipCompressor",
     "bf16_decode",
+    "chunk_len",
+    "exchange_bytes",
+    "inflight_bytes",
     "bf16_encode",
     "int8_decode",
     "int8_encode",
@@ -94,6 +119,7 @@ __all__ = [
     "randk_count",
     "randk_indices",
     "randk_seed",
+    "split_exchange",
 ]
 
 COMPRESSIONS = ("none", "bf16", "int8", "randk")
@@ -166,8 +192,19 @@ def int8_nbytes(numel: int) -> int:
     return 4 * _chunks(numel) + -(-numel // 4) * 4
 
 
+def _int8_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the int8 arithmetic: float32, or float64 for float64 values."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def int8_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``v`` (flat, floating) as int8 values and float32 per-chunk scales, in one byte buffer.
+
+    The scale that divides is the one stored, and :func:`int8_decode` multiplies
+    by it: a chunk whose scale is under the smallest normal float32 (a chunk of
+    zeros, say) is quantized with that smallest normal, in float32 (float64 for
+    float64 values) whatever the values' own dtype, so 16-bit values with a tiny
+    scale decode as well as float32 ones.
 
     Args:
         v: The flat tensor to compress.
@@ -181,15 +218,15 @@ def int8_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     c = _chunks(n)
     if out is None:
         out = torch.empty(int8_nbytes(n), dtype=torch.uint8, device=v.device)
-    padded = v.new_zeros(c * INT8_CHUNK)
+    cdt = _int8_dtype(v.dtype)
+    padded = torch.zeros(c * INT8_CHUNK, dtype=cdt, device=v.device)
     padded[:n] = v
     blocks = padded.view(c, INT8_CHUNK)
     scale = (blocks.abs().amax(dim=1) / 127.0).to(torch.float32)
-    # a chunk of zeros has scale 0 and stays zero: divide it by the smallest normal instead
-    s = scale.to(v.dtype).unsqueeze(1).clamp_min(torch.finfo(v.dtype).tiny)
-    q = torch.round(blocks / s).clamp_(-127, 127).to(torch.int8).view(-1)[:n]
+    scale.clamp_min_(torch.finfo(torch.float32).tiny)
+    q = torch.round(blocks / scale.to(cdt).unsqueeze(1)).clamp_(-127, 127).to(torch.int8)
     out[: 4 * c].copy_(scale.view(torch.uint8))
-    out[4 * c : 4 * c + n].copy_(q.view(torch.uint8))
+    out[4 * c : 4 * c + n].copy_(q.view(-1)[:n].view(torch.uint8))
     out[4 * c + n :].zero_()
     return out
 
@@ -197,11 +234,11 @@ def int8_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 def int8_decode(payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The values an :func:`int8_encode` payload stands for, in ``dtype``."""
     c = _chunks(numel)
-    scale = payload[: 4 * c].view(torch.float32).to(dtype)
-    q = payload[4 * c : 4 * c + numel].view(torch.int8).to(dtype)
-    padded = q.new_zeros(c * INT8_CHUNK)
-    padded[:numel] = q
-    return (padded.view(c, INT8_CHUNK) * scale.unsqueeze(1)).view(-1)[:numel]
+    cdt = _int8_dtype(dtype)
+    scale = payload[: 4 * c].view(torch.float32).to(cdt)
+    padded = torch.zeros(c * INT8_CHUNK, dtype=cdt, device=payload.device)
+    padded[:numel] = payload[4 * c : 4 * c + numel].view(torch.int8)
+    return (padded.view(c, INT8_CHUNK) * scale.unsqueeze(1)).view(-1)[:numel].to(dtype)
 
 
 def bf16_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -233,11 +270,21 @@ def randk_indices(
 ) -> torch.Tensor:
     """The sorted coordinates ``randk`` sends: the same on every rank for the same seed and device type.
 
-    Drawn on ``device`` itself, so that a CUDA step copies nothing from the host.
+    One coordinate drawn uniformly from each of ``K =`` :func:`randk_count`
+    nearly equal strata of ``[0, numel)`` (``floor(j numel / K)`` to
+    ``floor((j+1) numel / K)``): ``K`` distinct, sorted coordinates for ``O(K)``
+    work, every coordinate kept with probability about ``ratio``, instead of a
+    permutation and a sort of all ``numel``. Drawn on ``device`` itself, so that
+    a CUDA step copies nothing from the host.
     """
+    k = randk_count(numel, ratio)
     g = torch.Generator(device=device).manual_seed(seed)
-    idx = torch.randperm(numel, generator=g, device=device)[: randk_count(numel, ratio)]
-    return idx.sort().values
+    j = torch.arange(k + 1, dtype=torch.int64, device=device)
+    bounds = torch.div(j * numel, k, rounding_mode="floor")
+    lo, size = bounds[:-1], bounds[1:] - bounds[:-1]
+    u = torch.rand(k, generator=g, dtype=torch.float64, device=device)
+    offset = torch.minimum((u * size).to(torch.int64), size - 1)  # floor, and never a stratum's end
+    return lo + offset
 
 
 # torch 2.14 renamed all_gather_into_tensor; torch >= 2.4 is supported
@@ -257,13 +304,85 @@ def payload_nbytes(name: str, numel: int, element_size: int, ratio: float = 1.0)
     return numel * element_size
 
 
-def collective_bytes(name: str, payload: int, k: int) -> float:
-    """Bytes one rank sends for one exchange of ``payload`` bytes in a group of ``k``."""
+def chunk_len(numel: int, k: int) -> int:
+    """Elements of each of the ``k`` chunks of a split exchange (a multiple of 4, zero-padded)."""
+    per = -(-numel // k)
+    return -(-per // 4) * 4
+
+
+def split_exchange(name: str, k: int) -> bool:
+    """Whether a group of ``k`` exchanges ``name``'s payloads in two phases (see the module docstring)."""
+    return name in _ENCODE and k > 2
+
+
+def exchange_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int) -> float:
+    """Bytes one rank sends for one bucket's exchange in a group of ``k``.
+
+    An all-reduce of ``N`` bytes sends ``2 (k-1) / k N`` (exact gossip, and
+    ``randk``'s selected values); a pair's all-gather one payload; the two
+    phases of a larger group ``(k-1)`` chunk payloads each.
+    """
     if k <= 1:
         return 0.0
-    if name in _ENCODE:  # all-gather: the own payload to k-1 peers
-        return float((k - 1) * payload)
-    return 2.0 * (k - 1) / k * payload  # all-reduce
+    name = spec.name
+    if split_exchange(name, k):
+        return 2.0 * (k - 1) * payload_nbytes(name, chunk_len(numel, k), element_size)
+    if name in _ENCODE:  # a pair: the own payload to the peer
+        return float((k - 1) * payload_nbytes(name, numel, element_size))
+    return 2.0 * (k - 1) / k * payload_nbytes(name, numel, element_size, spec.ratio)
+
+
+def inflight_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int) -> int:
+    """Bytes of payload buffers one bucket's exchange holds between its launch and its step.
+
+    The scratch block and the reference are apart (model-sized, one per bucket
+    and one per bucket and round). For a group of ``k > 2`` this is about three
+    payloads whatever ``k``.
+    """
+    name = spec.name
+    if k <= 1:
+        return 0
+    if split_exchange(name, k):
+        # own chunks, received chunks, the gathered sums (k rows each) and the own sum
+        return (3 * k + 1) * payload_nbytes(name, chunk_len(numel, k), element_size)
+    if name in _ENCODE:
+        return (1 + k) * payload_nbytes(name, numel, element_size)
+    if name == "randk":
+        return 2 * payload_nbytes(name, numel, element_size, spec.ratio) + 8 * randk_count(
+            numel, spec.ratio
+        )
+    return 0  # exact gossip reduces the bucket's own communication block
+
+
+class _Chained:
+    """The work handle of a two-phase exchange: the second collective starts after the first.
+
+    ``then`` runs (and starts the second collective) on the bucket's stream,
+    at :meth:`start_second`: at the launch on NCCL, where waiting only orders
+    streams; on other backends when the result is first waited for, since a
+    host-side wait in the launch would block the backward pass. Either way at
+    the same point on every rank, so each group sees its collectives in one order.
+    """
+
+    def __init__(self, first: Any, then: Callable[[], Any], stream: Any) -> None:
+        self.first, self.then, self.stream = first, then, stream
+        self.second: Any = None
+
+    def start_second(self) -> None:
+        if self.second is not None:
+            return
+        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        with ctx:
+            self.first.wait()
+            self.second = self.then()
+
+    def wait(self) -> bool:
+        self.start_second()
+        self.second.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.second is not None and bool(self.second.is_completed())
 
 
 # ------------------------------------------------------------------ the state
@@ -273,9 +392,14 @@ class _InFlight:
 
     round_index: int
     k: int
-    own: torch.Tensor  # the own payload (gather) or the own selected values (randk)
-    recv: torch.Tensor  # the gathered payloads (k rows) or the all-reduced values
+    own: torch.Tensor  # the own payload(s) (gather, split) or the own selected values (randk)
+    recv: torch.Tensor  # the gathered payloads, the received chunks, or the all-reduced values
     idx: torch.Tensor | None = None  # randk's coordinates
+    chunk: int = 0  # split exchange: elements per chunk (0: one phase)
+    member: int = 0  # split exchange: this rank's position in the group, the chunk it sums
+    sums: torch.Tensor | None = None  # split exchange: the exact sum of the own chunk
+    mine: torch.Tensor | None = None  # split exchange: that sum's payload
+    gathered: torch.Tensor | None = None  # split exchange: every chunk's sum, k payloads
 
 
 @dataclass
@@ -299,47 +423,111 @@ class GossipCompressor:
             self.refs[key] = ref
         return ref
 
-    def _scratch(self, bucket: Any) -> torch.Tensor:
+    def _scratch(self, bucket: Any, length: int) -> torch.Tensor:
+        """A block of at least ``length`` elements whose part past ``bucket.numel`` stays zero."""
         buf = self.scratch.get(bucket.index)
-        if buf is None:
-            buf = torch.zeros(bucket.numel, dtype=bucket.dtype, device=bucket.device)
+        if buf is None or buf.numel() < length:
+            buf = torch.zeros(length, dtype=bucket.dtype, device=bucket.device)
             self.scratch[bucket.index] = buf
         return buf
 
-    def _deviation(self, bucket: Any, ref: torch.Tensor) -> torch.Tensor:
-        """``x - ref`` over the bucket's whole block (padding stays zero)."""
-        dev = self._scratch(bucket)
+    def _deviation(self, bucket: Any, ref: torch.Tensor, length: int) -> torch.Tensor:
+        """``x - ref`` over the bucket's whole block, zero-padded to ``length`` elements."""
+        buf = self._scratch(bucket, length)
+        dev = buf[: bucket.numel]
         if bucket.flat is not None:
             torch.sub(bucket.flat, ref, out=dev)
         else:
             for p, o in zip(bucket.params, bucket.offsets):
                 n = p.numel()
                 torch.sub(p.data.reshape(-1), ref[o : o + n], out=dev[o : o + n])
-        return dev
+        return buf[:length]
 
-    def launch(self, bucket: Any, round_index: int, k: int, group: Any, for_step: int) -> Any:
-        """Compress this bucket's deviation and start the exchange; returns the work handle."""
+    def launch(
+        self,
+        bucket: Any,
+        round_index: int,
+        k: int,
+        group: Any,
+        for_step: int,
+        stream: Any = None,
+        on_encoded: Callable[[], None] | None = None,
+    ) -> Any:
+        """Compress this bucket's deviation and start the exchange; returns the work handle.
+
+        Args:
+            bucket: The bucket.
+            round_index: The topology round whose reference the exchange uses.
+            k: The round's group size.
+            group: The round's process group.
+            for_step: The step that mixes the result in (``randk``'s seed).
+            stream: The CUDA side stream of the bucket work, or ``None``.
+            on_encoded: Called once the payload is encoded, just before it is sent
+                (the network emulation's clock starts there).
+        """
         name = self.spec.name
-        dev = self._deviation(bucket, self._ref(round_index, bucket))
+        ref = self._ref(round_index, bucket)
         if name == "randk":
+            dev = self._deviation(bucket, ref, bucket.numel)
             seed = randk_seed(self.spec.seed, for_step, bucket.index)
             idx = randk_indices(bucket.numel, self.spec.ratio, seed, bucket.device)
             own = dev.index_select(0, idx)
             recv = own.clone()
             self.inflight[bucket.index] = _InFlight(round_index, k, own, recv, idx)
+            if on_encoded is not None:
+                on_encoded()
             return dist.all_reduce(recv, group=group, async_op=True)
         encode, _ = _ENCODE[name]
-        size = self.nbytes(bucket)
-        own = encode(dev, torch.empty(size, dtype=torch.uint8, device=bucket.device))
-        recv = torch.empty(k * size, dtype=torch.uint8, device=bucket.device)
-        self.inflight[bucket.index] = _InFlight(round_index, k, own, recv)
-        return _all_gather(recv, own, group=group, async_op=True)
+        device = bucket.device
+        if not split_exchange(name, k):
+            dev = self._deviation(bucket, ref, bucket.numel)
+            size = payload_nbytes(name, bucket.numel, 0)
+            own = encode(dev, torch.empty(size, dtype=torch.uint8, device=device))
+            recv = torch.empty(k * size, dtype=torch.uint8, device=device)
+            self.inflight[bucket.index] = _InFlight(round_index, k, own, recv)
+            if on_encoded is not None:
+                on_encoded()
+            return _all_gather(recv, own, group=group, async_op=True)
+        m = chunk_len(bucket.numel, k)
+        size = payload_nbytes(name, m, 0)
+        dev = self._deviation(bucket, ref, k * m)
+        own = torch.empty(k * size, dtype=torch.uint8, device=device)
+        for c in range(k):  # chunk c goes to the group's member c, who sums it
+            encode(dev[c * m : (c + 1) * m], own[c * size : (c + 1) * size])
+        recv = torch.empty(k * size, dtype=torch.uint8, device=device)
+        fl = _InFlight(round_index, k, own, recv, chunk=m, member=dist.get_rank(group))
+        self.inflight[bucket.index] = fl
+        if on_encoded is not None:
+            on_encoded()
+        first = dist.all_to_all_single(recv, own, group=group, async_op=True)
+        work = _Chained(first, lambda: self._sum_own_chunk(fl, bucket.dtype, group), stream)
+        if dist.get_backend(group) == "nccl":
+            work.start_second()  # queued behind the first on the streams; the host goes on
+        return work
 
-    def nbytes(self, bucket: Any) -> int:
-        """The payload this bucket sends per exchange (for the network emulation)."""
-        return payload_nbytes(
-            self.spec.name, bucket.numel, bucket.comm.element_size(), self.spec.ratio
-        )
+    def _sum_own_chunk(self, fl: _InFlight, dtype: torch.dtype, group: Any) -> Any:
+        """Between the phases: sum the received chunks in group order, send the sum's payload."""
+        encode, decode = _ENCODE[self.spec.name]
+        m, k = fl.chunk, fl.k
+        rows = fl.recv.view(k, -1)
+        s = decode(rows[0], m, dtype)
+        for j in range(1, k):  # a fixed order: the sum is the same whoever computes it
+            s.add_(decode(rows[j], m, dtype))
+        fl.sums = s
+        fl.mine = encode(s, torch.empty(rows.shape[1], dtype=torch.uint8, device=s.device))
+        fl.gathered = torch.empty_like(fl.recv)
+        return _all_gather(fl.gathered, fl.mine, group=group, async_op=True)
+
+    def nbytes(self, bucket: Any, k: int = 2) -> int:
+        """The payload of this bucket's exchange in a group of ``k``, as the network emulation counts it.
+
+        The emulation times an all-reduce of this many bytes: for a pair that is
+        one payload, for a split exchange the ``k`` chunk payloads.
+        """
+        name = self.spec.name
+        if split_exchange(name, k):
+            return k * payload_nbytes(name, chunk_len(bucket.numel, k), 0)
+        return payload_nbytes(name, bucket.numel, bucket.comm.element_size(), self.spec.ratio)
 
     def correction(self, bucket: Any, self_w: float, peer_w: float) -> None:
         """``comm := p S + (w - p - 1) q_i`` (the mix's correction), and move the reference.
@@ -357,12 +545,43 @@ class GossipCompressor:
             return
         _, decode = _ENCODE[self.spec.name]
         n, dtype = bucket.numel, bucket.dtype
+        if fl.chunk:
+            self._split_correction(fl, comm, ref, self_w, peer_w)
+            return
         rows = fl.recv.view(fl.k, -1)
         comm.copy_(decode(rows[0], n, dtype))
         for j in range(1, fl.k):  # a fixed order: every member sums the same way
             comm.add_(decode(rows[j], n, dtype))
         ref.add_(comm, alpha=1.0 / fl.k)
         comm.mul_(peer_w).add_(decode(fl.own, n, dtype), alpha=self_w - peer_w - 1.0)
+
+    def _split_correction(
+        self, fl: _InFlight, comm: torch.Tensor, ref: torch.Tensor, self_w: float, peer_w: float
+    ) -> None:
+        """The correction of a split exchange, the own chunk's rounding of its sum taken back.
+
+        ``S`` is the concatenation of the decoded chunk sums, the same on every
+        member. The member that summed chunk ``c`` adds ``k p (S_c - dec(C(S_c)))``
+        there, so the group's corrections still add up to zero and the average
+        of the models stays exact.
+        """
+        _, decode = _ENCODE[self.spec.name]
+        n, dtype, m, k = comm.numel(), comm.dtype, fl.chunk, fl.k
+        assert fl.gathered is not None and fl.sums is not None
+        sums, own = fl.gathered.view(k, -1), fl.own.view(k, -1)
+        lo = fl.member * m
+        err = fl.sums - decode(sums[fl.member], m, dtype)
+        for c in range(k):
+            a, b = min(n, c * m), min(n, (c + 1) * m)
+            comm[a:b].copy_(decode(sums[c], m, dtype)[: b - a])
+        ref.add_(comm, alpha=1.0 / k)
+        comm.mul_(peer_w)
+        for c in range(k):
+            a, b = min(n, c * m), min(n, (c + 1) * m)
+            comm[a:b].add_(decode(own[c], m, dtype)[: b - a], alpha=self_w - peer_w - 1.0)
+        hi = min(n, lo + m)
+        if lo < hi:
+            comm[lo:hi].add_(err[: hi - lo], alpha=k * peer_w)
 
     def forget(self, bucket_index: int) -> None:
         """Drop a bucket's exchange without using it (every member of its group does the same)."""
@@ -412,7 +631,7 @@ class GossipCompressor:
 def bytes_per_step(
     spec: CompressionSpec, edges: list[Any], numels: list[int], element_size: int
 ) -> float:
-    """Bytes this rank sends per step, averaged over the period (see the module docstring).
+    """Bytes this rank sends per step, averaged over the period (see :func:`exchange_bytes`).
 
     Args:
         spec: The compressor (``none`` is the all-reduce of the whole block).
@@ -420,11 +639,7 @@ def bytes_per_step(
         numels: The element count of each bucket (padding included).
         element_size: Bytes per element of the buckets.
     """
-    total = 0.0
-    for edge in edges:
-        k = len(edge.ranks)
-        for n in numels:
-            total += collective_bytes(
-                spec.name, payload_nbytes(spec.name, n, element_size, spec.ratio), k
-            )
+    total = sum(
+        exchange_bytes(spec, n, element_size, len(edge.ranks)) for edge in edges for n in numels
+    )
     return total / max(1, len(edges))

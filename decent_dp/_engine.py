@@ -251,8 +251,11 @@ class Engine:
                 self._recover_failed_backward()
             if self.relaunch and self.buckets is not None:
                 self.relaunch = False
-                for b in self.buckets:
-                    launch(self.gossip, b, self.step_count + 1)
+                # on the side stream, after the load: the payloads must be made and freed where
+                # they are read, as in a launch from the backward pass
+                with self._side():
+                    for b in self.buckets:
+                        launch(self.gossip, b, self.step_count + 1)
 
     @torch.compiler.disable
     def watch_outputs(self, out: Any) -> None:

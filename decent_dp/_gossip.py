@@ -160,8 +160,17 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
     if state.compressor is not None and not outer_round:  # outer rounds stay exact
         bucket.pending = (edge, edge.self_weight, peer_w)
-        _start_clock(state, bucket, state.compressor.nbytes(bucket), k)
-        bucket.work = state.compressor.launch(bucket, round_index, k, group, for_step)
+        comp = state.compressor
+        # the emulated transfer starts once the payload is encoded, as a real one would
+        bucket.work = comp.launch(
+            bucket,
+            round_index,
+            k,
+            group,
+            for_step,
+            stream=state.stream,
+            on_encoded=lambda: _start_clock(state, bucket, comp.nbytes(bucket, k), k),
+        )
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
     for c, v in zip(bucket.comm_views, bucket.values()):

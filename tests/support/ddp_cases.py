@@ -147,8 +147,17 @@ class LopsidedPairs(Topology):
         return [first, second]
 
 
+class Triples(Topology):
+    """Groups of three beside one rank alone, each member keeping half of its own value."""
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        n = self._world_size
+        assert n == 4, "a test topology for 4 ranks"
+        return [[Edge([0, 1, 2], 0.5), Edge([3], 1.0)], [Edge([1, 2, 3], 0.5), Edge([0], 1.0)]]
+
+
 # test-only topologies, passed as classes so that the registry stays the package's own
-LOCAL_TOPOLOGIES: dict[str, type[Topology]] = {"lopsided-pairs": LopsidedPairs}
+LOCAL_TOPOLOGIES: dict[str, type[Topology]] = {"lopsided-pairs": LopsidedPairs, "triples": Triples}
 
 
 def topology_of(cfg: dict[str, Any]) -> Any:
