@@ -94,7 +94,8 @@ class Bucket:
         self.position = {id(p): j for j, p in enumerate(params)}
         self.optimizer: Optimizer | None = None
         self.fused = False  # the wrapper switched the optimizer to torch's fused kernel
-        self.fused_checked = False
+        self.grads_checked = False  # the first step looked for sparse gradients
+        self.sparse_grads = False
         self.scheduler: Any = None
         # gossip state: the work handle, and the edge and weights of the value in `comm`
         self.work: Any = None

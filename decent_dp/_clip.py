@@ -44,7 +44,9 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
         for n in torch._foreach_norm(gs, 2, dtype=torch.float32 if dtype.itemsize < 4 else None)
     ]
     norms += [torch.linalg.vector_norm(g.coalesce().values()) for g in sparse]
-    total = torch.stack([n.to(torch.float64) for n in norms]).norm()
+    # one cast per dtype, not one per tensor (every float32 or float16 value is exact in float64)
+    by_dtype = by_device_and_dtype(norms)
+    total = torch.cat([torch.stack(ns).to(torch.float64) for ns in by_dtype.values()]).norm()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for (_, dtype), gs in dense.items():
         torch._foreach_mul_(gs, coef.to(dtype))

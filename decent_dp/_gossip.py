@@ -221,9 +221,10 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
         state.outer.step(bucket)  # comm: xbar(t-1) becomes the stepped x_outer, mixed in below
     opt = bucket.optimizer
     assert opt is not None
-    if bucket.fused and not bucket.fused_checked:
-        bucket.fused_checked = True
-        if any(p.grad is not None and p.grad.is_sparse for p in bucket.params):
+    if not bucket.grads_checked:  # a model's sparse gradients are sparse from the first step
+        bucket.grads_checked = True
+        bucket.sparse_grads = any(p.grad is not None and p.grad.is_sparse for p in bucket.params)
+        if bucket.fused and bucket.sparse_grads:
             drop_fused(opt)  # torch's fused kernels take dense gradients only
             bucket.fused = False
     pre = getattr(opt, "pre_average_hook", None)
@@ -231,7 +232,9 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     plan: list[DecayFold] | None = None
     if pending is not None:
         if bucket.flat is not None and pre is None and post is None and not state.stable_storage:
-            plan = [] if skip_update else decay_plan(opt)
+            # every gradient arrived (and dense, as the fused check found): the groups' lists as they are
+            every = bucket.n_fired == len(bucket.params) and not bucket.sparse_grads
+            plan = [] if skip_update else decay_plan(opt, all_have_grads=every)
         if state.compressor is not None and not outer_round:
             # comm := sum_j W_ij xhat_j - xhat_i, from the compressed deviations
             state.compressor.correction(bucket, pending[1], pending[2])
@@ -314,11 +317,12 @@ def _mix_in_place_of(
         comm.lerp_(x, b)
     else:
         comm.mul_(a).add_(x, alpha=b)
-    for params, form, coef in plan:
-        for p in params:
-            if form == "coupled":
-                assert p.grad is not None  # the plan lists parameters with a gradient
-                p.grad.add_(p, alpha=coef)
-            else:
-                bucket.comm_param_views[bucket.position[id(p)]].add_(p, alpha=coef)
+    for params, form, coef in plan:  # one multi-tensor kernel per group, not one per parameter
+        if form == "coupled":
+            grads = [p.grad for p in params]
+            assert all(g is not None for g in grads)  # the plan lists parameters with a gradient
+            torch._foreach_add_(grads, params, alpha=coef)
+        else:
+            views = [bucket.comm_param_views[bucket.position[id(p)]] for p in params]
+            torch._foreach_add_(views, params, alpha=coef)
     bucket.swap_blocks()

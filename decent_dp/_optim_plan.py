@@ -61,11 +61,17 @@ _DECAY_FORM: dict[type, Callable[[dict[str, Any]], str]] = {
 DecayFold = tuple[list[torch.Tensor], str, float]
 
 
-def decay_plan(opt: Optimizer) -> list[DecayFold] | None:
+def decay_plan(opt: Optimizer, all_have_grads: bool = False) -> list[DecayFold] | None:
     """How to apply this step's weight decay at ``x(t-1)`` by hand, or ``None`` if unknown.
 
     An empty list means the update does not read the parameters at all. The
     caller zeroes ``weight_decay`` in the groups listed while the optimizer steps.
+
+    Args:
+        opt: The bucket's optimizer.
+        all_have_grads: The caller knows every parameter has a (dense) gradient:
+            the groups' own lists are used as they are, built once instead of
+            filtered each step.
     """
     form_of = _DECAY_FORM.get(type(opt))
     if form_of is None:
@@ -77,9 +83,14 @@ def decay_plan(opt: Optimizer) -> list[DecayFold] | None:
             return None
         if not wd:
             continue
-        params = [p for p in group["params"] if p.grad is not None]
-        if any(p.grad.is_sparse for p in params):
-            return None
+        if all_have_grads:
+            params = group["params"]
+        else:
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                return None
+        if not params:
+            continue  # no gradient in this group: nothing decays
         if form_of(group) == "coupled":
             # the optimizer negates the gradient for maximize before adding the decay
             plan.append((params, "coupled", -wd if group.get("maximize", False) else wd))

@@ -103,6 +103,10 @@ def make_groups(
 ) -> tuple[list[Any], list[Edge], list[Any]]:
     """The process group of every distinct multi-rank edge, created in the same order on every rank.
 
+    Each round's edges are taken in sorted order (that of
+    :func:`check_ranks_agree`'s digest), so a custom topology that lists the same
+    edges in a rank-dependent order still creates its groups in one order.
+
     On NCCL with a bound device, the new edges of each round (disjoint, as
     every rank is in one edge per round) come from one ``split_group`` call,
     which splits the default communicator instead of building one per group
@@ -121,8 +125,8 @@ def make_groups(
     split = _can_split()
     for edges in topology.rounds:
         new: list[tuple[int, ...]] = []
-        for edge in edges:
-            key = tuple(sorted(edge.ranks))
+        # in the canonical order the cross-rank digest checks, not the order the topology lists
+        for key in sorted(tuple(sorted(e.ranks)) for e in edges):
             if len(key) < 2 or key in groups:
                 continue
             if key == full:

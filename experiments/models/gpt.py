@@ -350,7 +350,10 @@ def apply_compile(model: GPT, mode: str) -> nn.Module:
         mode: ``off`` returns ``model`` unchanged; ``per_block`` compiles each block in place
             with ``block.compile()`` and returns ``model``, whose gradients still arrive
             block by block so the wrapper's gossip overlaps backward; ``whole`` returns
-            ``torch.compile(model)``.
+            ``torch.compile(model)``. Both compile for static shapes (``dynamic=False``):
+            otherwise the kernels a step runs would depend on the shapes seen before it
+            (an evaluation's batch makes the next compile dynamic), and a resumed run,
+            which has not seen them, would not repeat the straight run bit for bit.
 
     Returns:
         The model to train.
@@ -361,9 +364,9 @@ def apply_compile(model: GPT, mode: str) -> nn.Module:
     require("model.compile", mode, mode in COMPILE_MODES, _ONE_OF_MODES)
     if mode == "per_block":
         for block in model.blocks:
-            block.compile()
+            block.compile(dynamic=False)
     elif mode == "whole":
-        return torch.compile(model)  # type: ignore[return-value]
+        return torch.compile(model, dynamic=False)  # type: ignore[return-value]
     return model
 
 

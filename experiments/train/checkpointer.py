@@ -116,7 +116,7 @@ class Checkpointer:
         """Save every rank's shard of ``step`` (a collective) and prune to ``keep``."""
         epoch, batch = divmod(step, self.metrics.steps_per_epoch)
         shard = {
-            "model": self.train_step.module.state_dict(),
+            "model": self.train_step.model_state(),  # the same keys whatever model.compile says
             "training": self.train_step.training_state(),
             "rng": rng_state(self.train_step.device),
             "step": step,

@@ -395,9 +395,36 @@ class TrainStep:
             self.scaler.load_state_dict(state["scaler"])
             self._last_scale = self.scaler.get_scale()
 
+    def model_state(self) -> dict[str, Any]:
+        """The bare model's state dict: its own keys, without ``torch.compile``'s ``_orig_mod.``."""
+        if self.decentralized:
+            return self.ddp.state_dict()
+        return _bare(self.module).state_dict()
+
     def load_model(self, state: dict[str, Any]) -> None:
-        """Load the bare model's parameters (through the wrapper, which keeps its own copies)."""
+        """Load the bare model's parameters (through the wrapper, which keeps its own copies).
+
+        Keys saved under ``model.compile=whole`` before checkpoints dropped the
+        compile prefix still load.
+        """
+        state = plain_keys(state)
         if self.decentralized:
             self.ddp.load_state_dict(state)
         else:
-            self.module.load_state_dict(state)
+            _bare(self.module).load_state_dict(state)
+
+
+_COMPILED_PREFIX = "_orig_mod."
+
+
+def _bare(module: nn.Module) -> nn.Module:
+    """The module behind ``torch.compile(module)`` (itself otherwise)."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+def plain_keys(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the ``_orig_mod.`` prefix of a compiled module's keys removed."""
+    if not any(k.startswith(_COMPILED_PREFIX) for k in state):
+        return state
+    return {k.removeprefix(_COMPILED_PREFIX): v for k, v in state.items()}

@@ -293,21 +293,23 @@ def resume_worker(
     saved training state before it loads (a state from before a feature).
     ``wrapper(model, cfg)`` builds the wrapper (:func:`wrap` by default).
     """
-    model = make_model(cfg.get("kind", "mlp"), seed=rank)
-    ddp = (wrapper or wrap)(model, cfg)
+    model = compile_mode(make_model(cfg.get("kind", "mlp"), seed=rank), cfg)
+    ddp = plain = (wrapper or wrap)(model, cfg)
+    if cfg.get("compile") == "wrapper":  # checkpoints go through the wrapper object itself
+        ddp = torch.compile(plain, backend=cfg.get("compile_backend", "aot_eager"))
     k = cfg.get("resume_at", 0)
     path = os.path.join(ckpt_dir, f"rank{rank}.pt")
     if phase == "straight":
         train_steps(ddp, rank, cfg, 1, cfg["steps"])
     elif phase == "first":
         train_steps(ddp, rank, cfg, 1, k)
-        torch.save({"model": ddp.state_dict(), "train": ddp.training_state_dict()}, path)
+        torch.save({"model": ddp.state_dict(), "train": plain.training_state_dict()}, path)
     else:
         state = torch.load(path, weights_only=True)
-        ddp.load_state_dict(state["model"])
+        plain.load_state_dict(state["model"])
         for key in cfg.get("drop_train_keys", ()):
             del state["train"][key]
-        ddp.load_training_state_dict(state["train"])
+        plain.load_training_state_dict(state["train"])
         train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
     return {"params": flat(ddp.module), "step": ddp.step_count}
 

@@ -172,3 +172,44 @@ def test_lm_resume_repeats_the_windows_and_the_curve(corpus, tmp_path, world_of_
     assert sa["loader"] == sb["loader"] == {"epoch": 1, "batch": 6}
     for key in sa["model"]:
         assert torch.equal(sa["model"][key], sb["model"][key]), key
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["off", pytest.param("per_block", marks=pytest.mark.slow), "whole"],
+)
+def test_lm_resume_under_every_compile_mode(mode, corpus, tmp_path, world_of_one):
+    """A compiled run saves the bare model's keys and resumes where the straight run ends.
+
+    Eager and block-by-block compiled runs repeat it bit for bit. A model
+    compiled whole does not repeat even two straight runs bit for bit on CPU
+    (its first, compiling call rounds differently from the cached one), so
+    there the models agree to float32 rounding.
+    """
+    common = ["checkpoint.every_steps=3", "log.every=3", f"model.compile={mode}"]
+    straight = run(_cfg(corpus, *common, "train.max_steps=6"), run_dir=tmp_path / "a")
+    run(_cfg(corpus, *common, "train.max_steps=3"), run_dir=tmp_path / "b")
+    shard = load_shard(latest_checkpoint(tmp_path / "b" / "checkpoints"), 0)
+    assert not any(k.startswith("_orig_mod.") for k in shard["model"])
+    resumed = run(_cfg(corpus, *common, "train.max_steps=6"), run_dir=tmp_path / "b")
+    assert resumed["resumed_from_step"] == 3 and resumed["train/steps"] == 6
+    sa = load_shard(latest_checkpoint(tmp_path / "a" / "checkpoints"), 0)["model"]
+    sb = load_shard(latest_checkpoint(tmp_path / "b" / "checkpoints"), 0)["model"]
+    assert sa.keys() == sb.keys()
+    if mode == "whole":
+        for k in sa:
+            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
+        assert resumed["eval/loss"] == pytest.approx(straight["eval/loss"], abs=1e-5)
+        return
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    for key in ("eval/loss", "train/loss", "tokens"):
+        assert resumed[key] == straight[key], key
+
+
+def test_checkpoint_keys_of_a_compiled_model_from_older_runs_still_load() -> None:
+    from experiments.train.step import plain_keys
+
+    state = {"_orig_mod.wte.weight": torch.ones(2), "_orig_mod.h.0.ln.bias": torch.zeros(1)}
+    assert list(plain_keys(state)) == ["wte.weight", "h.0.ln.bias"]
+    plain = {"wte.weight": torch.ones(2)}
+    assert plain_keys(plain) is plain
