@@ -319,8 +319,8 @@ def _mix_in_place_of(
         comm.mul_(a).add_(x, alpha=b)
     for params, form, coef in plan:  # one multi-tensor kernel per group, not one per parameter
         if form == "coupled":
-            grads = [p.grad for p in params]
-            assert all(g is not None for g in grads)  # the plan lists parameters with a gradient
+            grads = [p.grad for p in params if p.grad is not None]
+            assert len(grads) == len(params)  # the plan lists parameters with a gradient
             torch._foreach_add_(grads, params, alpha=coef)
         else:
             views = [bucket.comm_param_views[bucket.position[id(p)]] for p in params]
