@@ -238,7 +238,11 @@ def compressed_replay(
     optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
     refs: dict[tuple[int, int, int], torch.Tensor] = {}  # (rank, round, bucket)
     a = cfg.get("alpha", 1.0)
+    every = cfg.get("outer_every")
+    x_outer = flat(start)
+    outer_opt = cfg["outer_fn"]([x_outer]) if every else None
     for t in range(1, cfg["steps"] + 1):
+        old_flat = [flat(m) for m in models]
         old = [_buckets_of(m, layout) for m in models]
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
@@ -246,6 +250,13 @@ def compressed_replay(
             if cfg.get("clip"):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
             opt.step()
+        if every and t % every == 0:  # an outer round: exact, no reference moves
+            assert outer_opt is not None
+            x_outer.grad = x_outer - torch.stack(old_flat).mean(0)
+            outer_opt.step()
+            for m, o in zip(models, old_flat):
+                set_flat(m, flat(m) + a * (x_outer.detach() - o))
+            continue
         new = [_buckets_of(m, layout) for m in models]
         r = (t - 1) % topo.period
         mixed = [[nb.clone() for nb in new[i]] for i in range(world)]
@@ -501,3 +512,41 @@ def test_compression_saves_bytes_on_every_builtin_topology(n: int) -> None:
                 k = len(edge.ranks)
                 held = inflight_bytes(parse_compression("int8"), numels[0], 4, k)
                 assert held <= 10 / 3 * payload * 1.001, (name, n, k, held / payload)
+
+
+# ------------------------------------------------------------------ outer rounds between
+OUTER = {"outer_every": 3, "outer_lr": 0.7}
+
+
+def _outer_fn(lr: float) -> Any:
+    from functools import partial
+
+    return partial(torch.optim.SGD, lr=lr, momentum=0.9, nesterov=True)
+
+
+def _outer_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    ddp = DecentralizedDataParallel(
+        make_model("mlp", seed=rank),
+        optim_fn=make_optim(cfg),
+        topology=cfg["topology"],
+        bucket_size_in_mb=0,
+        compression=cfg["compression"],
+        outer_optim_fn=_outer_fn(cfg["outer_lr"]),
+        outer_every=cfg["outer_every"],
+    )
+    train_steps(ddp, rank, cfg, 1, cfg["steps"])
+    out = {"params": flat(ddp.module), "layout": [b["names"] for b in ddp.buckets_info]}
+    ddp.close()
+    return out
+
+
+@pytest.mark.parametrize(("topology", "comp"), [("ring", "int8"), ("complete", "bf16")])
+def test_outer_rounds_between_compressed_gossip_match_the_replay(topology: str, comp: str) -> None:
+    """Compressed exchanges, an exact outer round every third step, and compressed ones again."""
+    cfg = {"topology": topology, "steps": 8, "compression": comp, **OUTER}
+    results = ok_values(run_distributed(_outer_worker, 4, cfg))
+    expected = compressed_replay(
+        {**cfg, "outer_fn": _outer_fn(cfg["outer_lr"])}, 4, results[0]["layout"]
+    )
+    for rank, (res, exp) in enumerate(zip(results, expected)):
+        assert_close(res["params"], exp, rtol=TOL, atol=TOL, msg=lambda m, r=rank: f"rank {r}: {m}")

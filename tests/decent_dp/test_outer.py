@@ -315,7 +315,6 @@ def test_outer_rounds_are_exact_under_compressed_gossip(every: int) -> None:
         if every == 1:
             assert torch.equal(plain, packed)
             assert packed_bytes == plain_bytes
-        else:
-            assert not torch.equal(plain, packed)
+        else:  # the values against a replay: test_compression's outer-rounds test
             # ring rounds cost one payload per neighbour pair; int8 is about a quarter of it
             assert 0.5 * plain_bytes < packed_bytes < 0.7 * plain_bytes
