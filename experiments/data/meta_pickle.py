@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -46,11 +47,34 @@ class _Refused(pickle.UnpicklingError):
 class PlainUnpickler(pickle.Unpickler):
     """An unpickler that looks up no global at all, and so can call nothing.
 
-    Every class or function a pickle names (through ``GLOBAL``, ``STACK_GLOBAL``,
-    ``INST``, ``OBJ`` or the copyreg extension codes) reaches :meth:`find_class`, which
-    refuses it before anything is imported; persistent ids are refused too. Without a
-    callable, ``REDUCE``, ``NEWOBJ`` and ``BUILD`` cannot run code.
+    Every class or function a pickle names (through ``GLOBAL``, ``STACK_GLOBAL`` or
+    ``INST``) reaches :meth:`find_class`, which refuses it before anything is imported;
+    persistent ids are refused too. Without a callable, ``REDUCE``, ``NEWOBJ``, ``OBJ``
+    and ``BUILD`` cannot run code.
+
+    The copyreg extension codes (``EXT1``, ``EXT2``, ``EXT4``) are the one way past
+    :meth:`find_class`: the object an earlier ordinary load fetched for a code comes
+    from copyreg's cache. :meth:`load` therefore refuses them before it unpickles.
+
+    Args:
+        data: The whole pickle.
     """
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self._data = data
+
+    def load(self) -> Any:
+        """The object of the pickle, once no extension code is found in its opcodes.
+
+        Raises:
+            pickle.UnpicklingError: For an extension code, a global or a persistent id.
+            ValueError: If the opcodes do not parse.
+        """
+        for opcode, arg, _ in pickletools.genops(self._data):  # parses only, runs nothing
+            if opcode.name.startswith("EXT"):
+                raise _Refused(f"the copyreg extension code {arg} ({opcode.name})")
+        return super().load()
 
     def find_class(self, module: str, name: str) -> NoReturn:
         """Refuse the global ``module.name``.
@@ -125,7 +149,7 @@ def read_meta_pickle(path: Path) -> dict[str, Any]:
     """
     data = path.read_bytes()
     try:
-        meta = PlainUnpickler(io.BytesIO(data)).load()
+        meta = PlainUnpickler(data).load()
     except _Refused as exc:
         raise ValueError(
             f"{path} is refused: it asks for {exc.what}; a meta.pkl may hold only "

@@ -7,6 +7,7 @@ runs it, the reader does not.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import os
 import pickle
@@ -117,6 +118,24 @@ def test_a_hostile_meta_pickle_is_refused_and_runs_nothing(tmp_path: Path, how: 
     # the payload is live: plain unpickling runs it
     pickle.loads((root / "meta.pkl").read_bytes())
     assert marker.exists()
+
+
+def test_an_extension_code_cannot_reach_copyregs_cache(tmp_path: Path) -> None:
+    # a code fetched once by an ordinary load is cached, and the unpickler takes it from
+    # the cache without asking find_class: such a file must be refused before loading
+    code = 0x7FFF_FFF0
+    copyreg.add_extension(os.system.__module__, "system", code)
+    try:
+        first, second = tmp_path / "first", tmp_path / "second"
+        pickle.loads(pickle.dumps(Payload(os.system, f"touch {first}"), protocol=2))
+        assert first.exists()  # the code now sits in the cache
+        path = _write(tmp_path / "meta.pkl", {"x": Payload(os.system, f"touch {second}")}, 2)
+        assert b"\x84" in path.read_bytes()  # EXT4
+        with pytest.raises(ValueError, match=f"asks for the copyreg extension code {code} "):
+            read_meta_pickle(path)
+        assert not second.exists()
+    finally:
+        copyreg.remove_extension(os.system.__module__, "system", code)
 
 
 def test_a_class_instance_is_refused_by_its_name(tmp_path: Path) -> None:
