@@ -1,9 +1,9 @@
 """``python -m experiments.sample``: text from the newest checkpoint of tiny trained runs.
 
-Three runs of ``train.py`` (world size 1, a few steps, a checkpoint at the end) are made
-once for the module: a sweep over a nanoGPT character folder (``meta.pkl``) and a folder
-of ``prepare_tokens`` (its BPE), and a run on nanoGPT's OpenWebText layout (no metadata,
-``dataset.vocab_size`` given), which has no decoder. The two-rank averaged model is in
+One ``train.py`` sweep (world size 1, a few steps, a checkpoint at the end) is run once
+for the module, over three folders: a nanoGPT character folder (``meta.pkl``), a folder
+of ``prepare_tokens`` (its BPE), and ids with a ``meta.json`` that gives the vocabulary
+but no tokenizer, which has no decoder. The two-rank averaged model is in
 ``tests/e2e/test_sample.py`` (slow).
 """
 
@@ -49,18 +49,18 @@ def _bpe_folder(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``char``, ``bpe`` and ``bare``: the run directories of three tiny trainings."""
+    # one sweep, so that one process starts: each job takes its vocabulary from its folder
     tmp = tmp_path_factory.mktemp("sample")
     with pytest.MonkeyPatch.context() as patch:  # no tokenizer thread pool before forks
         patch.setenv("TOKENIZERS_PARALLELISM", "false")
         bpe = _bpe_folder(tmp / "bpe")
     chars = write_char_folder(tmp / "chars")
-    # one sweep: dataset.root over both folders, each taking its vocabulary from its metadata
+    bare = write_bare_folder(tmp / "ids", vocab=50)
+    (bare / "meta.json").write_text('{"vocab_size": 50}')
     job = [o for o in lm_overrides(chars) if not o.startswith("dataset.root=")]
-    sweep = [*job, f"dataset.root={chars},{bpe}", f"hydra.sweep.dir={tmp / 'sweep'}"]
-    _train(*sweep, multirun=True)
-    bare = write_bare_folder(tmp / "owt", vocab=50)
-    _train(*lm_overrides(bare), "dataset.vocab_size=50", f"hydra.run.dir={tmp / 'bare'}")
-    return {"char": tmp / "sweep" / "0", "bpe": tmp / "sweep" / "1", "bare": tmp / "bare"}
+    folders = f"dataset.root={chars},{bpe},{bare}"
+    _train(*job, folders, f"hydra.sweep.dir={tmp / 'sweep'}", multirun=True)
+    return {name: tmp / "sweep" / str(i) for i, name in enumerate(("char", "bpe", "bare"))}
 
 
 def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -135,7 +135,7 @@ def test_command_line_flags_in_process(runs, capsys):
 
 def test_a_run_without_a_decoder_is_one_line(runs, capsys):
     line = _error(capsys, str(runs["bare"]))
-    assert "owt has no decoder" in line and "tokenizer_file" in line and "meta.pkl" in line
+    assert "ids has no decoder" in line and "tokenizer_file" in line and "meta.pkl" in line
 
 
 def test_other_errors_are_one_line(runs, tmp_path, capsys):
@@ -151,6 +151,16 @@ def test_other_errors_are_one_line(runs, tmp_path, capsys):
         capsys, str(runs["char"]), "--temperature", "0"
     )
     assert "--prompt is empty" in _error(capsys, str(runs["char"]), "--prompt", "")
+    assert "is not a torch device" in _error(capsys, str(runs["char"]), "--device", "gpu0")
+
+
+@pytest.mark.gpu
+def test_sampling_on_cuda_is_seeded_too(runs):
+    sampler = load_sampler(runs["char"], device="cuda")
+    assert next(sampler.model.parameters()).is_cuda
+    text = sampler.write("the ", 40, seed=4)
+    assert len(text) == 44 and set(text) <= set(VERSE)
+    assert sampler.write("the ", 40, seed=4) == text
 
 
 def test_a_saved_config_that_is_broken_or_not_a_language_model(tmp_path, capsys):
