@@ -99,8 +99,11 @@ class TokensConfig:
 
     Attributes:
         name: Registered dataset name.
-        root: Directory holding ``train.bin``, ``val.bin`` and optionally ``meta.json``.
-        vocab_size: Token ids are below this; null takes ``vocab_size`` from ``meta.json``.
+        root: Directory holding ``train.bin``, ``val.bin`` and optionally ``meta.json``
+            (or nanoGPT's ``meta.pkl``).
+        vocab_size: Token ids are below this; null takes ``vocab_size`` from ``meta.json``
+            or ``meta.pkl`` (a folder with neither, such as nanoGPT's OpenWebText, needs
+            it: 50257 for GPT-2's BPE).
         block_size: Tokens per window; null takes the model's block size.
         tokens_per_epoch: Training tokens in one epoch, summed over all ranks.
         eval_tokens: Validation tokens predicted per evaluation, split across ranks.

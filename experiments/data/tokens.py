@@ -3,7 +3,11 @@
 Layout (nanoGPT's): ``root/train.bin`` and ``root/val.bin`` hold token ids as flat
 little-endian ``uint16``, read through ``numpy.memmap`` and never loaded whole;
 ``root/meta.json`` may give ``{"vocab_size": N, "dtype": "uint16", "tokenizer": ...}``.
-``python -m experiments.data.prepare_tokens`` writes all three from text.
+``python -m experiments.data.prepare_tokens`` writes all three from text. Without a
+``meta.json``, nanoGPT's own ``root/meta.pkl`` (``vocab_size``, ``stoi``, ``itos``, from its
+character-level ``prepare.py``) is read instead, by :mod:`experiments.data.meta_pickle`,
+which runs nothing the file holds. nanoGPT's OpenWebText files come with neither; their
+vocabulary (GPT-2's BPE, 50257 ids) is then ``dataset.vocab_size``.
 
 Training. Every rank draws its own random windows of ``block_size + 1`` tokens of
 ``train.bin``: ``x`` is the first ``block_size`` tokens of a window and ``y`` the same
@@ -37,6 +41,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from experiments.data.loaders import EvalLoader, Placement
+from experiments.data.meta_pickle import META_PICKLE, read_meta_pickle
 from experiments.data.partition import eval_range, generator
 from experiments.data.schema import TokensConfig, tokens_section
 from experiments.schema import ConfigError, is_int, require
@@ -46,6 +51,7 @@ __all__ = [
     "TRAIN_FILE",
     "VAL_FILE",
     "META_FILE",
+    "META_PICKLE",
     "TOKEN_DTYPE",
     "TokensConfig",
     "TokenLoader",
@@ -53,6 +59,7 @@ __all__ = [
     "TokenData",
     "tokens_section",
     "read_meta",
+    "meta_path",
     "open_split",
     "eval_starts",
     "token_sizes",
@@ -72,8 +79,20 @@ _VOCAB_SAMPLE = 1 << 16
 # ids checked against vocab_size at the head of each file: a cheap check, not a proof
 
 
+def meta_path(root: Path) -> Path | None:
+    """The metadata file of a token directory: ``meta.json``, else ``meta.pkl``, else ``None``."""
+    for name in (META_FILE, META_PICKLE):
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
 def read_meta(root: Path) -> dict[str, Any]:
-    """``root/meta.json`` as a dict (empty if there is none), its ``dtype`` checked.
+    """The metadata of a token directory as a dict, empty if it has none.
+
+    ``root/meta.json`` is read if present (its ``dtype`` checked), else nanoGPT's
+    ``root/meta.pkl`` (:func:`~experiments.data.meta_pickle.read_meta_pickle`: only plain
+    containers, strings and numbers; its ``stoi`` and ``itos`` are kept for decoding).
 
     Args:
         root: The token directory.
@@ -82,12 +101,14 @@ def read_meta(root: Path) -> dict[str, Any]:
         The metadata.
 
     Raises:
-        ValueError: One line naming the file, if it is not a JSON object, says a ``dtype``
-            other than ``uint16``, or gives a ``vocab_size`` that is not a positive integer.
+        ValueError: One line naming the file, if ``meta.json`` is not a JSON object, says a
+            ``dtype`` other than ``uint16``, or gives a ``vocab_size`` that is not a
+            positive integer; or if ``meta.pkl`` is refused or malformed.
     """
     path = root / META_FILE
     if not path.is_file():
-        return {}
+        pickled = root / META_PICKLE
+        return read_meta_pickle(pickled) if pickled.is_file() else {}
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -375,7 +396,7 @@ class TokenData:
 
 
 def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tuple[int, int]:
-    """``(block_size, vocab_size)`` from the section, the model and ``meta.json``.
+    """``(block_size, vocab_size)`` from the section, the model and the metadata file.
 
     The dataset's block size wins over the model's, and may not exceed it.
     """
@@ -387,8 +408,17 @@ def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tupl
         require("dataset.block_size", block, fits, f"<= the model's block size {model_block}")
     vocab = d.vocab_size if d.vocab_size is not None else meta.get("vocab_size")
     if vocab is None:
+        root = Path(d.root)
+        found = meta_path(root)
+        if found is None:  # nanoGPT's OpenWebText layout: GPT-2's BPE, no metadata file
+            raise ConfigError(
+                f"vocab_size unknown: {root} holds no {META_FILE} or {META_PICKLE}; set "
+                "dataset.vocab_size (50257 for GPT-2's BPE, as in nanoGPT's OpenWebText "
+                "files, or 50304, that padded to a multiple of 64) or remake the files with "
+                "experiments.data.prepare_tokens"
+            )
         raise ConfigError(
-            f"vocab_size unknown: {Path(d.root) / META_FILE} does not give it; "
+            f"vocab_size unknown: {found} does not give it; "
             "set dataset.vocab_size or remake the files with experiments.data.prepare_tokens"
         )
     return int(block), int(vocab)
@@ -397,8 +427,8 @@ def _sizes(d: DictConfig, meta: dict[str, Any], model_block: int | None) -> tupl
 def token_sizes(section: Any, model_block: int | None) -> tuple[int, int]:
     """``(block_size, vocab_size)`` of a run, checked without opening the token files.
 
-    Reads only ``meta.json``, so the trainer can call it on every rank before any
-    collective.
+    Reads only the metadata file (``meta.json`` or ``meta.pkl``), so the trainer can call
+    it on every rank before any collective.
 
     Args:
         section: The ``dataset`` section.
@@ -410,9 +440,9 @@ def token_sizes(section: Any, model_block: int | None) -> tuple[int, int]:
 
     Raises:
         ConfigError: One line, for a bad section value, a dataset block size above the
-            model's, no vocabulary size in the section or ``meta.json``, or a missing
+            model's, no vocabulary size in the section or the metadata file, or a missing
             ``train.bin`` / ``val.bin`` (the message says how to make them).
-        ValueError: One line naming the file, for a bad ``meta.json``.
+        ValueError: One line naming the file, for a bad ``meta.json`` or ``meta.pkl``.
     """
     d = tokens_section(section)
     root = Path(d.root)
@@ -441,8 +471,9 @@ def build_tokens(section: Any, *, placement: Placement, block_size: int | None =
     Raises:
         ConfigError: For a bad section value, or no block size from either side.
         FileNotFoundError: If ``train.bin`` or ``val.bin`` is missing under ``root``.
-        ValueError: One line naming the file, for a bad ``meta.json``, a file of odd size
-            or shorter than one window, an id ``>= vocab_size``, or no vocab size known.
+        ValueError: One line naming the file, for a bad ``meta.json`` or ``meta.pkl``, a
+            file of odd size or shorter than one window, an id ``>= vocab_size``, or no
+            vocab size known.
     """
     d = tokens_section(section)
     root = Path(d.root)

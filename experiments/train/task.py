@@ -264,7 +264,7 @@ class LanguageModeling(Task):
         entropy = summary.get("unigram_entropy")
         loss = f"val loss {summary['eval/loss']:.3f} nats"
         if entropy is None:
-            return f"{loss} (the corpus's unigram entropy is unknown: its meta.json lacks it)"
+            return f"{loss} (the corpus's unigram entropy is unknown: no meta.json gives it)"
         return f"{loss} vs unigram entropy {entropy:.3f} nats of the corpus"
 
 
