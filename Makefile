@@ -24,7 +24,7 @@ test-all: ## Every test, `slow` included
 test-gpu: ## Only the tests that need CUDA
 	$(PY) -m pytest -m gpu -q $(ARGS)
 
-gpu-check: ## On one GPU (< 8 min): test-gpu, the CUDA step-time bench, a bf16 train run -> docs/results/gpu.md
+gpu-check: ## On one GPU (< 9 min): a bf16 train run, test-gpu (budgeted from the measured CUDA start), the CUDA bench -> docs/results/gpu.md
 	$(PY) -m experiments.bench.gpu_check $(ARGS)
 
 lint: ## ruff (lint + format check) and mypy on decent_dp

@@ -1,9 +1,20 @@
-"""Shared pytest configuration: skip ``gpu`` tests where CUDA is not visible; shared fixtures."""
+"""Shared pytest configuration: skip ``gpu`` tests where CUDA is not visible; shared fixtures.
+
+On a machine with a GPU the CPU suite stays on the CPU: every test not marked
+``gpu`` runs with ``CUDA_VISIBLE_DEVICES`` empty, so the ranks it spawns pick
+gloo on ``cpu`` as on a machine without one, and its bit-exact comparisons
+keep their meaning. CUDA availability is read through NVML so that checking it
+does not initialise CUDA in this process, and ``gpu`` tests run last, after
+which nothing here hides the GPU any more.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+
+# before torch: is_available() through NVML, which leaves CUDA uninitialised here
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import pytest
 import torch
@@ -39,8 +50,16 @@ def world_of_one() -> Iterator[None]:
     GlobalHydra.instance().clear()
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide the GPU from every test not marked ``gpu`` (and from the processes it starts)."""
+    if "gpu" not in request.keywords:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every ``gpu`` test as skipped when ``torch.cuda.is_available()`` is False."""
+    """Run ``gpu`` tests last; mark them skipped when ``torch.cuda.is_available()`` is False."""
+    items.sort(key=lambda item: "gpu" in item.keywords)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA; torch.cuda.is_available() is False")

@@ -1,21 +1,27 @@
 """``make gpu-check``: the GPU tests, the step-time benchmark and a short bf16 training run.
 
-Three parts, each a subprocess with its own timeout, in under 8 minutes on one
-GPU:
+Three parts, each a subprocess with its own timeout, in the order of what a
+first GPU run most needs to know, within ``--budget`` seconds (540 by default):
 
-1. ``tests``: ``pytest -m gpu`` (what ``make test-gpu`` runs);
-2. ``bench``: :mod:`experiments.bench.step_time` with ``--device cuda``: at 1
-   process the wrapper beside local training, and gloo with CUDA tensors at 2
-   and 4 processes, all on the one GPU;
-3. ``train``: ``train.py`` under ``torchrun`` on CUDA with ``train.amp=bf16``,
+1. ``train``: ``train.py`` under ``torchrun`` on CUDA with ``train.amp=bf16``,
    2 ranks on the one GPU through gloo (digits and the small CNN, built in, no
-   download).
+   download): whether the whole stack runs at all, in about a minute;
+2. ``tests``: ``pytest -m gpu`` (what ``make test-gpu`` runs). Its timeout is
+   budgeted from a measurement: the seconds one cold process takes to import
+   torch and initialise CUDA (each test spawns its ranks, which pay it in
+   parallel) times the number of GPU tests collected, plus the tests' work;
+3. ``bench``: :mod:`experiments.bench.step_time` with ``--device cuda``: at 1
+   process the wrapper beside local training, and gloo with CUDA tensors at 2
+   and 4 processes, all on the one GPU, in the time left.
 
-The parts fail soft: a failure or a timeout is recorded and the next part
-still runs. The report, ``docs/results/gpu.md`` by default, names the device
-and holds each part's outcome: the test summary, the benchmark table and the
-training run's final metrics. Without CUDA it runs nothing and exits with
-status 2 after one line saying so.
+Each part runs in a process group of its own: a timeout kills the whole
+group, so no spawned rank is left holding GPU memory while the next part
+runs. The parts fail soft: a failure or a timeout is recorded and the next
+part still runs, and the report is rewritten after every part, so a check cut
+short keeps what it measured. The report, ``docs/results/gpu.md`` by default,
+names the device and holds each part's outcome: the test summary, the
+benchmark table and the training run's final metrics. Without CUDA it runs
+nothing and exits with status 2 after one line saying so.
 
 Example::
 
@@ -26,8 +32,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,9 +48,12 @@ from typing import Any
 
 import torch
 
-PARTS = ("tests", "bench", "train")
-# seconds per part: 460 in all, under the 8 minutes of the whole check
-TIMEOUTS = {"tests": 230, "bench": 120, "train": 110}
+PARTS = ("train", "tests", "bench")
+BUDGET_S = 540.0  # the whole check, under the 10 minutes a device command may run
+TRAIN_S = 110.0
+BENCH_MIN_S, BENCH_MAX_S = 60.0, 150.0
+TEST_WORK_S = 6.0  # a GPU test's own work besides its ranks' start, measured on an H100-class GPU
+TESTS_MIN_S = 120.0
 # the metrics of the training run's summary.json that the report shows
 TRAIN_KEYS = (
     "train/steps",
@@ -73,23 +85,73 @@ class PartResult:
 
 
 def run_command(name: str, cmd: Sequence[str], timeout_s: float) -> tuple[PartResult, str]:
-    """Run ``cmd``; a non-zero exit or a timeout becomes the part's status, never an exception."""
+    """Run ``cmd``; a non-zero exit or a timeout becomes the part's status, never an exception.
+
+    The command leads a new session: on a timeout its whole process group is
+    killed (spawned ranks and daemon children included), not only its leader.
+    """
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout_s, check=False
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        output = proc.stdout + proc.stderr
-        status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
-    except subprocess.TimeoutExpired as exc:
-        output = _text(exc.stdout) + _text(exc.stderr)
-        status = f"timed out after {timeout_s:.0f} s"
     except OSError as exc:
-        output, status = "", f"error: {exc}"
+        return PartResult(name, f"error: {exc}", time.perf_counter() - t0), ""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        status = "ok" if proc.returncode == 0 else f"failed (exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        status = f"timed out after {timeout_s:.0f} s"
+    finally:
+        kill_group(proc.pid)  # what the leader left running after it exited
+    output = _text(out) + _text(err)
     result = PartResult(name, status, time.perf_counter() - t0)
     if not result.ok:
         result.tail = "\n".join(output.strip().splitlines()[-40:])
     return result, output
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the group ``pgid`` (none left is fine)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def spawn_seconds(timeout_s: float = 120.0) -> float:
+    """Seconds a cold process takes to import torch and initialise CUDA (as each rank does)."""
+    code = "import torch; torch.zeros(1, device='cuda').sum().item()"
+    t0 = time.perf_counter()
+    result, _ = run_command("spawn", [sys.executable, "-c", code], timeout_s)
+    return time.perf_counter() - t0 if result.ok else timeout_s
+
+
+def count_gpu_tests() -> int:
+    """How many tests ``pytest -m gpu`` would run."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        "gpu",
+        "--collect-only",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    _, output = run_command("collect", cmd, 120.0)
+    return sum(1 for line in output.splitlines() if "::" in line)
+
+
+def tests_budget(n_tests: int, spawn_s: float, left_s: float) -> float:
+    """The tests' timeout: each pays one rank start and its work, within what is left."""
+    wanted = 30.0 + n_tests * (spawn_s + TEST_WORK_S)
+    return max(TESTS_MIN_S, min(wanted * 1.25, left_s - BENCH_MIN_S))
 
 
 def _text(raw: bytes | str | None) -> str:
@@ -194,31 +256,47 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/results/gpu.md")
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument(
+        "--budget", type=float, default=BUDGET_S, help="seconds for the whole check"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); nothing ran")
         return 2
     device = torch.cuda.get_device_name(0)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     results: list[PartResult] = []
+    deadline = time.perf_counter() + args.budget
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         work = Path(tmp)
-        for part in args.only:
-            print(f"gpu-check: {part} (at most {TIMEOUTS[part]} s)", flush=True)
+        for part in [p for p in PARTS if p in args.only]:
+            left = deadline - time.perf_counter()
             try:
-                if part == "tests":
-                    r = run_tests(TIMEOUTS[part])
-                elif part == "bench":
-                    r = run_bench(TIMEOUTS[part], work)
+                if part == "train":
+                    timeout = min(TRAIN_S, left)
+                    print(f"gpu-check: train (at most {timeout:.0f} s)", flush=True)
+                    r = run_train(timeout, work)
+                elif part == "tests":
+                    spawn, n = spawn_seconds(), count_gpu_tests()
+                    timeout = tests_budget(n, spawn, deadline - time.perf_counter())
+                    print(
+                        f"gpu-check: tests: {n} tests, {spawn:.1f} s per cold start "
+                        f"-> at most {timeout:.0f} s",
+                        flush=True,
+                    )
+                    r = run_tests(timeout)
+                    r.body += f"\n\n{n} GPU tests; a cold CUDA process started in {spawn:.1f} s."
                 else:
-                    r = run_train(TIMEOUTS[part], work)
+                    timeout = max(BENCH_MIN_S, min(BENCH_MAX_S, left))
+                    print(f"gpu-check: bench (at most {timeout:.0f} s)", flush=True)
+                    r = run_bench(timeout, work)
             except Exception as exc:  # a part's failure is recorded; the next part runs
                 r = PartResult(part, f"error: {type(exc).__name__}: {exc}", 0.0)
             print(f"gpu-check: {part}: {r.status} ({r.seconds:.0f} s)", flush=True)
             results.append(r)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render(device, results, when, torch.__version__))
+            out.write_text(render(device, results, when, torch.__version__))  # kept if cut short
     print(f"gpu-check: report written to {out}")
     return 0 if all(r.ok for r in results) else 1
 

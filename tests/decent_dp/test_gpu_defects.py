@@ -163,3 +163,29 @@ def test_fused_unscale_skips_every_worker_on_one_inf_and_keeps_the_scale_equal()
     assert a["scales"] == b["scales"] == [1024.0, 2048.0, 1024.0, 1024.0, 2048.0]
     for pa, pb in zip(a["params"], b["params"]):
         torch.testing.assert_close(pa, pb, rtol=0, atol=1e-6)  # complete: identical workers
+
+
+def test_cpu_tests_see_no_gpu_and_their_ranks_pick_gloo_on_cpu() -> None:
+    """Holds on a GPU machine too: only ``gpu`` tests touch CUDA."""
+    from tests.support.dist_harness import ok_values, run_distributed
+
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+    ranks = run_distributed(_backend_worker, 2, init=False, start_method="spawn")
+    for res in ok_values(ranks):
+        assert res == {"backend": "gloo", "device": "cpu", "cuda": False}
+
+
+def _backend_worker(rank: int, world: int) -> dict[str, object]:
+    import torch.distributed as dist
+
+    from decent_dp.utils import get_device, initialize_dist
+
+    initialize_dist()  # the choice a training run makes: NCCL on a visible GPU
+    try:
+        return {
+            "backend": dist.get_backend(),
+            "device": str(get_device()),
+            "cuda": torch.cuda.is_available(),
+        }
+    finally:
+        dist.destroy_process_group()

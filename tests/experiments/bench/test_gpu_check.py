@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,13 @@ def test_main_runs_every_part_after_one_fails(
         return PartResult("train", "ok", 42.0, body="| metric | value |")
 
     monkeypatch.setattr(gpu_check, "run_tests", tests)
+    monkeypatch.setattr(gpu_check, "spawn_seconds", lambda: 9.0)
+    monkeypatch.setattr(gpu_check, "count_gpu_tests", lambda: 30)
     monkeypatch.setattr(gpu_check, "run_bench", bench)
     monkeypatch.setattr(gpu_check, "run_train", train)
     out = tmp_path / "gpu.md"
     assert gpu_check.main(["--out", str(out)]) == 1
-    assert calls == ["tests", "bench", "train"]
+    assert calls == ["train", "tests", "bench"]  # the whole stack first, then the tests
     text = out.read_text()
     assert "Fake GPU 80GB" in text
     assert "| tests | error: RuntimeError: pytest vanished | 0 |" in text
@@ -92,3 +95,35 @@ def test_pytest_summary_keeps_failures_and_the_final_line() -> None:
         "FAILED tests/a.py::test_x - AssertionError\n1 failed, 5 passed, 1 skipped in 12.3s"
     )
     assert "no pytest summary" in pytest_summary("Traceback: import error")
+
+
+def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    """A part that spawned children and hangs leaves no child running after its timeout."""
+    pidfile = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pidfile)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    result, _ = gpu_check.run_command("hang", [sys.executable, "-c", code], 3)
+    assert result.status == "timed out after 3 s"
+    child = int(pidfile.read_text())
+    deadline = time.time() + 10
+    while time.time() < deadline and Path(f"/proc/{child}").exists():
+        stat = Path(f"/proc/{child}/stat").read_text().split()
+        if stat[2] == "Z":  # killed, waiting for its (gone) parent's reaper
+            break
+        time.sleep(0.1)
+    alive = (
+        Path(f"/proc/{child}").exists()
+        and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+    )
+    assert not alive
+
+
+def test_the_tests_budget_follows_the_measured_start_cost() -> None:
+    slow, fast = gpu_check.tests_budget(25, 12.0, 2000.0), gpu_check.tests_budget(25, 3.0, 2000.0)
+    assert slow > fast >= gpu_check.TESTS_MIN_S
+    assert slow == pytest.approx((30 + 25 * (12.0 + gpu_check.TEST_WORK_S)) * 1.25)
+    # never more than leaves the bench its minimum
+    assert gpu_check.tests_budget(200, 12.0, 400.0) == 400.0 - gpu_check.BENCH_MIN_S
