@@ -176,7 +176,11 @@ def test_lm_resume_repeats_the_windows_and_the_curve(corpus, tmp_path, world_of_
 
 @pytest.mark.parametrize(
     "mode",
-    ["off", pytest.param("per_block", marks=pytest.mark.slow), "whole"],
+    [
+        "off",
+        pytest.param("per_block", marks=pytest.mark.slow),
+        pytest.param("whole", marks=pytest.mark.slow),
+    ],
 )
 def test_lm_resume_under_every_compile_mode(mode, corpus, tmp_path, world_of_one):
     """A compiled run saves the bare model's keys and resumes where the straight run ends.

@@ -61,7 +61,10 @@ def test_checkpoint_from_before_the_move_resumes_bit_for_bit(tmp_path: Path) -> 
             if key not in want[step]:  # step 16 has its exact distance on the evaluation line
                 assert key not in got[step], (step, key)
                 continue
-            assert got[step][key] == pytest.approx(want[step][key], rel=1e-6, abs=0), (step, key)
+            # the sketch's float32 projection sums round differently on another CPU than the
+            # one that recorded the fixture (6e-6 relative here, on unchanged code)
+            rel = 1e-4 if key == "consensus/distance_sketch" else 1e-6
+            assert got[step][key] == pytest.approx(want[step][key], rel=rel, abs=0), (step, key)
     # the exact distance of step 16 comes with its evaluation line
     last_eval = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
     assert last_eval["step"] == 16 and "eval/acc" in last_eval
