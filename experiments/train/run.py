@@ -173,6 +173,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ),
         ("checkpoint.keep", cfg.checkpoint.keep, cfg.checkpoint.keep >= 1, ">= 1"),
         (
+            "checkpoint.signal_check_every",
+            cfg.checkpoint.signal_check_every,
+            cfg.checkpoint.signal_check_every >= 1,
+            ">= 1",
+        ),
+        (
             "dist.backend",
             cfg.dist.backend,
             cfg.dist.backend in (None, "nccl", "gloo"),
