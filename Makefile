@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo clean
+.PHONY: help install test test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -23,6 +23,15 @@ test-all: ## Every test, `slow` included
 
 test-gpu: ## Only the tests that need CUDA
 	$(PY) -m pytest -m gpu -q $(ARGS)
+
+test-slurm: ## As root: a one-node SLURM (Debian's packages), sweep, requeue and time-limit tests (~3 min)
+	$(PY) -m pytest tests/e2e/test_slurm.py -q $(ARGS)
+
+slurm-up: ## As root: start a one-node SLURM here (tests/support/slurm_cluster.sh); prints SLURM_CONF
+	tests/support/slurm_cluster.sh up
+
+slurm-down: ## Stop what slurm-up started
+	tests/support/slurm_cluster.sh down
 
 gpu-check: ## On one GPU (< 9 min): a bf16 train run, test-gpu (budgeted from the measured CUDA start), the CUDA bench -> docs/results/gpu.md
 	$(PY) -m experiments.bench.gpu_check $(ARGS)

@@ -28,7 +28,7 @@ _TITLES = {"world_size": "workers"}
 _SEED_KEYS = {"seed", "train.seed"}
 # summary fields that describe the outcome or the bookkeeping of a run, not what was run
 _NOT_CONFIG = {
-    "seed", "wall_time_s", "restarts", "resumed_from_step", "config_hash", "run_dir",
+    "seed", "wall_time_s", "restarts", "resumed_from_step", "resumed_from_checkpoint", "config_hash", "run_dir",
     "tokens", "unigram_entropy", "emulated", "synthetic",
 }  # fmt: skip
 MAX_POINTS = 400

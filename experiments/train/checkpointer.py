@@ -107,6 +107,8 @@ class Checkpointer:
         self.keep = int(ckpt_cfg.keep)
         self.allow_reshard = bool(ckpt_cfg.allow_reshard)
         self.resumed_from: int | None = None  # the step of the checkpoint resumed from
+        self.resumed_path: str | None = None  # and its directory
+        self.last_saved: int | None = None  # the step of this job's latest save
 
     def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is saved at ``step``."""
@@ -133,6 +135,7 @@ class Checkpointer:
             "config_hash": self.config_hash,
         }
         ckpt.save_checkpoint(self.root, step, shard, meta, keep=self.keep)
+        self.last_saved = step
 
     def resume(self) -> int:
         """Load the newest checkpoint, if any; return the step training continues from.
@@ -152,7 +155,7 @@ class Checkpointer:
             )
         if info is None:
             return 0
-        self.resumed_from = info.step
+        self.resumed_from, self.resumed_path = info.step, str(info.path)
         if check_compatible(
             info,
             world_size=self.world_size,

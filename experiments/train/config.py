@@ -413,11 +413,17 @@ class CheckpointConfig:
         allow_reshard: Resume a checkpoint written with another world size or
             topology by starting every worker from the global average; the
             old checkpoints then move to ``checkpoints/before_reshard_*``.
+        on_signal: On SIGTERM or the pre-emption signal (``SIGUSR2``), save every
+            rank's checkpoint at an agreed step and exit to be requeued.
+        signal_check_every: Agree on such a stop every this many steps (one
+            all-reduce of two integers); at most this many steps run after the signal.
     """
 
     every_steps: int = 0
     keep: int = 3
     allow_reshard: bool = False
+    on_signal: bool = True
+    signal_check_every: int = 10
 
 
 @dataclass

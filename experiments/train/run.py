@@ -21,6 +21,8 @@ on each:
 5. ``Trainer.fit()``: resume from the newest complete checkpoint in
    ``<run dir>/checkpoints``, train for ``train.max_steps`` (or
    ``train.epochs``) steps, log, evaluate, checkpoint, write ``summary.json``.
+   On SIGTERM or the pre-emption signal every rank saves the checkpoint of an
+   agreed step and exits to be requeued (:mod:`experiments.train.preempt`).
 6. Close the wrapper and the metrics sinks, in a ``finally``; a clean job
    ends with a barrier.
 """
@@ -172,6 +174,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             ">= 0 (0 = off)",
         ),
         ("checkpoint.keep", cfg.checkpoint.keep, cfg.checkpoint.keep >= 1, ">= 1"),
+        (
+            "checkpoint.signal_check_every",
+            cfg.checkpoint.signal_check_every,
+            cfg.checkpoint.signal_check_every >= 1,
+            ">= 1",
+        ),
         (
             "dist.backend",
             cfg.dist.backend,

@@ -28,7 +28,11 @@ What is due when:
   sketched ``consensus/distance_sketch`` (``log.consensus_sketch`` numbers);
 - an evaluation every epoch and at the end, with the exact
   ``consensus/distance``, which also comes every ``log.consensus_every`` steps;
-- a checkpoint every ``checkpoint.every_steps`` steps and at the end.
+- a checkpoint every ``checkpoint.every_steps`` steps and at the end;
+- every ``checkpoint.signal_check_every`` steps, one all-reduce of two
+  integers: did any rank receive SIGTERM or the pre-emption signal? If so,
+  every rank saves that step's checkpoint and the job exits to be requeued
+  (:mod:`experiments.train.preempt`).
 """
 
 from __future__ import annotations
@@ -56,10 +60,11 @@ from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
+from experiments.train.preempt import StopRequest
 from experiments.train.step import TrainStep
 from experiments.train.task import task_for
 
-__all__ = ["Trainer", "CHECKPOINT_DIR", "per_worker_batch"]
+__all__ = ["Trainer", "CHECKPOINT_DIR", "per_worker_batch", "restart_count"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +93,23 @@ def per_worker_batch(train_cfg: Any, world_size: int) -> int:
             f"of the world size {world_size}"
         )
     return total // world_size
+
+
+def restart_count(environ: Any = None) -> int:
+    """How many times this job was started again: torchrun's restarts plus SLURM's requeues.
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        ``TORCHELASTIC_RESTART_COUNT`` + ``SLURM_RESTART_COUNT`` (each 0 when unset).
+    """
+    env = os.environ if environ is None else environ
+    total = 0
+    for key in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        raw = str(env.get(key, "") or "0")
+        total += int(raw) if raw.isdigit() else 0
+    return total
 
 
 class Trainer:
@@ -190,6 +212,13 @@ class Trainer:
             loader=self.data.train,
         )
         self.evaluator = Evaluator(self.data.test, self.train_step)
+        self.stop = StopRequest(
+            int(cfg.checkpoint.signal_check_every),
+            bool(cfg.checkpoint.on_signal),
+            self.device,
+            rank=rank,
+            world_size=world_size,
+        )
 
     def close(self) -> None:
         """Release the hooks, the wrapper and the metrics sinks; safe to call twice."""
@@ -200,10 +229,27 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def fit(self) -> dict[str, Any]:
-        """Resume, train to ``total_steps``, evaluate at the end; return the summary."""
+        """Resume, train to ``total_steps``, evaluate at the end; return the summary.
+
+        Raises:
+            SystemExit: A rank received SIGTERM or the pre-emption signal: every rank
+                saved the checkpoint of the step they agreed on (see
+                :mod:`experiments.train.preempt`).
+        """
+        self.stop.install()
+        try:
+            return self._fit()
+        finally:
+            self.stop.restore()
+
+    def _fit(self) -> dict[str, Any]:
         cfg = self.cfg
         self.metrics.start()
         self.step = self.checkpointer.resume()
+        if self.checkpointer.resumed_from is not None:
+            self.metrics.log(
+                self.metrics.line(self.step, restarts=restart_count(), **{"resume/step": self.step})
+            )
         dirichlet = str(cfg.dataset.get("partition", "iid")) == "dirichlet"
         if self.checkpointer.resumed_from is None and dirichlet:
             self.metrics.log_class_histogram(self.step, self.data.class_histogram)
@@ -229,6 +275,11 @@ class Trainer:
                 bar.update(1)
                 self.metrics.clock.tick()
                 self._after_step(bar)
+                # the same steps on every rank decide whether to call the collective
+                due = self.step < self.total_steps and self.stop.due(self.step)
+                if due and self.stop.agreed():
+                    bar.close()
+                    self._stop_on_signal()
         bar.close()
         if self.evaluator.last_step != self.step:  # resumed at the very end: nothing was trained
             self._log_eval()
@@ -290,6 +341,18 @@ class Trainer:
             self.checkpointer.save(step)
         metrics.clock.resume()
 
+    def _stop_on_signal(self) -> None:
+        """Save this step's checkpoint on every rank (unless just saved) and leave."""
+        if self.checkpointer.last_saved != self.step:
+            self.checkpointer.save(self.step)
+        log.warning(
+            "stopping at step %d on %s; the checkpoint of this step is saved in %s",
+            self.step,
+            "+".join(self.stop.agreed_signals),
+            self.checkpointer.root,
+        )
+        self.stop.leave()
+
     def _log_eval(self) -> None:
         result = self.evaluator.evaluate(self.step)
         self.metrics.record_consensus(result["consensus/distance"])
@@ -327,8 +390,9 @@ class Trainer:
             "outer_every": outer_every(cfg.get("outer"), cfg.topology),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
-            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+            "restarts": restart_count(),
             "resumed_from_step": self.checkpointer.resumed_from,
+            "resumed_from_checkpoint": self.checkpointer.resumed_path,
             "seed": int(cfg.train.seed),
             "batch_size": self.batch_size,
             "global_batch_size": self.batch_size * self.world_size,

@@ -27,14 +27,14 @@ import torch
 from omegaconf import DictConfig
 
 from experiments.train.checkpoint import (
-    CheckpointInfo,
     latest_checkpoint,
     list_checkpoints,
-    load_shard,
 )
 from experiments.train.run import run
+from tests.support.checkpoints import assert_same_models, models
 from tests.support.dist_harness import free_port, run_distributed
 from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, compose_config, launch, torchrun
+from tests.support.procs import wait_for, worker_pids
 
 QUICK = [*QUIET, "log.every=10", "log.consensus_every=0"]
 
@@ -43,68 +43,8 @@ def _compose(*overrides: str) -> DictConfig:
     return compose_config(*QUICK, *overrides)
 
 
-def _models(info: CheckpointInfo) -> list[dict[str, torch.Tensor]]:
-    return [load_shard(info, rank)["model"] for rank in range(info.world_size)]
-
-
-def _assert_same_models(a: CheckpointInfo, b: CheckpointInfo) -> None:
-    assert a.step == b.step and a.world_size == b.world_size
-    for rank, (sa, sb) in enumerate(zip(_models(a), _models(b))):
-        assert sa.keys() == sb.keys()
-        for key in sa:
-            assert torch.equal(sa[key], sb[key]), f"rank {rank} {key}"
-
-
 def _error_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("train.py: error")]
-
-
-# ----------------------------------------------------------------- processes seen through /proc
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces, so split after its last ')'
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            kids.append(int(entry.name))
-    return kids
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
-    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
-
-
-def _worker_pids(agent: int, world_size: int) -> dict[int, int]:
-    """``rank -> pid`` of the workers that the torchrun agent ``agent`` runs now."""
-    found: dict[int, int] = {}
-    for pid in _children(agent):
-        try:
-            env = _environ(pid)
-        except OSError:
-            continue
-        if "RANK" in env and env.get("TORCHELASTIC_RESTART_COUNT") == "0":
-            found[int(env["RANK"])] = pid
-    assert sorted(found) == list(range(world_size)), found
-    return found
-
-
-def _wait_for(pattern: str, where: Path, proc: subprocess.Popen, limit_s: float) -> Path:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        hits = sorted(where.glob(pattern))
-        if hits:
-            return hits[0]
-        assert proc.poll() is None, "the run ended before the file appeared"
-        time.sleep(0.02)
-    raise AssertionError(f"{pattern} did not appear under {where} within {limit_s} s")
 
 
 # ----------------------------------------------------------------- kill -9 under torchrun
@@ -143,8 +83,8 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
         text=True,
     )
     try:
-        index = _wait_for("outputs/*/*/checkpoints/step_*/index.json", tmp_path, agent, 240)
-        os.kill(_worker_pids(agent.pid, 4)[victim], signal.SIGKILL)
+        index = wait_for("outputs/*/*/checkpoints/step_*/index.json", tmp_path, agent, 240)
+        os.kill(worker_pids(agent.pid, 4)[victim], signal.SIGKILL)
         output, _ = agent.communicate(timeout=300)
     finally:
         if agent.poll() is None:
@@ -165,7 +105,7 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
     killed_final = latest_checkpoint(run_dirs[0] / "checkpoints")
     clean_final = latest_checkpoint(clean_run / "checkpoints")
     assert killed_final is not None and clean_final is not None and killed_final.step == 300
-    _assert_same_models(killed_final, clean_final)
+    assert_same_models(killed_final, clean_final)
     assert [info.step for info in list_checkpoints(run_dirs[0] / "checkpoints")] == [280, 300]
 
 
@@ -227,7 +167,7 @@ def test_a_peer_killed_mid_run_is_an_error_not_a_hang(tmp_path: Path) -> None:
     common = ["train.max_steps=100000", "checkpoint.every_steps=20", f"dist.timeout_s={timeout_s}"]
     procs = [_lone_rank(rank, port, tmp_path, *common) for rank in (0, 1)]
     try:
-        _wait_for("checkpoints/step_*/index.json", tmp_path, procs[0], 120)
+        wait_for("checkpoints/step_*/index.json", tmp_path, procs[0], 120)
         procs[1].kill()
         killed = time.monotonic()
         _, err = procs[0].communicate(timeout=timeout_s + 60)
@@ -277,7 +217,7 @@ def test_half_written_checkpoints_are_skipped_and_the_resume_is_exact(
     straight = latest_checkpoint(tmp_path / "straight" / "checkpoints")
     resumed = latest_checkpoint(root)
     assert straight is not None and resumed is not None
-    _assert_same_models(resumed, straight)
+    assert_same_models(resumed, straight)
     assert [info.step for info in list_checkpoints(root)] == [6, 9]  # keep=2
     assert not list((root / "step_000000009").glob("*.tmp"))
 
@@ -300,7 +240,7 @@ def test_reshard_starts_from_the_global_average_and_a_crash_then_resumes_it(
     assert [status for status, _ in results] == ["ok", "ok"], results
     source = latest_checkpoint(run_dir / "checkpoints")
     assert source is not None and source.world_size == 2
-    shards = _models(source)
+    shards = models(source)
     assert any(not torch.equal(shards[0][k], shards[1][k]) for k in shards[0])
     average = {
         k: (shards[0][k] + shards[1][k]) / 2 for k in shards[0] if shards[0][k].is_floating_point()
@@ -318,7 +258,7 @@ def test_reshard_starts_from_the_global_average_and_a_crash_then_resumes_it(
     assert first["resumed_from_step"] == 4 and first["train/steps"] == 2
     after = latest_checkpoint(run_dir / "checkpoints")
     assert after is not None and after.world_size == 1 and after.step == 2
-    model = _models(after)[0]
+    model = models(after)[0]
     for key, value in average.items():
         torch.testing.assert_close(model[key], value, rtol=0, atol=0)
     # the 2-rank checkpoint moved aside, so it no longer shadows the resharded run's

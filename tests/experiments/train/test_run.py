@@ -80,6 +80,7 @@ def _check_ok(proc: subprocess.CompletedProcess) -> None:
     [
         *("train.batch_size=0", "train.max_steps=0", "train.label_smoothing=1.0", "log.every=0"),
         *("log.consensus_sketch=-1", "checkpoint.keep=0", "dist.timeout_s=0", "dist.backend=mpi"),
+        "checkpoint.signal_check_every=0",
     ],
 )
 def test_validate_names_the_bad_value(override, monkeypatch):

@@ -1,0 +1,126 @@
+"""A stop on SIGTERM or the pre-emption signal, with real torchrun workers and real signals.
+
+* ``SIGTERM`` to one worker of two under torchrun: both ranks agree on a step,
+  save that step's checkpoint, exit with status 143; a relaunch resumes from that
+  checkpoint (not the older periodic one) and ends bit for bit where an
+  uninterrupted run ends, and counts ``SLURM_RESTART_COUNT`` in ``restarts``.
+* ``SIGUSR2`` under the submitit launcher (run locally, time limit): submitit's
+  own handler requeues the job after the checkpoint, and the requeued job resumes (slow).
+
+The SLURM versions of both are in ``tests/e2e/test_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments.train.checkpoint import latest_checkpoint
+from experiments.train.preempt import EXIT_CODE
+from tests.support.checkpoints import assert_same_models
+from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, launch, torchrun
+from tests.support.procs import wait_for, worker_pids
+
+EVERY, CHECK, STEPS = 100, 5, 400
+JOB = [
+    *QUIET,
+    "log.every=10",
+    "log.consensus_every=0",
+    "topology=ring",
+    f"train.max_steps={STEPS}",
+    f"checkpoint.every_steps={EVERY}",
+    f"checkpoint.signal_check_every={CHECK}",
+    "dist.timeout_s=60",
+]
+LONG = 8000  # steps of one process: longer than the 30 s before submitit's signal
+EVAL_KEYS = ("eval/acc", "eval/acc_local", "eval/loss", "train/loss")
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same 2-worker run, uninterrupted."""
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    proc = torchrun(2, *JOB, f"hydra.run.dir={run_dir}", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
+
+
+def _exit_codes(report: str) -> dict[int, int]:
+    """``rank -> exit code`` from torchrun's failure report."""
+    found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*\n\s*exitcode\s*:\s*(-?\d+)", report)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_relaunch_is_exact(
+    clean_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    agent = subprocess.Popen(
+        [*TORCHRUN, "--nproc_per_node=2", "train.py", *JOB, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # right after the first periodic checkpoint, so the signal's is a newer one
+        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        os.kill(worker_pids(agent.pid, 2)[1], signal.SIGTERM)
+        output, _ = agent.communicate(timeout=120)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode != 0, output[-4000:]
+    assert _exit_codes(output) == {0: EXIT_CODE, 1: EXIT_CODE}, output[-4000:]
+    stopped = latest_checkpoint(run_dir / "checkpoints")
+    assert stopped is not None and stopped.world_size == 2, output[-4000:]
+    # a complete checkpoint holds both shards: both ranks saved the same step
+    assert EVERY < stopped.step < STEPS and stopped.step % CHECK == 0, stopped.step
+    assert f"stopping at step {stopped.step} on SIGTERM" in output
+    assert not (run_dir / "summary.json").exists()
+
+    # as a requeued SLURM job would: the same command in the same run directory
+    env = clean_env(SLURM_RESTART_COUNT="1")
+    again = torchrun(2, *JOB, f"hydra.run.dir={run_dir}", timeout=240, env=env)
+    assert again.returncode == 0, again.stderr[-4000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    clean = json.loads((clean_run / "summary.json").read_text())
+    assert summary["resumed_from_step"] == stopped.step
+    assert summary["resumed_from_checkpoint"] == str(stopped.path)
+    assert summary["restarts"] == 1 and summary["train/steps"] == STEPS
+    for key in EVAL_KEYS:
+        assert summary[key] == clean[key], key
+    final, clean_final = (latest_checkpoint(d / "checkpoints") for d in (run_dir, clean_run))
+    assert final is not None and clean_final is not None and final.step == STEPS
+    assert_same_models(final, clean_final)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    resumes = [line for line in lines if "resume/step" in line]
+    assert resumes == [resumes[0]] and resumes[0]["resume/step"] == stopped.step
+    assert resumes[0]["restarts"] == 1
+
+
+@pytest.mark.slow
+def test_sigusr2_under_submitit_requeues_through_its_handler_and_resumes(tmp_path: Path) -> None:
+    # submitit's local executor sends SIGUSR2 30 s before timeout_min and requeues a
+    # job whose rank 0 exits with its requeue status, up to 3 times
+    job = ["-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=1"]
+    job += [*QUIET, "log.every=50", "log.consensus_every=0"]
+    job += ["topology=ring", f"train.max_steps={LONG}", "checkpoint.every_steps=0"]
+    proc = launch([sys.executable, str(ROOT / "train.py"), *job], timeout=400, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (sweep,) = tmp_path.glob("multirun/*/*")
+    summary = json.loads((sweep / "0" / "summary.json").read_text())
+    assert summary["train/steps"] == LONG
+    resumed = summary["resumed_from_step"]
+    assert resumed is not None and 0 < resumed < LONG and resumed % 10 == 0
+    logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
+    assert "on SIGUSR2" in logs and "Requeued job" in logs, logs[-4000:]
