@@ -70,5 +70,7 @@ def test_checkpoint_from_before_the_move_resumes_bit_for_bit(tmp_path: Path) -> 
     assert last_eval["step"] == 16 and "eval/acc" in last_eval
     want_eval = json.loads((FIXTURE / "reference_metrics.jsonl").read_text().splitlines()[-1])
     assert last_eval["consensus/distance"] == pytest.approx(
-        want_eval["consensus/distance"], rel=1e-4, abs=0  # rounds apart across CPUs, as above
+        want_eval["consensus/distance"],
+        rel=1e-4,
+        abs=0,  # rounds apart across CPUs, as above
     )
