@@ -180,6 +180,22 @@ def test_lm_quick_recipe():
     assert 2 <= cfg.train.max_steps // steps_per_epoch <= 8  # a few evaluations on 4 workers
 
 
+def test_lm_small_is_eight_times_lm_quick_with_evaluations_at_each_eighth():
+    quick, small = _compose(["experiment=lm_quick"]), _compose(["experiment=lm_small"])
+
+    def tokens(cfg):
+        return cfg.train.batch_size * cfg.dataset.block_size * 4 * cfg.train.max_steps
+
+    assert tokens(small) == 8 * tokens(quick) == 4_194_304
+    assert small.model == quick.model  # gpt_tiny, no smaller
+    assert small.dataset.root == "data/stdlib-bpe-all" and small.scheduler.eta_min == 0.0
+    per_step = small.train.batch_size * small.dataset.block_size * 4
+    evals = tokens(small) // small.dataset.tokens_per_epoch
+    assert evals == 16 and small.dataset.tokens_per_epoch % per_step == 0
+    # DiLoCo at H=16 gets at least 30 outer rounds
+    assert small.train.max_steps // 16 >= 30
+
+
 def test_cifar_experiment_and_command_line_root():
     cfg = _compose(["experiment=cifar10_resnet18", "dataset.root=/data/cifar"])
     assert cfg.model.name == "resnet18_cifar" and cfg.dataset.name == "cifar10"

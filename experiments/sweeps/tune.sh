@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two-stage tuning of one arm: a grid over one key with one seed, then more seeds at the best.
+#   experiments/sweeps/tune.sh NAME KEY V1,V2,... [OVERRIDE ...]
+#   e.g. experiments/sweeps/tune.sh ring-adamw optim.lr 1e-3,2e-3,4e-3,8e-3 \
+#          experiment=lm_small topology=ring
+# Stage 1 runs KEY=V1,V2,... with train.seed=0 into $OUT/NAME/stage1/. Stage 2 asks
+# `python -m experiments.report.tune --best` for the best value (best mean final eval/loss, or
+# eval/acc for images), copies that run's small files to $OUT/NAME/final/seed0 and runs seeds
+# $SEEDS there with KEY at that value, so final/ holds one configuration with every seed.
+# Report the arms with `python -m experiments.report $OUT/*/final` (the comparison) and
+# `python -m experiments.report $OUT/*/stage1 --tune KEY` (the grids).
+# Environment: OUT (multirun/tune), STAGE (1, 2 or all), SEEDS (1,2), NPROC (4 workers).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -lt 3 ]; then
+  echo "usage: $0 NAME KEY V1,V2,... [OVERRIDE ...]" >&2
+  exit 2
+fi
+NAME=$1 KEY=$2 VALUES=$3
+shift 3
+OUT=${OUT:-multirun/tune}
+STAGE=${STAGE:-all}
+SEEDS=${SEEDS:-1,2}
+NPROC=${NPROC:-4}
+case $STAGE in 1|2|all) ;; *) echo "STAGE=$STAGE: use 1, 2 or all" >&2; exit 2 ;; esac
+train() {
+  OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node="$NPROC" train.py -m \
+    log.progress=false "$@"
+}
+if [ "$STAGE" != 2 ]; then
+  train "$@" "$KEY=$VALUES" hydra.sweep.dir="$OUT/$NAME/stage1" \
+    'hydra.sweep.subdir=${hydra.job.num}'
+fi
+if [ "$STAGE" != 1 ]; then
+  best=$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)
+  echo "$best" > "$OUT/$NAME/best.txt"
+  src=$(grep -lx -- "- $KEY=$best" "$OUT/$NAME"/stage1/*/.hydra/overrides.yaml | head -1)
+  src=${src%/.hydra/overrides.yaml}
+  dest="$OUT/$NAME/final/seed0"
+  mkdir -p "$dest/.hydra"
+  cp "$src/summary.json" "$src/metrics.jsonl" "$dest/"
+  cp "$src"/.hydra/*.yaml "$dest/.hydra/"
+  echo "$NAME: $KEY=$best (from $src); seeds $SEEDS"
+  train "$@" "$KEY=$best" "train.seed=$SEEDS" hydra.sweep.dir="$OUT/$NAME/final" \
+    'hydra.sweep.subdir=seed${train.seed}'
+fi
