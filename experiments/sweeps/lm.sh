@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Language models on the embedded corpus (the Python standard library's own sources, BPE 1024):
 # a tiny GPT (experiment=lm_quick) on 4 CPU gloo workers, 6 topologies x 3 seeds at the same
-# token budget. About 25 minutes on 2 cores. Writes report.md and the plots to docs/results/lm/.
+# token budget. About 25 minutes on 2 cores. Writes report.md and the plots to docs/results/lm_quick/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-multirun/lm}
@@ -11,4 +11,4 @@ test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens
 .venv/bin/torchrun --standalone --nproc_per_node=4 train.py -m experiment=lm_quick \
   log.progress=false topology=allreduce,complete,ring,one-peer-exp,local-sgd,base-k \
   train.seed=0,1,2 hydra.sweep.dir="$OUT"
-.venv/bin/python -m experiments.report "$OUT" --out docs/results/lm
+.venv/bin/python -m experiments.report "$OUT" --out docs/results/lm_quick
