@@ -11,7 +11,7 @@ from pathlib import Path
 
 from experiments.report import plots as plots_
 from experiments.report.configs import Section, make_section
-from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, Run, find_run_dirs, load, num
+from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, load_all, num
 from experiments.report.tables import config_table, run_table
 
 __all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
@@ -103,15 +103,9 @@ def build_report(
         raise ValueError("no directory given; pass sweep or run directories")
     if not (num(target_acc) and 0 < target_acc <= 1):
         raise ValueError(f"target_acc={target_acc!r} is invalid; it must be in (0, 1]")
-    runs: list[Run] = []
-    skipped: list[tuple[Path, str]] = []
-    for path in find_run_dirs(dirs):
-        loaded = load(path)
-        if isinstance(loaded, str):
-            warnings.warn(f"skipping run {path}: {loaded}", stacklevel=2)
-            skipped.append((path, loaded))
-        else:
-            runs.append(loaded)
+    runs, skipped = load_all(dirs)
+    for path, why in skipped:
+        warnings.warn(f"skipping run {path}: {why}", stacklevel=2)
     if not runs:
         raise ValueError(
             f"no usable run (a directory with {SUMMARY_FILE} and {METRICS_FILE}) under "
