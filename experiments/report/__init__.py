@@ -1,10 +1,10 @@
 """Report over finished runs: markdown tables and plots, seeds drawn as bands.
 
-``python -m experiments.report SWEEP_OR_RUN_DIR... [--target-acc 0.9] [--out DIR]``
-(or ``make report``) finds every run directory under the given directories (a
-directory holding ``metrics.jsonl`` and/or ``summary.json``, searched recursively)
-and writes ``report.md`` and PNG plots into ``--out``, or into the first given
-directory.
+``python -m experiments.report SWEEP_OR_RUN_DIR... [--target-acc 0.9] [--out DIR]
+[--tune KEY [--metric NAME]]`` (or ``make report``) finds every run directory under the
+given directories (a directory holding ``metrics.jsonl`` and/or ``summary.json``, searched
+recursively) and writes ``report.md`` and PNG plots into ``--out``, or into the first
+given directory.
 
 Runs that differ only in their seed form one *configuration*: Hydra's task overrides
 (``.hydra/overrides.yaml``) minus ``train.seed``, plus the summary's topology, optim,
@@ -32,6 +32,15 @@ tokens/s and its ratio to ``allreduce``, with ``loss_vs_tokens.png`` and ``loss_
 each in its own section (the language-model plots then start with ``lm_``). A table of
 every run follows. Rows of emulated networks read ``(emulated <network>)`` and rows on
 synthetic data ``(synthetic)``.
+
+``--tune optim.lr`` (any override key) puts a ``Tuned: optim.lr`` section first: runs that
+differ only in that key and the seed form a group, and each group's row gives the value
+with the best mean final ``eval/loss`` (language models) or ``eval/acc`` (image runs; or
+``--metric``), its mean ± std and seeds, every value tried, and ``edge: widen the grid``
+when the best is the smallest or largest value tried. ``tuned.json`` holds the same for
+scripts and ``tune_optim_lr.png`` plots the metric against the key; for a shell script,
+``python -m experiments.report.tune DIR... --key optim.lr --best`` prints the best value
+alone (:mod:`experiments.report.tune`).
 
 A run without a readable ``summary.json`` or without any valid metrics line is
 skipped with a warning; single malformed lines are skipped too.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from experiments.report import plots as plots_
 from experiments.report.configs import Section, make_section
-from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, Run, find_run_dirs, load, num
+from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, load_all, num
 from experiments.report.tables import config_table, run_table
 
 __all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
@@ -81,7 +81,11 @@ def _section(section: Section, target: float, out: Path, names: dict[str, str]) 
 
 
 def build_report(
-    dirs: Sequence[str | Path] | str | Path, target_acc: float = 0.9, out: str | Path | None = None
+    dirs: Sequence[str | Path] | str | Path,
+    target_acc: float = 0.9,
+    out: str | Path | None = None,
+    tune: str | None = None,
+    metric: str | None = None,
 ) -> Path:
     """Write ``report.md`` and the plots for every usable run under ``dirs``.
 
@@ -89,13 +93,19 @@ def build_report(
         dirs: Sweep or run directories (searched recursively).
         target_acc: Accuracy (a fraction in ``(0, 1]``) for the time-to-accuracy column.
         out: Output directory; the first of ``dirs`` when ``None``.
+        tune: An override key (``optim.lr``) to tune: adds a ``Tuned`` section before the
+            per-configuration tables, ``tuned.json`` and its plot
+            (:mod:`experiments.report.tune`).
+        metric: The final metric ``tune`` compares; ``None`` for ``eval/loss`` of
+            language-model runs and ``eval/acc`` of image runs.
 
     Returns:
         The path of ``report.md``.
 
     Raises:
         ValueError: No directory given, a path is not a directory, ``target_acc``
-            is out of range, or no usable run was found.
+            is out of range, no usable run was found, ``metric`` without ``tune``, or
+            the runs cannot be tuned (see :func:`experiments.report.tune.tune_runs`).
     """
     if isinstance(dirs, (str, Path)):
         dirs = [dirs]
@@ -103,20 +113,22 @@ def build_report(
         raise ValueError("no directory given; pass sweep or run directories")
     if not (num(target_acc) and 0 < target_acc <= 1):
         raise ValueError(f"target_acc={target_acc!r} is invalid; it must be in (0, 1]")
-    runs: list[Run] = []
-    skipped: list[tuple[Path, str]] = []
-    for path in find_run_dirs(dirs):
-        loaded = load(path)
-        if isinstance(loaded, str):
-            warnings.warn(f"skipping run {path}: {loaded}", stacklevel=2)
-            skipped.append((path, loaded))
-        else:
-            runs.append(loaded)
+    if metric is not None and tune is None:
+        raise ValueError(f"metric={metric!r} is only used with tune=KEY; give the key to tune")
+    runs, skipped = load_all(dirs)
+    for path, why in skipped:
+        warnings.warn(f"skipping run {path}: {why}", stacklevel=2)
     if not runs:
         raise ValueError(
             f"no usable run (a directory with {SUMMARY_FILE} and {METRICS_FILE}) under "
             f"{', '.join(str(d) for d in dirs)}"
         )
+    tuned = None
+    if tune is not None:
+        # imported here: ``python -m experiments.report.tune`` must find it not yet imported
+        from experiments.report import tune as tune_
+
+        tuned = tune_.tune_runs(runs, tune, metric)  # before any file is written
     sections = [
         make_section(kind, picked)
         for kind in ("vision", "lm")
@@ -137,6 +149,8 @@ def build_report(
         lines += ["", "Skipped (missing or malformed files):", ""]
         lines += [f"- `{p}`: {why}" for p, why in skipped]
     lines.append("")
+    if tuned is not None:
+        lines += tune_.report_section(tuned, out_dir)
     for section in sections:
         names = dict(LM_PLOTS if section.kind == "lm" else PLOTS)
         if section.kind == "lm" and len(sections) > 1:  # beside the vision plots' names
@@ -161,9 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", help="sweep or run directories (searched recursively)")
     parser.add_argument("--target-acc", type=float, default=0.9, help="for time-to-accuracy")
     parser.add_argument("--out", default=None, help="output directory (default: the first dir)")
+    parser.add_argument("--tune", default=None, metavar="KEY", help="tune an override key")
+    parser.add_argument("--metric", default=None, help="final metric for --tune")
     args = parser.parse_args(argv)
     try:
-        path = build_report(args.dirs, args.target_acc, args.out)
+        path = build_report(args.dirs, args.target_acc, args.out, args.tune, args.metric)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

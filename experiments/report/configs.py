@@ -11,7 +11,7 @@ vary across the configurations of a section are its :class:`Factor` s, in field 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,17 @@ import numpy as np
 
 from experiments.report.runs import ALLREDUCE, Run, num
 
-__all__ = ["Band", "Config", "Factor", "Section", "band", "make_section", "run_fields"]
+__all__ = [
+    "Band",
+    "Config",
+    "Factor",
+    "Section",
+    "band",
+    "find_factors",
+    "make_section",
+    "run_fields",
+    "summary_extras",
+]
 
 BASE_FIELDS = ("topology", "optim", "model", "dataset", "network", "world_size")
 # fields shown as their bare value in labels; others read "key=value"
@@ -227,10 +237,7 @@ def make_section(kind: str, runs: Sequence[Run]) -> Section:
         The section; a field present in some configurations only varies too (its
         missing value reads ``key=default``). Fields that vary in lock-step form one factor.
     """
-    plain = [r for r in runs if r.overrides is None]
-    candidates = [_extra_candidates(r) for r in plain]
-    keys = list(dict.fromkeys(k for c in candidates for k in c))
-    extras = [k for k in keys if len({c.get(k) for c in candidates}) > 1]
+    extras = summary_extras(runs)
     groups: dict[tuple[tuple[str, str], ...], Config] = {}
     for run in runs:
         fields = run_fields(run, extras)
@@ -238,17 +245,43 @@ def make_section(kind: str, runs: Sequence[Run]) -> Section:
     configs = sorted(groups.values(), key=_config_sort_key)
     for config in configs:
         config.runs.sort(key=_run_sort_key)
-    order = list(dict.fromkeys(k for c in configs for k in c.fields))
+    found = find_factors([c.fields for c in configs]) or [Factor(("topology",))]
+    return Section(kind, configs, found)
+
+
+def summary_extras(runs: Sequence[Run]) -> list[str]:
+    """Summary fields that tell the runs without Hydra overrides apart (see :func:`run_fields`).
+
+    Args:
+        runs: Runs; those with an overrides file are ignored.
+
+    Returns:
+        The plain summary fields whose value varies across those runs, in first-seen order.
+    """
+    candidates = [_extra_candidates(r) for r in runs if r.overrides is None]
+    keys = list(dict.fromkeys(k for c in candidates for k in c))
+    return [k for k in keys if len({c.get(k) for c in candidates}) > 1]
+
+
+def find_factors(fields: Sequence[Mapping[str, str]]) -> list[Factor]:
+    """The fields that vary across ``fields`` (one mapping per configuration), in field order.
+
+    Args:
+        fields: The fields of every configuration.
+
+    Returns:
+        The factors; fields that vary in lock-step form one. Empty when nothing varies.
+    """
+    order = list(dict.fromkeys(k for f in fields for k in f))
     factors: dict[tuple[int, ...], list[str]] = {}
     for key in order:
-        column = tuple(c.fields.get(key) for c in configs)
+        column = tuple(f.get(key) for f in fields)
         if len(set(column)) > 1:
             # the partition of the configurations, so that lock-step fields share a factor
             first: dict[str | None, int] = {}
             partition = tuple(first.setdefault(v, len(first)) for v in column)
             factors.setdefault(partition, []).append(key)
-    found = [Factor(tuple(k)) for k in factors.values()] or [Factor(("topology",))]
-    return Section(kind, configs, found)
+    return [Factor(tuple(k)) for k in factors.values()]
 
 
 @dataclass

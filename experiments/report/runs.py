@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "find_run_dirs", "load_run", "load", "num", "count", "ALLREDUCE"]
+__all__ = ["Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE"]
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -164,6 +164,29 @@ def load_run(path: str | Path) -> Run | None:
         warnings.warn(f"skipping run {path}: {loaded}", stacklevel=2)
         return None
     return loaded
+
+
+def load_all(dirs: Iterable[str | Path]) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """Every run directory under ``dirs``, loaded, and those that could not be, with why.
+
+    Args:
+        dirs: Sweep or run directories (searched recursively).
+
+    Returns:
+        ``(runs, skipped)``; nothing is warned about here, the caller reports ``skipped``.
+
+    Raises:
+        ValueError: A given path is not a directory.
+    """
+    runs: list[Run] = []
+    skipped: list[tuple[Path, str]] = []
+    for path in find_run_dirs(dirs):
+        loaded = load(path)
+        if isinstance(loaded, str):
+            skipped.append((path, loaded))
+        else:
+            runs.append(loaded)
+    return runs, skipped
 
 
 def load(path: Path) -> Run | str:
