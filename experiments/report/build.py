@@ -13,6 +13,7 @@ from experiments.report import plots as plots_
 from experiments.report.configs import Section, make_section
 from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, load_all, num
 from experiments.report.tables import config_table, run_table
+from experiments.report.trend import gap_trend_table
 
 __all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
 
@@ -75,6 +76,15 @@ def _section(section: Section, target: float, out: Path, names: dict[str, str]) 
     lines = [f"## {_HEADINGS[section.kind]}", "", _NOTES[section.kind], ""]
     lines += [*_entropy_note(section), *config_table(section, target), "", _legend_note(section)]
     lines.append("")
+    trend = gap_trend_table(section) if section.kind == "lm" else []
+    if trend:
+        lines += [
+            "Along training: the mean `eval/loss` over seeds at 1/8, 1/4, 1/2 and all of the "
+            "steps, with the gap to `allreduce` at the same step in brackets.",
+            "",
+            *trend,
+            "",
+        ]
     for key, path in paths.items():
         lines += [f"![{alts[key]}]({path.name})", ""]
     return lines

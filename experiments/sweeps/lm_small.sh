@@ -45,3 +45,28 @@ if [ "$PART" = outer ] || [ "$PART" = all ]; then
       topology.kwargs.period="$h" outer=diloco optim.lr="$lr"
   done
 fi
+if [ "$PART" = report ] || [ "$PART" = all ]; then
+  # the runs' small files go into the repository, so that every report can be redrawn from it
+  for summary in "$OUT"/*/*/*/summary.json; do
+    dir=${summary%/summary.json}
+    rel=${dir#"$OUT"/}
+    case $rel in
+      allreduce-*|one-peer-exp-*|complete-*) dest=$DOCS/lm/runs/$rel ;;
+      *) dest=$DOCS/outer/lm_small/runs/$rel ;;
+    esac
+    mkdir -p "$dest/.hydra"
+    cp "$dir/summary.json" "$dir/metrics.jsonl" "$dest/"
+    cp "$dir/.hydra/overrides.yaml" "$dest/.hydra/"
+  done
+  R=(.venv/bin/python -m experiments.report)
+  L=$DOCS/lm/runs O=$DOCS/outer/lm_small/runs
+  # the comparison: each arm at its best value, 3 seeds
+  "${R[@]}" "$L"/*/final --out "$DOCS/lm"
+  # the grids: one seed per value
+  "${R[@]}" "$L"/*-adamw/stage1 "$L"/one-peer-exp-accum8/stage1 --tune optim.lr \
+    --out "$DOCS/lm/tune_lr"
+  "${R[@]}" "$L"/one-peer-exp-accum*/stage1 --tune optim.accum_iter --out "$DOCS/lm/tune_accum"
+  cp -r "$L/allreduce-adamw" "$O/" 2>/dev/null || true
+  "${R[@]}" "$O"/*/final --out "$DOCS/outer/lm_small"
+  "${R[@]}" "$O"/diloco-*/stage1 --tune outer.lr --out "$DOCS/outer/lm_small/tune_outer_lr"
+fi

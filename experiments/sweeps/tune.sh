@@ -9,7 +9,9 @@
 # $SEEDS there with KEY at that value, so final/ holds one configuration with every seed.
 # Report the arms with `python -m experiments.report $OUT/*/final` (the comparison) and
 # `python -m experiments.report $OUT/*/stage1 --tune KEY` (the grids).
-# Environment: OUT (multirun/tune), STAGE (1, 2 or all), SEEDS (1,2), NPROC (4 workers).
+# Environment: OUT (multirun/tune), STAGE (1, 2 or all), SEEDS (1,2), NPROC (4 workers),
+# BEST (stage 2 at this value instead of the best of stage 1), SUBDIR (stage 1's run folder
+# names, default the job number; another name adds values to a finished grid).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if [ $# -lt 3 ]; then
@@ -29,10 +31,10 @@ train() {
 }
 if [ "$STAGE" != 2 ]; then
   train "$@" "$KEY=$VALUES" hydra.sweep.dir="$OUT/$NAME/stage1" \
-    'hydra.sweep.subdir=${hydra.job.num}'
+    "hydra.sweep.subdir=${SUBDIR:-\${hydra.job.num\}}"
 fi
 if [ "$STAGE" != 1 ]; then
-  best=$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)
+  best=${BEST:-$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)}
   echo "$best" > "$OUT/$NAME/best.txt"
   src=$(grep -lx -- "- $KEY=$best" "$OUT/$NAME"/stage1/*/.hydra/overrides.yaml | head -1)
   src=${src%/.hydra/overrides.yaml}

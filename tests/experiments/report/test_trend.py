@@ -71,3 +71,11 @@ def test_no_allreduce_no_table(tmp_path: Path) -> None:
     _run(tmp_path / "ring", "ring", 0, [5.0, 4.0])
     _run(tmp_path / "complete", "complete", 0, [5.0, 3.9])
     assert gap_trend_table(_section(tmp_path)) == []
+
+
+def test_the_report_shows_the_trend_under_the_language_model_table(tmp_path: Path) -> None:
+    _run(tmp_path / "runs" / "ar", "allreduce", 0, [5.0, 4.0, 3.5, 3.0])
+    _run(tmp_path / "runs" / "ring", "ring", 0, [5.4, 4.3, 3.7, 3.1])
+    text = report.build_report([tmp_path / "runs"], out=tmp_path / "out").read_text()
+    lm = text.split("## Language-model runs", 1)[1].split("## Runs", 1)[0]
+    assert "Along training" in lm and "| ring | n/a | 5.400 (+0.400) | 4.300 (+0.300) |" in lm
