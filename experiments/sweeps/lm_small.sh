@@ -9,7 +9,8 @@
 #   Part 4, DiLoCo: inner AdamW at allreduce's tuned learning rate, outer Nesterov SGD
 #     (momentum 0.9) with outer.lr over {0.3, 0.5, 0.7, 1.0}, at H=16 and H=64, against plain
 #     local-sgd at the same H (the same bytes: one world all-reduce every H steps).
-# PART=lr|accum|outer|report|all (default all); OUT (multirun/lm_small); DOCS (docs/results).
+# Arms whose best learning rate sits at an edge of the grid get one more value beyond it.
+# PART=lr|accum|seeds|outer|report|all (default all); OUT (multirun/lm_small); DOCS (docs/results).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-multirun/lm_small}
@@ -20,29 +21,85 @@ LRS=1e-3,2e-3,4e-3,8e-3
 TUNE=experiments/sweeps/tune.sh
 test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \
   --out "$DATA" --max-bytes 16000000 --vocab-size 1024
-best() { cat "$OUT/$1/best.txt"; }
+# best NAME KEY: the best value of KEY in NAME's grid, then "edge" when it is the grid's
+# smallest or largest value (the tuning report's rule: best mean final eval/loss)
+best() {
+  .venv/bin/python - "$OUT/$1/stage1" "$2" <<'PY'
+import sys
+from experiments.report.runs import load_all
+from experiments.report.tune import tune_runs
+(group,) = tune_runs(load_all([sys.argv[1]])[0], sys.argv[2])
+print(group.best.text, "edge" if group.edge else "inside")
+PY
+}
+loss_of() {  # loss_of NAME OVERRIDE: the final eval/loss of NAME's stage-1 run with OVERRIDE
+  grep -lx -- "- $2" "$OUT/$1"/stage1/*/.hydra/overrides.yaml | head -1 \
+    | sed 's#/.hydra/overrides.yaml#/summary.json#' \
+    | xargs .venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["eval/loss"])'
+}
+widen() {  # widen NAME OVERRIDE...: one more optim.lr beyond the edge the best sits on
+  local name=$1 v e lo
+  shift
+  read -r v e < <(best "$name" optim.lr)
+  [ "$e" = edge ] || return 0
+  lo=$(.venv/bin/python -c "import sys, glob; print(min(float(l.split('=')[1]) for f in glob.glob(sys.argv[1]) for l in open(f) if l.startswith('- optim.lr=')))" "$OUT/$name/stage1/*/.hydra/overrides.yaml")
+  v=$(.venv/bin/python -c "import sys; v, lo = map(float, sys.argv[1:]); print(v / 2 if v == lo else v * 2)" "$v" "$lo")
+  echo "$name: the best optim.lr is at an edge of the grid; adding $v"
+  STAGE=1 SUBDIR="lr$v" $TUNE "$name" optim.lr "$v" "$@"
+}
 ACCUM=(optim=accum_adamw 'optim.betas=[0.9,0.98]' optim.weight_decay=0.1)
-if [ "$PART" = lr ] || [ "$PART" = all ]; then
-  $TUNE allreduce-adamw optim.lr $LRS experiment=lm_small topology=allreduce
-  $TUNE one-peer-exp-adamw optim.lr $LRS experiment=lm_small topology=one-peer-exp
-  $TUNE complete-adamw optim.lr $LRS experiment=lm_small topology=complete
-  $TUNE one-peer-exp-accum8 optim.lr $LRS experiment=lm_small topology=one-peer-exp \
+ARMS=(allreduce-adamw:allreduce one-peer-exp-adamw:one-peer-exp complete-adamw:complete)
+if [ "$PART" = lr ] || [ "$PART" = all ]; then  # stage 1 of part 3
+  for arm in "${ARMS[@]}"; do
+    STAGE=1 $TUNE "${arm%%:*}" optim.lr $LRS experiment=lm_small topology="${arm##*:}"
+  done
+  STAGE=1 $TUNE one-peer-exp-accum8 optim.lr $LRS experiment=lm_small topology=one-peer-exp \
     "${ACCUM[@]}" optim.accum_iter=8
+  for arm in "${ARMS[@]}"; do
+    widen "${arm%%:*}" experiment=lm_small topology="${arm##*:}"
+  done
+  widen one-peer-exp-accum8 experiment=lm_small topology=one-peer-exp "${ACCUM[@]}" \
+    optim.accum_iter=8
 fi
 if [ "$PART" = accum ] || [ "$PART" = all ]; then
   # accum_iter 1 and 4 at the accum_iter=8 arm's learning rate; with the 8 of that arm's grid
-  # they form the accum_iter grid, and the best of the three gets seeds 1 and 2
-  lr=$(best one-peer-exp-accum8)
+  # they form the accum_iter grid
+  read -r alr _ < <(best one-peer-exp-accum8 optim.lr)
   STAGE=1 $TUNE one-peer-exp-accum optim.accum_iter 1,4 experiment=lm_small \
-    topology=one-peer-exp "${ACCUM[@]}" optim.lr="$lr"
+    topology=one-peer-exp "${ACCUM[@]}" optim.lr="$alr"
 fi
-if [ "$PART" = outer ] || [ "$PART" = all ]; then
-  lr=$(best allreduce-adamw)
+if [ "$PART" = seeds ] || [ "$PART" = all ]; then  # stage 2 of part 3
+  for arm in "${ARMS[@]}"; do
+    read -r v _ < <(best "${arm%%:*}" optim.lr)
+    STAGE=2 BEST=$v $TUNE "${arm%%:*}" optim.lr - experiment=lm_small topology="${arm##*:}"
+  done
+  read -r alr _ < <(best one-peer-exp-accum8 optim.lr)
+  read -r a _ < <(best one-peer-exp-accum optim.accum_iter)
+  l8=$(loss_of one-peer-exp-accum8 "optim.lr=$alr")
+  la=$(loss_of one-peer-exp-accum "optim.accum_iter=$a")
+  if .venv/bin/python -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))" "$l8" "$la"
+  then
+    STAGE=2 BEST=$alr $TUNE one-peer-exp-accum8 optim.lr - experiment=lm_small \
+      topology=one-peer-exp "${ACCUM[@]}" optim.accum_iter=8
+  else
+    STAGE=2 BEST=$a $TUNE one-peer-exp-accum optim.accum_iter - experiment=lm_small \
+      topology=one-peer-exp "${ACCUM[@]}" optim.lr="$alr"
+  fi
+fi
+if [ "$PART" = outer ] || [ "$PART" = all ]; then  # part 4: both grids, then the seeds
+  read -r lr _ < <(best allreduce-adamw optim.lr)
   for h in 16 64; do
-    STAGE=all $TUNE "local-sgd-H$h" optim.lr "$lr" experiment=lm_small topology=local-sgd \
+    STAGE=1 $TUNE "local-sgd-H$h" optim.lr "$lr" experiment=lm_small topology=local-sgd \
       topology.kwargs.period="$h"
-    $TUNE "diloco-H$h" outer.lr 0.3,0.5,0.7,1.0 experiment=lm_small topology=local-sgd \
+    STAGE=1 $TUNE "diloco-H$h" outer.lr 0.3,0.5,0.7,1.0 experiment=lm_small \
+      topology=local-sgd topology.kwargs.period="$h" outer=diloco optim.lr="$lr"
+  done
+  for h in 16 64; do
+    read -r o _ < <(best "diloco-H$h" outer.lr)
+    STAGE=2 BEST=$o $TUNE "diloco-H$h" outer.lr - experiment=lm_small topology=local-sgd \
       topology.kwargs.period="$h" outer=diloco optim.lr="$lr"
+    STAGE=2 BEST=$lr $TUNE "local-sgd-H$h" optim.lr - experiment=lm_small topology=local-sgd \
+      topology.kwargs.period="$h"
   done
 fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
