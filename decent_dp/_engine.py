@@ -36,7 +36,7 @@ from ._cpu_memory import keep_freed_memory
 from ._device import GradStreams, device_guard, side_stream
 from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
-from ._optim_plan import prefer_fused, restore_fused
+from ._kernels import prefer_fused, restore_fused
 from ._outer import OuterOptimizer
 from ._setup import make_groups, plan_buckets
 from ._timers import SpanTimers

@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from ._bucket import Bucket
 from ._compression import GossipCompressor
-from ._optim_plan import DecayFold, decay_plan, drop_fused
+from ._kernels import drop_fused
+from ._optim_plan import DecayFold, decay_plan
 from ._timers import SpanTimers
 from .topo import Edge
 

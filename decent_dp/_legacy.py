@@ -18,7 +18,7 @@ from torch.optim import Optimizer
 
 from ._bucket import Bucket
 from ._engine import Engine
-from ._optim_plan import restore_fused
+from ._kernels import restore_fused
 
 __all__ = ["bucket_optimizers", "bucket_schedulers", "load_bucket_states"]
 

@@ -35,6 +35,7 @@ import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, StepLR
 
+from ._kernels import kernel_flags, prefer_fused, summed_kernel_flags
 from ._optimizers import (
     QGMSGD,
     AccumAdam,
@@ -426,9 +427,10 @@ def prefer_fused_kernels(optimizer: Optimizer, device: torch.device | str) -> bo
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         prefer_fused_kernels(opt, "cuda")
     """
-    from ._optim_plan import prefer_fused  # that module imports this one
-
     return prefer_fused(optimizer, torch.device(device))
+
+
+_NO_BUCKETS = object()  # what getattr returns for an object that is not the wrapper
 
 
 def optimizer_kernels(optimizer: Any) -> dict[str, Any]:
@@ -448,19 +450,12 @@ def optimizer_kernels(optimizer: Any) -> dict[str, Any]:
         wrapper before its first backward, when no bucket exists yet, the
         three values are ``None``.
     """
-    from ._optim_plan import kernel_flags
-    from .ddp import DecentralizedDataParallel
-
-    if not isinstance(optimizer, DecentralizedDataParallel):
+    # the wrapper is told by its buckets, not its class: this module sits below the
+    # wrapper's, and importing ddp.py here would close an import cycle (tests/test_layers.py)
+    buckets: Any = getattr(optimizer, "_buckets", _NO_BUCKETS)
+    if buckets is _NO_BUCKETS:
         return kernel_flags(optimizer)
-    flags = [kernel_flags(b.optimizer) for b in optimizer._buckets or [] if b.optimizer]
-    if not flags:
-        return {"optimizer": None, "fused": None, "foreach": None}
-    return {
-        "optimizer": ",".join(sorted({f["optimizer"] for f in flags})),
-        "fused": all(f["fused"] for f in flags),
-        "foreach": all(f["foreach"] for f in flags),
-    }
+    return summed_kernel_flags([b.optimizer for b in buckets or [] if b.optimizer])
 
 
 __all__ += ["prefer_fused_kernels", "optimizer_kernels"]

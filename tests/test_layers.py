@@ -4,6 +4,7 @@
 - ``experiments`` may import ``decent_dp`` and third-party packages, never an entry
   point (``train.py``) or the tests.
 - Nothing below the tests imports ``tests``.
+- ``decent_dp``'s modules import each other without a cycle.
 
 Imports are read with :mod:`ast`, so a lazy import inside a function counts too.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -59,3 +61,141 @@ def test_the_checks_catch_a_wrong_import(tmp_path: Path) -> None:
     roots = imported_roots(bad)
     assert roots == {"os", "torch", "hydra", "experiments"}
     assert _forbidden_in_library(roots) == {"hydra", "experiments"}
+
+
+# ----------------------------------------------------------------------- cycles
+
+ImportGraph = dict[str, dict[str, int]]  # module -> {imported module: line of the first import}
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package_dir: Path) -> ImportGraph:
+    """Which of a package's modules each of its modules imports, anywhere in the file.
+
+    Function-local imports count, and so do those under ``if TYPE_CHECKING:``:
+    a cycle there is still two modules that each need the other (only the
+    annotations are lazy), and it comes back as a real one the day someone
+    needs the name at run time. Relative imports are resolved; ``from a import
+    b`` is an edge to the module ``a.b`` where there is one, else to ``a``. A
+    submodule's implicit import of its parent package is no edge, since that
+    package's ``__init__`` runs first whoever imports what.
+    """
+    root = package_dir.parent
+    files = {_module_name(p, root): p for p in sorted(package_dir.rglob("*.py"))}
+    graph: ImportGraph = {}
+    for name, path in files.items():
+        # the package a relative import of level 1 starts from
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    module = f"{base}.{node.module}" if node.module else base
+                else:
+                    module = node.module or ""
+                targets = [
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in files else module
+                    for a in node.names
+                ]
+            for target in targets:
+                known = _known_prefix(target, files)
+                if known and known != name:  # the first line, whatever order ast.walk takes
+                    edges[known] = min(edges.get(known, node.lineno), node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def _known_prefix(target: str, modules: Iterable[str]) -> str:
+    """The module itself, or for ``import a.b.c`` of something else its longest prefix that is one."""
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def import_cycles(graph: ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module, each sorted (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def _describe(graph: ImportGraph, cycles: Iterable[list[str]]) -> str:
+    lines = []
+    for modules in cycles:
+        lines.append("cycle of " + ", ".join(modules) + ":")
+        members = set(modules)
+        for m in modules:
+            for target, line in sorted(graph[m].items()):
+                if target in members:
+                    lines.append(f"    {m} -> {target} (line {line})")
+    return "\n".join(lines)
+
+
+def test_the_library_has_no_import_cycle() -> None:
+    """No two of ``decent_dp``'s modules import each other, even through others.
+
+    Every import in a file counts: at the top, inside a function, and under
+    ``if TYPE_CHECKING:`` (see :func:`import_graph` for why). A failure names
+    the modules of each cycle and the import lines that close it.
+    """
+    graph = import_graph(ROOT / "decent_dp")
+    assert "decent_dp.ddp" in graph and "decent_dp" in graph  # the files were read
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles in decent_dp:\n" + _describe(graph, cycles)
+
+
+def test_the_cycle_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .. import low\n")
+    (pkg / "low.py").write_text("import os\n")
+    (pkg / "a.py").write_text("from .sub import deep\nimport pkg.low.attr\n")
+    (pkg / "sub" / "deep.py").write_text("def later():\n    from ..b import name\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+    )
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.sub.deep": 1, "pkg.low": 2}
+    assert graph["pkg.sub"] == {"pkg.low": 1}
+    assert graph["pkg.sub.deep"] == {"pkg.b": 2}
+    assert graph["pkg.b"] == {"pkg.a": 3}
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.deep"]]
+    (pkg / "b.py").write_text("")
+    assert import_cycles(import_graph(pkg)) == []

@@ -453,3 +453,36 @@ def test_v02_classes_from_param_groups(cls, decoupled) -> None:
         ref.step()
     assert torch.equal(p.detach(), q.detach())
     assert type(dopt.optim_fn_accum_adamw([(q, "w")])) is dopt.AccumAdamW
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_optimizer_kernels_of_an_optimizer_and_of_buckets() -> None:
+    from types import SimpleNamespace
+
+    from decent_dp.ddp import DecentralizedDataParallel
+
+    def sgd() -> torch.optim.SGD:
+        return torch.optim.SGD([nn.Parameter(torch.zeros(3))], lr=0.1)
+
+    fused, looped = sgd(), sgd()
+    assert dopt.prefer_fused_kernels(fused, "cpu") is True
+    assert dopt.optimizer_kernels(fused) == {"optimizer": "SGD", "fused": True, "foreach": False}
+    accum = dopt.AccumAdam([nn.Parameter(torch.zeros(3))], foreach=False)
+    # the wrapper is recognised by its `_buckets` (optim.py does not import ddp.py)
+    assert isinstance(DecentralizedDataParallel._buckets, property)
+    before_backward = SimpleNamespace(_buckets=None)
+    assert dopt.optimizer_kernels(before_backward) == dict.fromkeys(
+        ("optimizer", "fused", "foreach")
+    )
+    wrapper = SimpleNamespace(
+        _buckets=[SimpleNamespace(optimizer=o) for o in (fused, accum, looped, None)]
+    )
+    assert dopt.optimizer_kernels(wrapper) == {
+        "optimizer": "AccumAdam,SGD",
+        "fused": False,
+        "foreach": False,
+    }
+    both = SimpleNamespace(_buckets=[SimpleNamespace(optimizer=fused)] * 2)
+    assert dopt.optimizer_kernels(both) == {"optimizer": "SGD", "fused": True, "foreach": False}
