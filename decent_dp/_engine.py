@@ -156,7 +156,8 @@ class Engine:
         self._next_launch = 0
         self._ready: list[Bucket] = []  # complete, not yet stepped (their gossip is late)
         self._grad_streams = GradStreams(self.device)  # keyed by bucket, -1 before buckets
-        self.relaunch = False  # launch every bucket's gossip before the next forward
+        self._relaunch = False  # launch every bucket's gossip before the next forward
+        self._relaunch_outer_only = False  # ... or only those of outer rounds (global_avg)
         self.closed = False
         # called once with the buckets when they are built (states a checkpoint left to load)
         self.after_build: Callable[[list[Bucket]], None] | None = None
@@ -207,6 +208,8 @@ class Engine:
             if self.outer is not None:
                 self.outer.add_bucket(bucket)
             buckets.append(bucket)
+        if self.outer is not None:
+            self.outer.check_buckets(len(buckets))
         self.buckets = buckets
         self._res.buckets[:] = buckets
         if self.after_build is not None:
@@ -228,9 +231,32 @@ class Engine:
             for b in self.buckets or []:
                 wait(self.gossip, b)
 
-    def outer_round_next(self) -> bool:
-        """Whether the next step mixes an outer round (its gossip must then be launched)."""
-        return self.outer is not None and self.outer.due(self.step_count + 1)
+    @property
+    def relaunch(self) -> bool:
+        """Launch the gossip of every bucket before the next forward (after a load)."""
+        return self._relaunch
+
+    @relaunch.setter
+    def relaunch(self, value: bool) -> None:
+        self._relaunch = bool(value)
+        self._relaunch_outer_only = False
+
+    def relaunch_outer_rounds(self) -> None:
+        """Launch before the next forward only the gossip of buckets whose next round is outer.
+
+        After a global average the workers are identical and every other round
+        would mix each to itself; an outer round must still take place.
+        """
+        outer, step = self.outer, self.step_count + 1
+        self._relaunch = outer is not None and any(
+            outer.due(step, b.index) for b in self.buckets or []
+        )
+        self._relaunch_outer_only = True
+
+    def _relaunches(self, bucket: Bucket) -> bool:
+        if not self._relaunch_outer_only:
+            return True
+        return self.outer is not None and self.outer.due(self.step_count + 1, bucket.index)
 
     def forget_gossip(self) -> list[Any]:
         """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
@@ -249,13 +275,14 @@ class Engine:
             if self._bwd_active and torch._C._current_autograd_node() is None:
                 # a backward began and never finished: it raised
                 self._recover_failed_backward()
-            if self.relaunch and self.buckets is not None:
-                self.relaunch = False
+            if self._relaunch and self.buckets is not None:
                 # on the side stream, after the load: the payloads must be made and freed where
                 # they are read, as in a launch from the backward pass
                 with self._side():
                     for b in self.buckets:
-                        launch(self.gossip, b, self.step_count + 1)
+                        if self._relaunches(b):
+                            launch(self.gossip, b, self.step_count + 1)
+                self.relaunch = False
 
     @torch.compiler.disable
     def watch_outputs(self, out: Any) -> None:

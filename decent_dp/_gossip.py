@@ -45,7 +45,7 @@ class GossipState:
         compressor: Compressed gossip (:mod:`decent_dp._compression`), or
             ``None`` for the exact all-reduce.
         outer: The outer optimizer, whose rounds replace the topology's every
-            ``H`` steps, or ``None``.
+            ``H`` steps (per fragment, shifted), or ``None``.
     """
 
     edges: list[Edge]
@@ -146,12 +146,15 @@ def wait(state: GossipState, bucket: Bucket) -> None:
 @torch.no_grad()
 def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
-    round_index = (for_step - 1) % state.period
+    outer = state.outer
+    # a fragment of the outer optimizer reads the topology's rounds shifted as its outer rounds
+    shift = outer.shift(bucket.index) if outer is not None else 0
+    round_index = (for_step - shift - 1) % state.period
     edge = state.edges[round_index]
     group = state.groups[round_index]
-    outer_round = state.outer is not None and state.outer.due(for_step)
+    outer_round = outer is not None and outer.due(for_step, bucket.index)
     if outer_round:  # the exact average of the world, whatever the topology's round
-        edge, group = state.outer.edge, state.outer.group
+        edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     if k == 1 and not outer_round:
         bucket.pending = None  # a round alone costs nothing: no copy, no collective

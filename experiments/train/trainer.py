@@ -388,6 +388,7 @@ class Trainer:
             "comm/bytes_per_step": self.train_step.bytes_per_step(),
             "outer": str(outer_section(cfg.get("outer")).name),
             "outer_every": outer_every(cfg.get("outer"), cfg.topology),
+            "outer_fragments": int(outer_section(cfg.get("outer")).fragments),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": restart_count(),
