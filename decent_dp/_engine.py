@@ -38,7 +38,7 @@ from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
 from ._optim_plan import prefer_fused, restore_fused
 from ._outer import OuterOptimizer
-from ._setup import make_groups, plan_buckets
+from ._setup import make_groups, make_second_groups, plan_buckets
 from ._timers import SpanTimers
 from .topo import Edge, Topology
 
@@ -137,13 +137,16 @@ class Engine:
         self.stream = side_stream(self.device)
         with device_guard(self.device):
             created, edges, groups = make_groups(topology, self.rank, self.world_size)
+            seconds = self._second_groups(compression, outer, edges, groups)
         self._res.groups.extend(created)
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
         )
         if compression is not None and compression.name != "none":
-            self.gossip.compressor = GossipCompressor(compression)
+            self.gossip.compressor = GossipCompressor(compression, seconds=seconds)
+        if outer is not None:
+            outer.second = seconds.get(dist.group.WORLD)
         self.outer = outer
         self.gossip.outer = outer
         self.buckets: list[Bucket] | None = None
@@ -168,6 +171,34 @@ class Engine:
         # at interpreter exit the default group may already be gone; nothing is left to free
         self._finalizer.atexit = False
 
+    def _second_groups(
+        self,
+        compression: CompressionSpec | None,
+        outer: OuterOptimizer | None,
+        edges: list[Edge],
+        groups: list[Any],
+    ) -> dict[Any, tuple[Any, list[Any]]]:
+        """The groups where two-phase exchanges run their second phase, with their start queues.
+
+        Needed off NCCL only (NCCL starts the second phase at the launch), and
+        only where buckets of one step can take different kinds of rounds on
+        one group: the fragments of the outer optimizer, and its compressed
+        rounds (see :func:`decent_dp._setup.make_second_groups`).
+        """
+        if dist.get_backend() == "nccl" or outer is None:
+            return {}
+        split = ("bf16", "int8")
+        gossip = compression is not None and compression.name in split and outer.fragments > 1
+        with_world = outer.compression in split
+        if not (gossip or with_world):
+            return {}
+        made, seconds = make_second_groups(
+            self.topology if gossip else None, self.world_size, edges, groups, with_world
+        )
+        self._res.groups.extend(made)
+        queues: dict[Any, list[Any]] = {}
+        return {g: (s, queues.setdefault(s, [])) for g, s in seconds.items()}
+
     def close(self) -> None:
         """Finish in-flight gossip, remove the hooks and destroy the process groups; idempotent."""
         if self.closed:
@@ -177,6 +208,8 @@ class Engine:
         if self.gossip.compressor is not None:  # the references are model-sized
             self.gossip.compressor.load_state(None)
             self.gossip.compressor.scratch.clear()
+        if self.outer is not None:
+            self.outer.release()
 
     # ---------------------------------------------------------------- buckets
     def build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:

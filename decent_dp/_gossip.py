@@ -161,7 +161,16 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         return
     t0 = state.timers.mark()
     peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
-    if state.compressor is not None and not outer_round:  # outer rounds stay exact
+    if outer_round and outer.compressed:  # what is sent is Delta, compressed
+        bucket.pending = (edge, edge.self_weight, peer_w)
+        bucket.work = outer.launch(
+            bucket,
+            stream=state.stream,
+            on_encoded=lambda: _start_clock(state, bucket, outer.nbytes(bucket), k),
+        )
+        state.timers.add("comm/mix_s", t0, state.timers.mark())
+        return
+    if state.compressor is not None and not outer_round:  # the gossip's compressor skips them
         bucket.pending = (edge, edge.self_weight, peer_w)
         comp = state.compressor
         # the emulated transfer starts once the payload is encoded, as a real one would

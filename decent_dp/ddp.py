@@ -157,6 +157,12 @@ class DecentralizedDataParallel(nn.Module):
             ``1/F`` of the model instead of every ``H``-th step all of it. Fragments
             without a bucket (``F`` above the number of buckets) are allowed and
             never communicate; a warning says so when the buckets are built.
+        outer_compression: ``None``/``"none"`` (the exact all-reduce), ``"bf16"`` or
+            ``"int8"``: an outer round sends each rank's ``Delta_i = x_outer - x_i(t-1)``
+            compressed, sums the decoded values in a fixed order (two phases for
+            more than two ranks) and steps ``x_outer`` on their mean, the same bits
+            on every rank; the workers continue from ``x_outer + d(t)`` as without
+            it. No error feedback is kept (see :mod:`decent_dp._outer`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -166,7 +172,8 @@ class DecentralizedDataParallel(nn.Module):
             is given, model shapes that differ across ranks, or only one of
             ``outer_optim_fn`` and ``outer_every`` (or an ``outer_every`` that
             is not an int >= 1, an ``outer_fragments`` that is not an int >= 1
-            dividing it, or one other than 1 without an outer optimizer).
+            dividing it, an unknown ``outer_compression``, or either given without
+            an outer optimizer).
         TypeError: ``optim_fn``, ``lr_scheduler_fn`` or ``outer_optim_fn``
             returns the wrong type.
 
@@ -202,6 +209,7 @@ class DecentralizedDataParallel(nn.Module):
         outer_optim_fn: OuterOptimFn | None = None,
         outer_every: int | None = None,
         outer_fragments: int = 1,
+        outer_compression: str | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -257,11 +265,17 @@ class DecentralizedDataParallel(nn.Module):
         check_scheduler(lr_scheduler_fn, trial)
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
-        check_outer_args(outer_optim_fn, outer_every, named[0][1], outer_fragments)
+        check_outer_args(
+            outer_optim_fn, outer_every, named[0][1], outer_fragments, outer_compression
+        )
         outer = None
         if outer_optim_fn is not None and outer_every is not None:
             outer = OuterOptimizer(
-                outer_optim_fn, outer_every, self._world_size, fragments=outer_fragments
+                outer_optim_fn,
+                outer_every,
+                self._world_size,
+                fragments=outer_fragments,
+                compression=outer_compression or "none",
             )
 
         device = check_cuda_placement(named)

@@ -12,6 +12,8 @@ round at no extra communication; other topologies need an explicit ``every``.
 are dealt to ``fragments`` groups whose schedules are shifted by
 ``every / fragments`` steps each (streaming DiLoCo on ``local-sgd``, streaming
 SlowMo on a gossip topology; the wrapper's ``outer_fragments``).
+``compression`` (``none``, ``bf16`` or ``int8``) compresses what the outer rounds
+send: each worker's ``x_outer - x_i`` (the wrapper's ``outer_compression``).
 The ``allreduce`` baseline (torch DDP) has no outer optimizer.
 """
 
@@ -36,6 +38,7 @@ __all__ = [
 
 OuterName = name_enum("OuterName", ["none", "diloco", "slowmo"], __name__)
 
+_COMPRESSIONS = ("none", "bf16", "int8")
 _LOCAL_SGD = "local-sgd"
 _ALLREDUCE = "allreduce"
 
@@ -55,6 +58,8 @@ class OuterConfig:
         fragments: Streaming outer rounds: the number of fragments (a divisor of
             ``every``) whose outer rounds are staggered by ``every / fragments``
             steps; 1 takes every bucket at once.
+        compression: ``none``, ``bf16`` or ``int8``: what an outer round sends of
+            each worker's ``x_outer - x_i`` (``none`` the exact all-reduce).
     """
 
     name: OuterName = OuterName["none"]  # type: ignore[valid-type]
@@ -63,6 +68,7 @@ class OuterConfig:
     momentum: float = 0.0
     nesterov: bool = False
     fragments: int = 1
+    compression: str = "none"
 
 
 SCHEMAS: dict[str, type] = {"none": OuterConfig, "diloco": OuterConfig, "slowmo": OuterConfig}
@@ -84,12 +90,14 @@ def outer_every(section: Any, topology: Any) -> int | None:
         ConfigError: One line naming the bad key: an ``every`` that is not an integer
             >= 1, ``every: null`` on a topology other than ``local-sgd``, a negative
             ``lr`` or a ``momentum`` outside ``[0, 1)``, ``fragments`` that is not an
-            integer >= 1 dividing ``every`` (or not 1 with ``outer=none``), or an outer
-            optimizer with ``topology=allreduce``.
+            integer >= 1 dividing ``every``, an unknown ``compression`` (either other
+            than its default with ``outer=none``), or an outer optimizer with
+            ``topology=allreduce``.
     """
     o = outer_section(section)
     if str(o.name) == "none":
         require("outer.fragments", o.fragments, o.fragments == 1, "1 with outer=none")
+        require("outer.compression", o.compression, o.compression == "none", "none with outer=none")
         return None
     topo = str(topology.name)
     require("outer.name", o.name, topo != _ALLREDUCE, "none with topology=allreduce (torch DDP)")
@@ -114,11 +122,15 @@ def outer_every(section: Any, topology: Any) -> int | None:
         int(every) % int(frags) == 0,
         f"a divisor of outer.every={int(every)}",
     )
+    require(
+        "outer.compression", o.compression, o.compression in _COMPRESSIONS, "none, bf16 or int8"
+    )
     return int(every)
 
 
 def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
-    """The wrapper's ``outer_optim_fn``, ``outer_every`` and ``outer_fragments``; ``{}`` for none.
+    """The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments`` and
+    ``outer_compression``; ``{}`` for none.
 
     Example::
 
@@ -131,4 +143,9 @@ def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
     fn = partial(
         torch.optim.SGD, lr=float(o.lr), momentum=float(o.momentum), nesterov=bool(o.nesterov)
     )
-    return {"outer_optim_fn": fn, "outer_every": every, "outer_fragments": int(o.fragments)}
+    return {
+        "outer_optim_fn": fn,
+        "outer_every": every,
+        "outer_fragments": int(o.fragments),
+        "outer_compression": str(o.compression),
+    }

@@ -181,8 +181,9 @@ class TrainStep:
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
         task: What the model learns (its loss); image classification by default.
         compression: The wrapper's ``compression=`` (``None``: exact gossip).
-        outer: The wrapper's ``outer_optim_fn``, ``outer_every`` and ``outer_fragments``
-            (:func:`experiments.train.outer.outer_kwargs`); empty for none.
+        outer: The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments``
+            and ``outer_compression`` (:func:`experiments.train.outer.outer_kwargs`);
+            empty for none.
 
     Example::
 

@@ -389,6 +389,7 @@ class Trainer:
             "outer": str(outer_section(cfg.get("outer")).name),
             "outer_every": outer_every(cfg.get("outer"), cfg.topology),
             "outer_fragments": int(outer_section(cfg.get("outer")).fragments),
+            "outer_compression": str(outer_section(cfg.get("outer")).compression),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": restart_count(),
