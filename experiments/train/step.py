@@ -370,6 +370,17 @@ class TrainStep:
         grads = sum(p.numel() * p.element_size() for p in self.params if p.requires_grad)
         return 2.0 * (n - 1) / n * grads
 
+    def peak_bytes_per_step(self) -> float:
+        """The most bytes this rank sends in one step (``comm/peak_bytes_per_step``).
+
+        The wrapper's :meth:`DecentralizedDataParallel.comm_peak_bytes_per_step`
+        (the busiest step of its schedule: a period's averaging round, an outer
+        round, one fragment's); ``allreduce`` sends the same every step.
+        """
+        if self.decentralized:
+            return self.ddp.comm_peak_bytes_per_step()
+        return self.bytes_per_step()
+
     def outer_delta_norm(self) -> float | None:
         """``||x_outer - xbar||`` at the latest outer step; ``None`` without one (reads the device)."""
         return self.ddp.outer_delta_norm() if self.decentralized else None

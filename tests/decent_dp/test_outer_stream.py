@@ -64,15 +64,17 @@ def topology(cfg: dict[str, Any], world: int) -> Any:
 
 
 def wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
+    """The cfg's wrapper; ``fragments`` 0 leaves the outer optimizer out (``every`` is then
+    only local-sgd's period)."""
     return DecentralizedDataParallel(
         model,
         optim_fn=make_optim(cfg),
         topology=topology(cfg, dist.get_world_size()),
         bucket_size_in_mb=0,  # one bucket per parameter
         stable_param_storage=cfg.get("stable", False),
-        outer_optim_fn=outer_fn(cfg),
-        outer_every=cfg["every"],
-        outer_fragments=cfg["fragments"],
+        outer_optim_fn=outer_fn(cfg) if cfg["fragments"] else None,
+        outer_every=cfg["every"] if cfg["fragments"] else None,
+        outer_fragments=cfg["fragments"] or 1,
         outer_compression=cfg.get("outer_compression"),
         compression=cfg.get("compression"),
     )
@@ -90,7 +92,11 @@ def runs_worker(rank: int, world: int, cfgs: list[dict[str, Any]]) -> list[dict[
                 "layout": [b["names"] for b in ddp.buckets_info],
                 "bytes": ddp.comm_bytes_per_step(),
                 "peak": ddp.comm_peak_bytes_per_step(),
-                "outer": torch.cat([x.reshape(-1) for xs in ddp._engine.outer.copies for x in xs]),
+                "outer": torch.cat(
+                    [x.reshape(-1) for xs in ddp._engine.outer.copies for x in xs]
+                    if ddp._engine.outer is not None
+                    else [torch.zeros(0)]
+                ),
             }
         )
         ddp.close()
@@ -406,6 +412,7 @@ def test_bytes_count_the_compressed_outer_rounds_the_collectives_move() -> None:
         {**base, "topology": "local-sgd"},
         {**base, "topology": "local-sgd", "outer_compression": None},
         {**base, "topology": "one-peer-exp", "compression": "bf16"},
+        {**base, "topology": "local-sgd", "fragments": 0, "outer_compression": None},  # no outer
     ]
     results = ok_values(run_distributed(_bytes_worker, 4, cfgs))
     for res in results:
@@ -415,6 +422,7 @@ def test_bytes_count_the_compressed_outer_rounds_the_collectives_move() -> None:
             assert sum(per_step) / 8 == pytest.approx(r["mean"], rel=1e-12)
             assert max(per_step) == pytest.approx(r["peak"], rel=1e-12)
     mine = results[0]
+    assert mine[3]["peak"] == pytest.approx(4 * mine[3]["mean"], rel=1e-12)  # one round in 4
     # int8 of float64 values: 1/8 of the exact all-reduce's bytes, plus a float32 scale per
     # chunk, which in these buckets of 32 or 64 elements cut in four is one per 8 or 16
     assert 1 / 8 * mine[1]["mean"] < mine[0]["mean"] < 1.5 / 8 * mine[1]["mean"]
