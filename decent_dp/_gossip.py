@@ -153,7 +153,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     edge = state.edges[round_index]
     group = state.groups[round_index]
     outer_round = outer is not None and outer.due(for_step, bucket.index)
-    if outer_round:  # the exact average of the world, whatever the topology's round
+    if outer_round:  # the world's average (of Delta, if compressed), whatever the topology's round
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     if k == 1 and not outer_round:
