@@ -64,7 +64,7 @@ class GlobalAverager:
         self._average_in_place(targets)
         dropped = engine.forget_gossip()
         # identical workers mix to themselves, except that an outer round must still take place
-        engine.relaunch = engine.outer_round_next()
+        engine.relaunch_outer_rounds()
         self._backup = (engine.step_count, saved, dropped) if will_revert else None
         if not return_d2c:
             return None

@@ -71,7 +71,17 @@ How ``bf16`` and ``int8`` payloads travel depends on the group size ``k``:
   stream right behind the first, at the launch; on other backends it starts
   when the result is first waited for (a host-side wait in the launch would
   block the backward pass). Either way every rank issues them at the same
-  point, so each group sees its collectives in one order.
+  point, so each group sees its collectives in one order. Where buckets of
+  one step can take different kinds of rounds on one group (fragments of the
+  outer optimizer, whose buckets' schedules are shifted), that wait could
+  fall before another bucket's launch on the group on one rank and after it
+  on another: there the second phases run on a group of their own, in the
+  order of their first phases (:func:`start_exchange`,
+  :func:`decent_dp._setup.make_second_groups`).
+
+:func:`start_exchange` and :func:`decoded_sum` are the exchange alone (the
+group's sum of compressed values, the same on every member); compressed outer
+rounds (:mod:`decent_dp._outer`) send their outer gradients through them.
 
 The collectives run within the round's group. Nothing is sent on a round
 alone.
@@ -110,7 +120,10 @@ __all__ = [
     "GossipCompressor",
     "bf16_decode",
     "chunk_len",
+    "decoded_sum",
     "exchange_bytes",
+    "exchange_len",
+    "exchange_nbytes",
     "inflight_bytes",
     "bf16_encode",
     "int8_decode",
@@ -120,6 +133,7 @@ __all__ = [
     "randk_indices",
     "randk_seed",
     "split_exchange",
+    "start_exchange",
 ]
 
 COMPRESSIONS = ("none", "bf16", "int8", "randk")
@@ -315,6 +329,18 @@ def split_exchange(name: str, k: int) -> bool:
     return name in _ENCODE and k > 2
 
 
+def exchange_nbytes(spec: CompressionSpec, numel: int, element_size: int, k: int) -> int:
+    """The payload of one exchange in a group of ``k``, as the network emulation counts it.
+
+    The emulation times an all-reduce of this many bytes: for a pair that is
+    one payload, for a split exchange the ``k`` chunk payloads.
+    """
+    name = spec.name
+    if split_exchange(name, k):
+        return k * payload_nbytes(name, chunk_len(numel, k), 0)
+    return payload_nbytes(name, numel, element_size, spec.ratio)
+
+
 def exchange_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int) -> float:
     """Bytes one rank sends for one bucket's exchange in a group of ``k``.
 
@@ -362,15 +388,34 @@ class _Chained:
     streams; on other backends when the result is first waited for, since a
     host-side wait in the launch would block the backward pass. Either way at
     the same point on every rank, so each group sees its collectives in one order.
+
+    Where the second phases run on a group of their own (``queue`` given, see
+    :func:`start_exchange`), they start in the order their first phases did:
+    starting one starts every earlier one of the queue first.
     """
 
-    def __init__(self, first: Any, then: Callable[[], Any], stream: Any) -> None:
+    def __init__(
+        self,
+        first: Any,
+        then: Callable[[], Any],
+        stream: Any,
+        queue: list[_Chained] | None = None,
+    ) -> None:
         self.first, self.then, self.stream = first, then, stream
         self.second: Any = None
+        self.queue = queue
+        if queue is not None:
+            queue.append(self)
 
     def start_second(self) -> None:
         if self.second is not None:
             return
+        queue = self.queue
+        if queue is not None:
+            while queue and queue[0] is not self:
+                queue[0].start_second()  # removes itself from the queue
+            if queue and queue[0] is self:
+                queue.pop(0)
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         with ctx:
             self.first.wait()
@@ -402,18 +447,122 @@ class _InFlight:
     gathered: torch.Tensor | None = None  # split exchange: every chunk's sum, k payloads
 
 
+def exchange_len(name: str, numel: int, k: int) -> int:
+    """Elements of the (zero-padded) values :func:`start_exchange` compresses for a group of ``k``."""
+    return k * chunk_len(numel, k) if split_exchange(name, k) else numel
+
+
+def start_exchange(
+    name: str,
+    values: torch.Tensor,
+    numel: int,
+    k: int,
+    group: Any,
+    round_index: int = 0,
+    stream: Any = None,
+    on_encoded: Callable[[], None] | None = None,
+    second: tuple[Any, list[_Chained]] | None = None,
+) -> tuple[Any, _InFlight]:
+    """Compress ``values`` and start the exchange whose result is the group's sum of the compressed values.
+
+    A pair all-gathers its payloads; a larger group exchanges in two phases
+    (see the module docstring). :func:`decoded_sum` then gives the same sum on
+    every member.
+
+    Args:
+        name: ``bf16`` or ``int8``.
+        values: Flat, :func:`exchange_len` elements, zero past ``numel``.
+        numel: The elements that count.
+        k: The group's size.
+        group: The group's process group.
+        round_index: Kept with the exchange for its reader.
+        stream: The CUDA side stream of the bucket work, or ``None``.
+        on_encoded: Called once the payload is encoded, just before it is sent.
+        second: A process group of the same members for the second phase, and the
+            queue of second phases started there; ``None`` runs both phases on ``group``.
+
+    Returns:
+        The work handle and the exchange's buffers.
+    """
+    encode, _ = _ENCODE[name]
+    device = values.device
+    if not split_exchange(name, k):
+        size = payload_nbytes(name, numel, 0)
+        own = encode(values[:numel], torch.empty(size, dtype=torch.uint8, device=device))
+        recv = torch.empty(k * size, dtype=torch.uint8, device=device)
+        fl = _InFlight(round_index, k, own, recv)
+        if on_encoded is not None:
+            on_encoded()
+        return _all_gather(recv, own, group=group, async_op=True), fl
+    m = chunk_len(numel, k)
+    size = payload_nbytes(name, m, 0)
+    own = torch.empty(k * size, dtype=torch.uint8, device=device)
+    for c in range(k):  # chunk c goes to the group's member c, who sums it
+        encode(values[c * m : (c + 1) * m], own[c * size : (c + 1) * size])
+    recv = torch.empty(k * size, dtype=torch.uint8, device=device)
+    fl = _InFlight(round_index, k, own, recv, chunk=m, member=dist.get_rank(group))
+    if on_encoded is not None:
+        on_encoded()
+    first = dist.all_to_all_single(recv, own, group=group, async_op=True)
+    group2, queue = second if second is not None else (group, None)
+    dtype = values.dtype
+    work = _Chained(first, lambda: _sum_own_chunk(name, fl, dtype, group2), stream, queue)
+    if dist.get_backend(group) == "nccl":
+        work.start_second()  # queued behind the first on the streams; the host goes on
+    return work, fl
+
+
+def _sum_own_chunk(name: str, fl: _InFlight, dtype: torch.dtype, group: Any) -> Any:
+    """Between the phases: sum the received chunks in group order, send the sum's payload."""
+    encode, decode = _ENCODE[name]
+    m, k = fl.chunk, fl.k
+    rows = fl.recv.view(k, -1)
+    s = decode(rows[0], m, dtype)
+    for j in range(1, k):  # a fixed order: the sum is the same whoever computes it
+        s.add_(decode(rows[j], m, dtype))
+    fl.sums = s
+    fl.mine = encode(s, torch.empty(rows.shape[1], dtype=torch.uint8, device=s.device))
+    fl.gathered = torch.empty_like(fl.recv)
+    return _all_gather(fl.gathered, fl.mine, group=group, async_op=True)
+
+
+def decoded_sum(name: str, fl: _InFlight, out: torch.Tensor) -> None:
+    """``out :=`` the group's sum of the compressed values, the same on every member.
+
+    Summed in member order (a pair), or the concatenation of the decoded chunk
+    sums (two phases).
+    """
+    _, decode = _ENCODE[name]
+    n, dtype, k = out.numel(), out.dtype, fl.k
+    if fl.chunk:
+        assert fl.gathered is not None
+        m, sums = fl.chunk, fl.gathered.view(k, -1)
+        for c in range(k):
+            a, b = min(n, c * m), min(n, (c + 1) * m)
+            out[a:b].copy_(decode(sums[c], m, dtype)[: b - a])
+        return
+    rows = fl.recv.view(k, -1)
+    out.copy_(decode(rows[0], n, dtype))
+    for j in range(1, k):  # a fixed order: every member sums the same way
+        out.add_(decode(rows[j], n, dtype))
+
+
 @dataclass
 class GossipCompressor:
     """The references and in-flight payloads of compressed gossip; see the module docstring.
 
     Args:
         spec: The compressor.
+        seconds: For a process group, a group of the same members where the
+            second phases of its two-phase exchanges run (see
+            :func:`start_exchange`); groups without one run both phases.
     """
 
     spec: CompressionSpec
     refs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
     scratch: dict[int, torch.Tensor] = field(default_factory=dict)
     inflight: dict[int, _InFlight] = field(default_factory=dict)
+    seconds: dict[Any, tuple[Any, list[_Chained]]] = field(default_factory=dict)
 
     def _ref(self, round_index: int, bucket: Any) -> torch.Tensor:
         key = (round_index, bucket.index)
@@ -477,46 +626,20 @@ class GossipCompressor:
             if on_encoded is not None:
                 on_encoded()
             return dist.all_reduce(recv, group=group, async_op=True)
-        encode, _ = _ENCODE[name]
-        device = bucket.device
-        if not split_exchange(name, k):
-            dev = self._deviation(bucket, ref, bucket.numel)
-            size = payload_nbytes(name, bucket.numel, 0)
-            own = encode(dev, torch.empty(size, dtype=torch.uint8, device=device))
-            recv = torch.empty(k * size, dtype=torch.uint8, device=device)
-            self.inflight[bucket.index] = _InFlight(round_index, k, own, recv)
-            if on_encoded is not None:
-                on_encoded()
-            return _all_gather(recv, own, group=group, async_op=True)
-        m = chunk_len(bucket.numel, k)
-        size = payload_nbytes(name, m, 0)
-        dev = self._deviation(bucket, ref, k * m)
-        own = torch.empty(k * size, dtype=torch.uint8, device=device)
-        for c in range(k):  # chunk c goes to the group's member c, who sums it
-            encode(dev[c * m : (c + 1) * m], own[c * size : (c + 1) * size])
-        recv = torch.empty(k * size, dtype=torch.uint8, device=device)
-        fl = _InFlight(round_index, k, own, recv, chunk=m, member=dist.get_rank(group))
+        dev = self._deviation(bucket, ref, exchange_len(name, bucket.numel, k))
+        work, fl = start_exchange(
+            name,
+            dev,
+            bucket.numel,
+            k,
+            group,
+            round_index,
+            stream,
+            on_encoded,
+            self.seconds.get(group),
+        )
         self.inflight[bucket.index] = fl
-        if on_encoded is not None:
-            on_encoded()
-        first = dist.all_to_all_single(recv, own, group=group, async_op=True)
-        work = _Chained(first, lambda: self._sum_own_chunk(fl, bucket.dtype, group), stream)
-        if dist.get_backend(group) == "nccl":
-            work.start_second()  # queued behind the first on the streams; the host goes on
         return work
-
-    def _sum_own_chunk(self, fl: _InFlight, dtype: torch.dtype, group: Any) -> Any:
-        """Between the phases: sum the received chunks in group order, send the sum's payload."""
-        encode, decode = _ENCODE[self.spec.name]
-        m, k = fl.chunk, fl.k
-        rows = fl.recv.view(k, -1)
-        s = decode(rows[0], m, dtype)
-        for j in range(1, k):  # a fixed order: the sum is the same whoever computes it
-            s.add_(decode(rows[j], m, dtype))
-        fl.sums = s
-        fl.mine = encode(s, torch.empty(rows.shape[1], dtype=torch.uint8, device=s.device))
-        fl.gathered = torch.empty_like(fl.recv)
-        return _all_gather(fl.gathered, fl.mine, group=group, async_op=True)
 
     def nbytes(self, bucket: Any, k: int = 2) -> int:
         """The payload of this bucket's exchange in a group of ``k``, as the network emulation counts it.
@@ -524,10 +647,7 @@ class GossipCompressor:
         The emulation times an all-reduce of this many bytes: for a pair that is
         one payload, for a split exchange the ``k`` chunk payloads.
         """
-        name = self.spec.name
-        if split_exchange(name, k):
-            return k * payload_nbytes(name, chunk_len(bucket.numel, k), 0)
-        return payload_nbytes(name, bucket.numel, bucket.comm.element_size(), self.spec.ratio)
+        return exchange_nbytes(self.spec, bucket.numel, bucket.comm.element_size(), k)
 
     def correction(self, bucket: Any, self_w: float, peer_w: float) -> None:
         """``comm := p S + (w - p - 1) q_i`` (the mix's correction), and move the reference.
@@ -548,10 +668,7 @@ class GossipCompressor:
         if fl.chunk:
             self._split_correction(fl, comm, ref, self_w, peer_w)
             return
-        rows = fl.recv.view(fl.k, -1)
-        comm.copy_(decode(rows[0], n, dtype))
-        for j in range(1, fl.k):  # a fixed order: every member sums the same way
-            comm.add_(decode(rows[j], n, dtype))
+        decoded_sum(self.spec.name, fl, comm)
         ref.add_(comm, alpha=1.0 / fl.k)
         comm.mul_(peer_w).add_(decode(fl.own, n, dtype), alpha=self_w - peer_w - 1.0)
 
@@ -571,9 +688,7 @@ class GossipCompressor:
         sums, own = fl.gathered.view(k, -1), fl.own.view(k, -1)
         lo = fl.member * m
         err = fl.sums - decode(sums[fl.member], m, dtype)
-        for c in range(k):
-            a, b = min(n, c * m), min(n, (c + 1) * m)
-            comm[a:b].copy_(decode(sums[c], m, dtype)[: b - a])
+        decoded_sum(self.spec.name, fl, comm)
         ref.add_(comm, alpha=1.0 / k)
         comm.mul_(peer_w)
         for c in range(k):

@@ -38,7 +38,7 @@ from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
 from ._kernels import prefer_fused, restore_fused
 from ._outer import OuterOptimizer
-from ._setup import make_groups, plan_buckets
+from ._setup import make_groups, make_second_groups, plan_buckets
 from ._timers import SpanTimers
 from .topo import Edge, Topology
 
@@ -137,13 +137,16 @@ class Engine:
         self.stream = side_stream(self.device)
         with device_guard(self.device):
             created, edges, groups = make_groups(topology, self.rank, self.world_size)
+            seconds = self._second_groups(compression, outer, edges, groups)
         self._res.groups.extend(created)
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
         )
         if compression is not None and compression.name != "none":
-            self.gossip.compressor = GossipCompressor(compression)
+            self.gossip.compressor = GossipCompressor(compression, seconds=seconds)
+        if outer is not None:
+            outer.second = seconds.get(dist.group.WORLD)
         self.outer = outer
         self.gossip.outer = outer
         self.buckets: list[Bucket] | None = None
@@ -156,7 +159,8 @@ class Engine:
         self._next_launch = 0
         self._ready: list[Bucket] = []  # complete, not yet stepped (their gossip is late)
         self._grad_streams = GradStreams(self.device)  # keyed by bucket, -1 before buckets
-        self.relaunch = False  # launch every bucket's gossip before the next forward
+        self._relaunch = False  # launch every bucket's gossip before the next forward
+        self._relaunch_outer_only = False  # ... or only those of outer rounds (global_avg)
         self.closed = False
         # called once with the buckets when they are built (states a checkpoint left to load)
         self.after_build: Callable[[list[Bucket]], None] | None = None
@@ -167,6 +171,34 @@ class Engine:
         # at interpreter exit the default group may already be gone; nothing is left to free
         self._finalizer.atexit = False
 
+    def _second_groups(
+        self,
+        compression: CompressionSpec | None,
+        outer: OuterOptimizer | None,
+        edges: list[Edge],
+        groups: list[Any],
+    ) -> dict[Any, tuple[Any, list[Any]]]:
+        """The groups where two-phase exchanges run their second phase, with their start queues.
+
+        Needed off NCCL only (NCCL starts the second phase at the launch), and
+        only where buckets of one step can take different kinds of rounds on
+        one group: the fragments of the outer optimizer, and its compressed
+        rounds (see :func:`decent_dp._setup.make_second_groups`).
+        """
+        if dist.get_backend() == "nccl" or outer is None:
+            return {}
+        split = ("bf16", "int8")
+        gossip = compression is not None and compression.name in split and outer.fragments > 1
+        with_world = outer.compression in split
+        if not (gossip or with_world):
+            return {}
+        made, seconds = make_second_groups(
+            self.topology if gossip else None, self.world_size, edges, groups, with_world
+        )
+        self._res.groups.extend(made)
+        queues: dict[Any, list[Any]] = {}
+        return {g: (s, queues.setdefault(s, [])) for g, s in seconds.items()}
+
     def close(self) -> None:
         """Finish in-flight gossip, remove the hooks and destroy the process groups; idempotent."""
         if self.closed:
@@ -176,6 +208,8 @@ class Engine:
         if self.gossip.compressor is not None:  # the references are model-sized
             self.gossip.compressor.load_state(None)
             self.gossip.compressor.scratch.clear()
+        if self.outer is not None:
+            self.outer.release()
 
     # ---------------------------------------------------------------- buckets
     def build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:
@@ -207,6 +241,8 @@ class Engine:
             if self.outer is not None:
                 self.outer.add_bucket(bucket)
             buckets.append(bucket)
+        if self.outer is not None:
+            self.outer.check_buckets(len(buckets))
         self.buckets = buckets
         self._res.buckets[:] = buckets
         if self.after_build is not None:
@@ -228,9 +264,32 @@ class Engine:
             for b in self.buckets or []:
                 wait(self.gossip, b)
 
-    def outer_round_next(self) -> bool:
-        """Whether the next step mixes an outer round (its gossip must then be launched)."""
-        return self.outer is not None and self.outer.due(self.step_count + 1)
+    @property
+    def relaunch(self) -> bool:
+        """Launch the gossip of every bucket before the next forward (after a load)."""
+        return self._relaunch
+
+    @relaunch.setter
+    def relaunch(self, value: bool) -> None:
+        self._relaunch = bool(value)
+        self._relaunch_outer_only = False
+
+    def relaunch_outer_rounds(self) -> None:
+        """Launch before the next forward only the gossip of buckets whose next round is outer.
+
+        After a global average the workers are identical and every other round
+        would mix each to itself; an outer round must still take place.
+        """
+        outer, step = self.outer, self.step_count + 1
+        self._relaunch = outer is not None and any(
+            outer.due(step, b.index) for b in self.buckets or []
+        )
+        self._relaunch_outer_only = True
+
+    def _relaunches(self, bucket: Bucket) -> bool:
+        if not self._relaunch_outer_only:
+            return True
+        return self.outer is not None and self.outer.due(self.step_count + 1, bucket.index)
 
     def forget_gossip(self) -> list[Any]:
         """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
@@ -249,13 +308,14 @@ class Engine:
             if self._bwd_active and torch._C._current_autograd_node() is None:
                 # a backward began and never finished: it raised
                 self._recover_failed_backward()
-            if self.relaunch and self.buckets is not None:
-                self.relaunch = False
+            if self._relaunch and self.buckets is not None:
                 # on the side stream, after the load: the payloads must be made and freed where
                 # they are read, as in a launch from the backward pass
                 with self._side():
                     for b in self.buckets:
-                        launch(self.gossip, b, self.step_count + 1)
+                        if self._relaunches(b):
+                            launch(self.gossip, b, self.step_count + 1)
+                self.relaunch = False
 
     @torch.compiler.disable
     def watch_outputs(self, out: Any) -> None:

@@ -46,7 +46,7 @@ class GossipState:
         compressor: Compressed gossip (:mod:`decent_dp._compression`), or
             ``None`` for the exact all-reduce.
         outer: The outer optimizer, whose rounds replace the topology's every
-            ``H`` steps, or ``None``.
+            ``H`` steps (per fragment, shifted), or ``None``.
     """
 
     edges: list[Edge]
@@ -147,19 +147,31 @@ def wait(state: GossipState, bucket: Bucket) -> None:
 @torch.no_grad()
 def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
-    round_index = (for_step - 1) % state.period
+    outer = state.outer
+    # a fragment of the outer optimizer reads the topology's rounds shifted as its outer rounds
+    shift = outer.shift(bucket.index) if outer is not None else 0
+    round_index = (for_step - shift - 1) % state.period
     edge = state.edges[round_index]
     group = state.groups[round_index]
-    outer_round = state.outer is not None and state.outer.due(for_step)
-    if outer_round:  # the exact average of the world, whatever the topology's round
-        edge, group = state.outer.edge, state.outer.group
+    outer_round = outer is not None and outer.due(for_step, bucket.index)
+    if outer_round:  # the world's average (of Delta, if compressed), whatever the topology's round
+        edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     if k == 1 and not outer_round:
         bucket.pending = None  # a round alone costs nothing: no copy, no collective
         return
     t0 = state.timers.mark()
     peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
-    if state.compressor is not None and not outer_round:  # outer rounds stay exact
+    if outer_round and outer.compressed:  # what is sent is Delta, compressed
+        bucket.pending = (edge, edge.self_weight, peer_w)
+        bucket.work = outer.launch(
+            bucket,
+            stream=state.stream,
+            on_encoded=lambda: _start_clock(state, bucket, outer.nbytes(bucket), k),
+        )
+        state.timers.add("comm/mix_s", t0, state.timers.mark())
+        return
+    if state.compressor is not None and not outer_round:  # the gossip's compressor skips them
         bucket.pending = (edge, edge.self_weight, peer_w)
         comp = state.compressor
         # the emulated transfer starts once the payload is encoded, as a real one would

@@ -20,6 +20,7 @@ __all__ = [
     "check_ranks_agree",
     "communicators_per_rank",
     "make_groups",
+    "make_second_groups",
     "plan_buckets",
 ]
 
@@ -150,6 +151,51 @@ def make_groups(
     # kept beside the edges: the user's Topology object is not modified
     my_groups = [groups.get(tuple(sorted(e.ranks))) for e in my_edges]
     return created, my_edges, my_groups
+
+
+def make_second_groups(
+    topology: Topology | None,
+    world_size: int,
+    edges: list[Edge],
+    groups: list[Any],
+    with_world: bool,
+) -> tuple[list[Any], dict[Any, Any]]:
+    """A second process group of the same members for every group of more than two ranks.
+
+    Two-phase exchanges (:mod:`decent_dp._compression`) on a backend other
+    than NCCL start their second phase when their result is first waited
+    for. When buckets of one step take different kinds of rounds on one group
+    (the fragments of the outer optimizer), that wait can fall before or after
+    another bucket's launch on the group depending on timing; the second
+    phases therefore run on a group of their own, where they keep the order of
+    their first phases. Created in one (sorted) order on every rank.
+
+    Args:
+        topology: The topology whose multi-rank edges get one, or ``None`` for none.
+        world_size: The number of ranks.
+        edges: This rank's edge in each round (from :func:`make_groups`).
+        groups: Their process groups.
+        with_world: Also give the default group (the outer rounds') one.
+
+    Returns:
+        The groups created (to destroy on release), and for each of this rank's
+        groups that has one, its second group.
+    """
+    full = tuple(range(world_size))
+    keys: set[tuple[int, ...]] = set()
+    for round_edges in topology.rounds if topology is not None else []:
+        keys.update(tuple(sorted(e.ranks)) for e in round_edges if len(e.ranks) > 2)
+    if with_world and world_size > 2:
+        keys.add(full)
+    made = {key: dist.new_group(list(key)) for key in sorted(keys)}
+    seconds: dict[Any, Any] = {}
+    for edge, group in zip(edges, groups):
+        key = tuple(sorted(edge.ranks))
+        if key in made and group is not None:
+            seconds[group] = made[key]
+    if full in made:
+        seconds[dist.group.WORLD] = made[full]
+    return list(made.values()), seconds
 
 
 def communicators_per_rank(topology: Topology) -> list[int]:

@@ -38,7 +38,6 @@ only a few lines of code here, the rest living in its own module.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,7 +53,7 @@ from ._compression import CompressionSpec, bytes_per_step, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
-from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args
+from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_bytes
 from ._setup import broadcast_from_rank0, check_ranks_agree
 from .topo import Topology, TopologyReg
 
@@ -151,6 +150,19 @@ class DecentralizedDataParallel(nn.Module):
             with the gradient ``x_outer - xbar(t-1)`` and
             ``x(t) = x_outer + d(t)`` (see :mod:`decent_dp._outer`).
         outer_every: ``H``, an int >= 1, given exactly when ``outer_optim_fn`` is.
+        outer_fragments: ``F``, a divisor of ``outer_every`` (1 by default: every
+            bucket at once). Streaming outer rounds: bucket ``b`` (in bucket order)
+            belongs to fragment ``b % F``, whose outer rounds and topology rounds are
+            shifted by ``(b % F) * H / F`` steps, so that each step all-reduces about
+            ``1/F`` of the model instead of every ``H``-th step all of it. Fragments
+            without a bucket (``F`` above the number of buckets) are allowed and
+            never communicate; a warning says so when the buckets are built.
+        outer_compression: ``None``/``"none"`` (the exact all-reduce), ``"bf16"`` or
+            ``"int8"``: an outer round sends each rank's ``Delta_i = x_outer - x_i(t-1)``
+            compressed, sums the decoded values in a fixed order (two phases for
+            more than two ranks) and steps ``x_outer`` on their mean, the same bits
+            on every rank; the workers continue from ``x_outer + d(t)`` as without
+            it. No error feedback is kept (see :mod:`decent_dp._outer`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -159,7 +171,9 @@ class DecentralizedDataParallel(nn.Module):
             ``optim_fn`` whose optimizer does not hold exactly the parameters it
             is given, model shapes that differ across ranks, or only one of
             ``outer_optim_fn`` and ``outer_every`` (or an ``outer_every`` that
-            is not an int >= 1).
+            is not an int >= 1, an ``outer_fragments`` that is not an int >= 1
+            dividing it, an unknown ``outer_compression``, or either given without
+            an outer optimizer).
         TypeError: ``optim_fn``, ``lr_scheduler_fn`` or ``outer_optim_fn``
             returns the wrong type.
 
@@ -194,6 +208,8 @@ class DecentralizedDataParallel(nn.Module):
         compression: str | CompressionSpec | None = None,
         outer_optim_fn: OuterOptimFn | None = None,
         outer_every: int | None = None,
+        outer_fragments: int = 1,
+        outer_compression: str | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -249,10 +265,18 @@ class DecentralizedDataParallel(nn.Module):
         check_scheduler(lr_scheduler_fn, trial)
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
-        check_outer_args(outer_optim_fn, outer_every, named[0][1])
+        check_outer_args(
+            outer_optim_fn, outer_every, named[0][1], outer_fragments, outer_compression
+        )
         outer = None
         if outer_optim_fn is not None and outer_every is not None:
-            outer = OuterOptimizer(outer_optim_fn, outer_every, self._world_size)
+            outer = OuterOptimizer(
+                outer_optim_fn,
+                outer_every,
+                self._world_size,
+                fragments=outer_fragments,
+                compression=outer_compression or "none",
+            )
 
         device = check_cuda_placement(named)
         warn_cuda_graphs_without_stable_storage(model, bool(stable_param_storage))
@@ -538,33 +562,42 @@ class DecentralizedDataParallel(nn.Module):
         """
         self._engine.gossip.comm_delay = fn
 
+    def _bucket_numels(self) -> tuple[list[int], int]:
+        """Each bucket's element count and the element size (one block before the buckets exist)."""
+        engine = self._engine
+        if engine.buckets is not None:
+            return [b.numel for b in engine.buckets], engine.buckets[0].comm.element_size()
+        size = engine.params[0].element_size()
+        return [aligned_offsets(engine.params, size)[1]], size
+
     def comm_bytes_per_step(self) -> float:
         """Bytes this rank sends per step for gossip, averaged over the period (and outer rounds).
 
         From the schedule, the buckets and the compressor, with the cost model of
         :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
-        the first backward the trained parameters count as one block.
+        the first backward the trained parameters count as one block (so as one
+        fragment of the outer optimizer).
         """
-        engine = self._engine
-        if engine.buckets is not None:
-            numels = [b.numel for b in engine.buckets]
-            size = engine.buckets[0].comm.element_size()
-        else:
-            size = engine.params[0].element_size()
-            numels = [aligned_offsets(engine.params, size)[1]]
-        edges, outer = engine.gossip.edges, engine.outer
+        numels, size = self._bucket_numels()
+        edges, outer = self._engine.gossip.edges, self._engine.outer
         if outer is None:
             return bytes_per_step(self.compression, edges, numels, size)
-        # every H-th step's round is the exact world all-reduce instead of the topology's
-        span = math.lcm(len(edges), outer.every)
-        exact = parse_compression(None)
-        total = sum(
-            bytes_per_step(exact, [outer.edge], numels, size)
-            if t % outer.every == 0
-            else bytes_per_step(self.compression, [edges[(t - 1) % len(edges)]], numels, size)
-            for t in range(1, span + 1)
-        )
-        return total / span
+        # the outer rounds replace the topology's: the span is lcm(period, H)
+        steps = schedule_bytes(outer, edges, numels, size, self.compression)
+        return sum(steps) / len(steps)
+
+    def comm_peak_bytes_per_step(self) -> float:
+        """The most bytes this rank sends at any one step of the schedule (lcm of period and ``H``).
+
+        Counted as :meth:`comm_bytes_per_step` counts them, per step instead of
+        averaged: with ``outer_fragments=F`` an outer round moves about ``1/F``
+        of the model at a time, which lowers the peak but not the mean.
+        """
+        numels, size = self._bucket_numels()
+        edges, outer = self._engine.gossip.edges, self._engine.outer
+        if outer is None:
+            return max(bytes_per_step(self.compression, [e], numels, size) for e in edges)
+        return max(schedule_bytes(outer, edges, numels, size, self.compression))
 
     @property
     def buckets_info(self) -> list[dict[str, Any]]:

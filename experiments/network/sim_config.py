@@ -17,13 +17,21 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from experiments.network.netem import PROFILES
-from experiments.network.sim_model import Cluster, Jitter, Link, MonteCarlo, Workload
+from experiments.network.sim_model import (
+    Cluster,
+    Jitter,
+    Link,
+    MonteCarlo,
+    OuterRounds,
+    Workload,
+)
 
 __all__ = [
     "load_config",
     "Profile",
     "profiles",
     "monte_carlo",
+    "outer_rounds",
     "read_number",
     "ALLREDUCE",
     "DEFAULT_CONFIG",
@@ -233,3 +241,22 @@ def monte_carlo(cfg: Any, jitter: Jitter | None = None, period: int = 1) -> Mont
     seed = read_number({"mc.seed": mc.get("seed", 0)}, "mc.seed", 0, integer=True)
     steps = period * max(2, math.ceil(steps / period))
     return MonteCarlo(jitter or Jitter(), steps, max(warmup, 2 * period), seed)
+
+
+def outer_rounds(cfg: Any) -> OuterRounds | None:
+    """The outer optimizer's rounds of ``outer_every``, ``outer_fragments`` and
+    ``outer_compression_ratio``; ``None`` when ``outer_every`` is null.
+
+    Raises:
+        ValueError: A value that is not an integer >= 1 (a ratio outside ``(0, 1]``), or
+            fragments that do not divide ``outer_every``.
+    """
+    every = cfg.get("outer_every")
+    if every is None:
+        return None
+    every = read_number(cfg, "outer_every", 1, integer=True)
+    frags = cfg.get("outer_fragments")
+    frags = 1 if frags is None else read_number(cfg, "outer_fragments", 1, integer=True)
+    ratio = cfg.get("outer_compression_ratio")
+    ratio = 1.0 if ratio is None else read_number(cfg, "outer_compression_ratio", 0, 1)
+    return OuterRounds(every, frags, ratio)

@@ -30,8 +30,18 @@ Two ways of training:
   (``collective_start="all"``, as real collectives do), so a straggler delays
   only its current group, and the delay reaches others only through later groups.
 
+An outer optimizer (:class:`OuterRounds`, the wrapper's ``outer_every`` and
+``outer_fragments``) replaces, for each bucket, the round of its outer steps by
+an all-reduce of the whole world. With ``F`` fragments bucket ``j`` belongs to
+fragment ``j % F``, whose schedule is shifted by ``(j % F) H / F`` steps: each
+outer round moves ``1/F`` of the model, and like any gossip it overlaps what
+follows its launch until its bucket is needed again one step later, so its time
+is hidden behind that compute unless it is longer. With ``F = 1`` every bucket
+of one step is all-reduced at once and the NICs carry them one after the other.
+
 The result is the mean step time over ``steps`` steps after ``warmup`` steps,
-with a fixed seed (:class:`MonteCarlo`): the same inputs give the same numbers.
+with a fixed seed (:class:`MonteCarlo`): the same inputs give the same numbers,
+and the longest of those steps (``peak_step_s``).
 
 The module is one model, kept in one file on purpose: the two simulations share
 every definition above them (links, buckets, workload, nodes, sampling), and the
@@ -56,6 +66,7 @@ __all__ = [
     "Workload",
     "Cluster",
     "MonteCarlo",
+    "OuterRounds",
     "SimResult",
     "collective_s",
     "bucket_sizes",
@@ -294,6 +305,48 @@ class Cluster:
         return -(-self.n // self.local_world_size)
 
 
+@dataclass(frozen=True)
+class OuterRounds:
+    """The outer optimizer's rounds: per bucket, an all-reduce of the world every ``every`` steps.
+
+    Args:
+        every: ``H``, the steps between a bucket's outer rounds.
+        fragments: ``F``, a divisor of ``H``: bucket ``j`` belongs to fragment ``j % F``,
+            whose schedule (outer rounds and topology rounds) is shifted by
+            ``(j % F) H / F`` steps.
+        ratio: An outer round's bytes over those of the fp32 buckets (the wrapper's
+            ``outer_compression``: bf16 0.5, int8 about 0.25).
+
+    Raises:
+        ValueError: ``every`` or ``fragments`` not an integer >= 1, ``fragments`` not a
+            divisor of ``every``, or ``ratio`` outside ``(0, 1]``.
+    """
+
+    every: int
+    fragments: int = 1
+    ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("every", "fragments"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"outer_{key}={value!r} is invalid; it must be an integer >= 1")
+        if self.every % self.fragments:
+            raise ValueError(
+                f"outer_fragments={self.fragments} is invalid; it must divide "
+                f"outer_every={self.every}"
+            )
+        _positive("outer_compression_ratio", self.ratio, high=1.0)
+
+    def shift(self, bucket: int) -> int:
+        """The steps by which the bucket's fragment's schedule is shifted."""
+        return (bucket % self.fragments) * (self.every // self.fragments)
+
+    def due(self, step: int, bucket: int) -> bool:
+        """Whether the bucket's round of ``step`` (1-based) is an outer round."""
+        return (step - self.shift(bucket)) % self.every == 0
+
+
 @dataclass
 class SimResult:
     """Mean seconds per step and what the transfers cost.
@@ -302,11 +355,18 @@ class SimResult:
         t_iter_s: Mean step time after warm-up.
         comm_s: Mean seconds of one step's transfers (all buckets), before any waiting.
         step_s: Every measured step's time (the mean over workers).
+        peak_comm_s: The most seconds of transfers of any one step of the schedule.
     """
 
     t_iter_s: float
     comm_s: float
     step_s: list[float] = field(default_factory=list)
+    peak_comm_s: float = 0.0
+
+    @property
+    def peak_step_s(self) -> float:
+        """The longest measured step."""
+        return max(self.step_s) if self.step_s else self.t_iter_s
 
 
 @dataclass(frozen=True)
@@ -336,14 +396,17 @@ class MonteCarlo:
         c = work.compute_s * self.jitter.sample(np.random.default_rng(self.seed), shape)
         return (1 - work.backward_frac) * c, work.backward_frac * c
 
-    def result(self, ends: Sequence[float], comm: float) -> SimResult:
+    def result(
+        self, ends: Sequence[float], comm: float, peak_comm: float | None = None
+    ) -> SimResult:
         """The mean step after the warm-up, from the time each step ended."""
         e = np.asarray(ends)
         if self.warmup > 0:
             steps = np.diff(e[self.warmup - 1 :])
         else:
             steps = np.diff(np.concatenate([[0.0], e]))
-        return SimResult(float(steps.mean()), comm, [float(x) for x in steps])
+        peak = comm if peak_comm is None else peak_comm
+        return SimResult(float(steps.mean()), comm, [float(x) for x in steps], peak)
 
 
 def simulate_allreduce(
@@ -451,26 +514,69 @@ def _prepare(edges: Sequence[Edge], sizes: Sequence[float], cluster: Cluster) ->
     )
 
 
+def _bucket_rounds(
+    prepared: Sequence[_Round],
+    world: _Round | None,
+    outer: OuterRounds | None,
+    step: int,
+    count: int,
+) -> list[_Round]:
+    """The round each of ``count`` buckets takes at ``step`` (1-based): its fragment's."""
+    period = len(prepared)
+    if outer is None or world is None:
+        return [prepared[(step - 1) % period]] * count
+    return [
+        world if outer.due(step, j) else prepared[(step - outer.shift(j) - 1) % period]
+        for j in range(count)
+    ]
+
+
+def _comm_per_step(
+    prepared: Sequence[_Round], world: _Round | None, outer: OuterRounds | None, n: int
+) -> list[float]:
+    """Seconds of transfers of each step of the schedule: the busiest rank's, over its buckets."""
+    if outer is None:
+        return [float(r.cost.sum(axis=0).max()) for r in prepared]
+    count = prepared[0].cost.shape[0]
+    steps = []
+    for step in range(1, math.lcm(len(prepared), outer.every) + 1):
+        per_rank = np.zeros(n)
+        for j, rnd in enumerate(_bucket_rounds(prepared, world, outer, step, count)):
+            per_rank += rnd.cost[j][rnd.group_of]
+        steps.append(float(per_rank.max()))
+    return steps
+
+
 def simulate_gossip(
     rounds: Sequence[Sequence[Edge]],
     work: Workload,
     cluster: Cluster,
     mc: MonteCarlo = MonteCarlo(),
+    outer: OuterRounds | None = None,
 ) -> SimResult:
     """Mean step time of the wrapper: per-bucket gossip overlapping the next step.
 
+    The launch of step ``t`` (0-based) carries the round of step ``t + 1`` of the
+    wrapper's 1-based schedule (the topology's round ``t mod period``).
+
     Args:
         rounds: The topology's rounds (one list of :class:`Edge` per step of the period).
+        outer: The outer optimizer's rounds, or ``None``.
 
     Returns:
-        :class:`SimResult`; ``comm_s`` is the mean over the period of the slowest
-        group's transfer time summed over buckets.
+        :class:`SimResult`; ``comm_s`` is the mean over the schedule (the period, or
+        its lcm with ``outer.every``) of the busiest rank's transfer time summed
+        over buckets, ``peak_comm_s`` its largest step.
     """
     n = cluster.n
     sizes = bucket_sizes(work.model_bytes, work.bucket_mb)
     ready_frac = np.diff(np.concatenate([[0.0], np.cumsum(sizes) / sum(sizes)]))
+    full = list(sizes)
     sizes = [s * work.gossip_ratio for s in sizes]  # each bucket's compressed payload
     prepared = [_prepare(edges, sizes, cluster) for edges in rounds]
+    world = None
+    if outer is not None:  # an outer round: the world's all-reduce of the bucket's payload
+        world = _prepare([Edge(range(n), 1.0 / n)], [s * outer.ratio for s in full], cluster)
     fwd, bwd = mc.phases(work, n)
     own = cluster.collective_start == "own"
     nic_free = np.zeros(n if own else cluster.nodes)
@@ -478,9 +584,10 @@ def simulate_gossip(
     x = np.zeros(n)
     ends = []
     for t in range(len(fwd)):
-        rnd = prepared[t % len(prepared)]
+        chosen = _bucket_rounds(prepared, world, outer, t + 1, len(sizes))
         x = x + fwd[t]
         for j, frac in enumerate(ready_frac):
+            rnd = chosen[j]
             x = np.maximum(x + bwd[t] * frac, waits[j])  # the previous gossip of this bucket
             ready = np.maximum.reduceat(x[rnd.order], rnd.starts)  # last member to launch
             cost = rnd.cost[j]
@@ -503,8 +610,8 @@ def simulate_gossip(
                 nic_free[rnd.nic_nodes] = np.maximum(nic_free[rnd.nic_nodes], last)
             waits[j] = end[rnd.group_of]
         ends.append(x.mean())
-    comm = float(np.mean([r.cost.sum(axis=0).max() for r in prepared]))
-    return mc.result(ends, comm)
+    per_step = _comm_per_step(prepared, world, outer, n)
+    return mc.result(ends, float(np.mean(per_step)), max(per_step))
 
 
 def fit_efficiency(

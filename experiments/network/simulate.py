@@ -42,10 +42,16 @@ from experiments.network.sim_config import (
     Profile,
     load_config,
     monte_carlo,
+    outer_rounds,
     profiles,
     read_number,
 )
-from experiments.network.sim_model import fit_efficiency, simulate_allreduce, simulate_gossip
+from experiments.network.sim_model import (
+    SimResult,
+    fit_efficiency,
+    simulate_allreduce,
+    simulate_gossip,
+)
 from experiments.network.sim_report import format_markdown, write_outputs
 
 __all__ = [
@@ -109,19 +115,25 @@ def measure_compute(cfg: Any) -> tuple[float, int]:
 # --- calibration ---------------------------------------------------------------------------
 
 
-def _method_time(profile: Profile, method: str, n: int, cfg: Any) -> tuple[float, float]:
-    """``(t_iter_s, comm_s)`` of one method on ``n`` workers of ``profile``."""
+def _gossip(topo: Any, profile: Profile, n: int, cfg: Any) -> SimResult:
+    """The wrapper on ``topo``, with the config's outer rounds (over whole schedules)."""
+    outer = outer_rounds(cfg)
+    span = topo.period if outer is None else math.lcm(topo.period, outer.every)
+    mc = monte_carlo(cfg, profile.jitter, span)
+    return simulate_gossip(topo.rounds, profile.workload, profile.cluster(n), mc, outer)
+
+
+def _method_result(profile: Profile, method: str, n: int, cfg: Any) -> SimResult:
+    """The simulation of one method on ``n`` workers of ``profile``."""
     if method == ALLREDUCE:
         mc = monte_carlo(cfg, profile.jitter)
-        res = simulate_allreduce(profile.workload, profile.cluster(n), mc)
-    else:
-        topo = TopologyReg.create(method, n, profile.local_world_size)
-        res = simulate_gossip(
-            topo.rounds,
-            profile.workload,
-            profile.cluster(n),
-            monte_carlo(cfg, profile.jitter, topo.period),
-        )
+        return simulate_allreduce(profile.workload, profile.cluster(n), mc)
+    return _gossip(TopologyReg.create(method, n, profile.local_world_size), profile, n, cfg)
+
+
+def _method_time(profile: Profile, method: str, n: int, cfg: Any) -> tuple[float, float]:
+    """``(t_iter_s, comm_s)`` of one method on ``n`` workers of ``profile``."""
+    res = _method_result(profile, method, n, cfg)
     return res.t_iter_s, res.comm_s
 
 
@@ -240,8 +252,12 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
         One row per (profile, n, method); ``method`` is ``allreduce`` or a
         topology name. Rows carry ``fits`` (False with ``reason`` where the
         topology does not fit ``n``), ``t_iter_s``, ``comm_s``,
-        ``samples_per_s``, ``speedup_vs_allreduce``, and for topologies
-        ``period``, ``contraction`` and ``rate_per_step``.
+        ``samples_per_s``, ``speedup_vs_allreduce``, ``peak_step_s`` (the
+        longest step), ``peak_comm_s`` (the busiest step's transfers),
+        ``outer_every`` and ``outer_fragments`` (``None`` without outer rounds),
+        and for topologies ``period``, ``contraction`` and ``rate_per_step``.
+        The outer rounds (``outer_every``, ``outer_fragments``,
+        ``outer_compression_ratio``) apply to every topology, not to ``allreduce``.
 
     Raises:
         ValueError: A missing or out-of-range input.
@@ -258,6 +274,7 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
             calibrate(cfg, profs)
     spectra: dict[tuple[str, int, int], dict[str, Any]] = {}
     rows: list[dict[str, Any]] = []
+    outer = outer_rounds(cfg)  # checked here, before any simulation
     for prof in profs:
         local = prof.local_world_size
         for n in sizes:
@@ -269,8 +286,11 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
                 "compute_s": prof.compute_s,
                 "n": n,
                 "nodes": math.ceil(n / local),
+                "outer_every": outer.every if outer is not None else None,
+                "outer_fragments": outer.fragments if outer is not None else None,
             }
-            t_ar, comm_ar = _method_time(prof, ALLREDUCE, n, cfg)
+            ar = _method_result(prof, ALLREDUCE, n, cfg)
+            t_ar = ar.t_iter_s
             rows.append(
                 {
                     **base,
@@ -278,12 +298,14 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
                     "fits": True,
                     "reason": "",
                     "t_iter_s": t_ar,
-                    "comm_s": comm_ar,
+                    "comm_s": ar.comm_s,
                     "samples_per_s": n * batch / t_ar,
                     "speedup_vs_allreduce": 1.0,
                     "period": None,
                     "contraction": None,
                     "rate_per_step": None,
+                    "peak_step_s": ar.peak_step_s,
+                    "peak_comm_s": ar.peak_comm_s,
                 }
             )
             for name in names:
@@ -296,18 +318,15 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
                     row.update(fits=False, reason=spec["error"], t_iter_s=None, comm_s=None)
                     row.update(samples_per_s=None, speedup_vs_allreduce=None, period=None)
                     row.update(contraction=None, rate_per_step=None)
+                    row.update(peak_step_s=None, peak_comm_s=None)
                 else:
-                    res = simulate_gossip(
-                        spec["topo"].rounds,
-                        prof.workload,
-                        prof.cluster(n),
-                        monte_carlo(cfg, prof.jitter, spec["period"]),
-                    )
+                    res = _gossip(spec["topo"], prof, n, cfg)
                     t = res.t_iter_s
                     row.update(fits=True, reason="", t_iter_s=t, comm_s=res.comm_s)
                     row.update(samples_per_s=n * batch / t, speedup_vs_allreduce=t_ar / t)
                     row.update(period=spec["period"], contraction=spec.get("contraction"))
                     row.update(rate_per_step=spec.get("rate_per_step"))
+                    row.update(peak_step_s=res.peak_step_s, peak_comm_s=res.peak_comm_s)
                 rows.append(row)
     return rows
 

@@ -8,6 +8,12 @@ steps the workers' exact average ``xbar`` gives the outer gradient
 from it (see :class:`decent_dp.DecentralizedDataParallel`). ``every: null`` takes
 the period of ``topology=local-sgd``, whose averaging round is then the outer
 round at no extra communication; other topologies need an explicit ``every``.
+``fragments`` (1 by default) staggers the outer rounds: the wrapper's buckets
+are dealt to ``fragments`` groups whose schedules are shifted by
+``every / fragments`` steps each (streaming DiLoCo on ``local-sgd``, streaming
+SlowMo on a gossip topology; the wrapper's ``outer_fragments``).
+``compression`` (``none``, ``bf16`` or ``int8``) compresses what the outer rounds
+send: each worker's ``x_outer - x_i`` (the wrapper's ``outer_compression``).
 The ``allreduce`` baseline (torch DDP) has no outer optimizer.
 """
 
@@ -21,10 +27,18 @@ import torch
 
 from experiments.schema import is_int, name_enum, require, typed_section
 
-__all__ = ["OuterName", "OuterConfig", "SCHEMAS", "outer_section", "outer_every", "outer_kwargs"]
+__all__ = [
+    "OuterName",
+    "OuterConfig",
+    "SCHEMAS",
+    "outer_section",
+    "outer_every",
+    "outer_kwargs",
+]
 
 OuterName = name_enum("OuterName", ["none", "diloco", "slowmo"], __name__)
 
+_COMPRESSIONS = ("none", "bf16", "int8")
 _LOCAL_SGD = "local-sgd"
 _ALLREDUCE = "allreduce"
 
@@ -41,6 +55,11 @@ class OuterConfig:
         lr: The outer learning rate.
         momentum: The outer momentum.
         nesterov: Nesterov momentum.
+        fragments: Streaming outer rounds: the number of fragments (a divisor of
+            ``every``) whose outer rounds are staggered by ``every / fragments``
+            steps; 1 takes every bucket at once.
+        compression: ``none``, ``bf16`` or ``int8``: what an outer round sends of
+            each worker's ``x_outer - x_i`` (``none`` the exact all-reduce).
     """
 
     name: OuterName = OuterName["none"]  # type: ignore[valid-type]
@@ -48,6 +67,8 @@ class OuterConfig:
     lr: float = 1.0
     momentum: float = 0.0
     nesterov: bool = False
+    fragments: int = 1
+    compression: str = "none"
 
 
 SCHEMAS: dict[str, type] = {"none": OuterConfig, "diloco": OuterConfig, "slowmo": OuterConfig}
@@ -68,11 +89,15 @@ def outer_every(section: Any, topology: Any) -> int | None:
     Raises:
         ConfigError: One line naming the bad key: an ``every`` that is not an integer
             >= 1, ``every: null`` on a topology other than ``local-sgd``, a negative
-            ``lr`` or a ``momentum`` outside ``[0, 1)``, or an outer optimizer with
+            ``lr`` or a ``momentum`` outside ``[0, 1)``, ``fragments`` that is not an
+            integer >= 1 dividing ``every``, an unknown ``compression`` (either other
+            than its default with ``outer=none``), or an outer optimizer with
             ``topology=allreduce``.
     """
     o = outer_section(section)
     if str(o.name) == "none":
+        require("outer.fragments", o.fragments, o.fragments == 1, "1 with outer=none")
+        require("outer.compression", o.compression, o.compression == "none", "none with outer=none")
         return None
     topo = str(topology.name)
     require("outer.name", o.name, topo != _ALLREDUCE, "none with topology=allreduce (torch DDP)")
@@ -89,11 +114,23 @@ def outer_every(section: Any, topology: Any) -> int | None:
         )
         every = dict(topology.get("kwargs") or {}).get("period", 8)  # local-sgd's default
     require("outer.every", every, is_int(every) and every >= 1, "an integer >= 1")
+    frags = o.fragments
+    require("outer.fragments", frags, is_int(frags) and frags >= 1, "an integer >= 1")
+    require(
+        "outer.fragments",
+        frags,
+        int(every) % int(frags) == 0,
+        f"a divisor of outer.every={int(every)}",
+    )
+    require(
+        "outer.compression", o.compression, o.compression in _COMPRESSIONS, "none, bf16 or int8"
+    )
     return int(every)
 
 
 def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
-    """The wrapper's ``outer_optim_fn`` and ``outer_every`` for the section; ``{}`` for none.
+    """The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments`` and
+    ``outer_compression``; ``{}`` for none.
 
     Example::
 
@@ -106,4 +143,9 @@ def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
     fn = partial(
         torch.optim.SGD, lr=float(o.lr), momentum=float(o.momentum), nesterov=bool(o.nesterov)
     )
-    return {"outer_optim_fn": fn, "outer_every": every}
+    return {
+        "outer_optim_fn": fn,
+        "outer_every": every,
+        "outer_fragments": int(o.fragments),
+        "outer_compression": str(o.compression),
+    }

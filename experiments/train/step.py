@@ -181,8 +181,9 @@ class TrainStep:
         channels_last: Feed 4-d inputs in ``channels_last`` memory format.
         task: What the model learns (its loss); image classification by default.
         compression: The wrapper's ``compression=`` (``None``: exact gossip).
-        outer: The wrapper's ``outer_optim_fn`` and ``outer_every``
-            (:func:`experiments.train.outer.outer_kwargs`); empty for none.
+        outer: The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments``
+            and ``outer_compression`` (:func:`experiments.train.outer.outer_kwargs`);
+            empty for none.
 
     Example::
 
@@ -368,6 +369,17 @@ class TrainStep:
         n = dist.get_world_size() if dist.is_initialized() else 1
         grads = sum(p.numel() * p.element_size() for p in self.params if p.requires_grad)
         return 2.0 * (n - 1) / n * grads
+
+    def peak_bytes_per_step(self) -> float:
+        """The most bytes this rank sends in one step (``comm/peak_bytes_per_step``).
+
+        The wrapper's :meth:`DecentralizedDataParallel.comm_peak_bytes_per_step`
+        (the busiest step of its schedule: a period's averaging round, an outer
+        round, one fragment's); ``allreduce`` sends the same every step.
+        """
+        if self.decentralized:
+            return self.ddp.comm_peak_bytes_per_step()
+        return self.bytes_per_step()
 
     def outer_delta_norm(self) -> float | None:
         """``||x_outer - xbar||`` at the latest outer step; ``None`` without one (reads the device)."""

@@ -324,6 +324,7 @@ class Trainer:
             timers = self.train_step.pop_timers()
             line = metrics.train_line(step, seconds, steps, timers, self.train_step.current_lr())
             line["comm/bytes_per_step"] = self.train_step.bytes_per_step()
+            line["comm/peak_bytes_per_step"] = self.train_step.peak_bytes_per_step()
             if metrics.sketch > 0:
                 line["consensus/distance_sketch"] = self.evaluator.consensus(metrics.sketch)
             delta = self.train_step.outer_delta_norm()
@@ -386,8 +387,11 @@ class Trainer:
             "network": str(cfg.network.name),
             "compression": compression_arg(cfg.get("compression")) or "none",
             "comm/bytes_per_step": self.train_step.bytes_per_step(),
+            "comm/peak_bytes_per_step": self.train_step.peak_bytes_per_step(),
             "outer": str(outer_section(cfg.get("outer")).name),
             "outer_every": outer_every(cfg.get("outer"), cfg.topology),
+            "outer_fragments": int(outer_section(cfg.get("outer")).fragments),
+            "outer_compression": str(outer_section(cfg.get("outer")).compression),
             "emulated": bool(self.network),
             "synthetic": self.task.synthetic,
             "restarts": restart_count(),

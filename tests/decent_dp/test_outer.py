@@ -67,6 +67,8 @@ def wrap_outer(model: torch.nn.Module, cfg: dict[str, Any], scaler: Any = None) 
         stable_param_storage=cfg.get("stable", False),
         outer_optim_fn=outer_fn(cfg) if cfg.get("every") else None,
         outer_every=cfg.get("every"),
+        outer_fragments=cfg.get("fragments", 1),
+        outer_compression=cfg.get("outer_compression"),
     )
 
 
@@ -212,9 +214,22 @@ def test_unit_lr_without_momentum_is_plain_local_sgd() -> None:
     assert (plain[0]["params"] - plain[1]["params"]).abs().max() > 1e-4  # not a trivial run
 
 
-def test_resume_mid_period_is_bit_exact(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param({}, id="one-fragment"),
+        # outer rounds of fragment 0 at 4, 8; of fragment 1 at 2, 6, 10: saved after step 5,
+        # the next step is an outer round of fragment 1 only, and a ring round of fragment 0
+        pytest.param({"fragments": 2, "resume_at": 5}, id="two-fragments"),
+        pytest.param(
+            {"fragments": 2, "resume_at": 5, "outer_compression": "int8"},
+            id="two-fragments-int8-outer",
+        ),
+    ],
+)
+def test_resume_mid_period_is_bit_exact(tmp_path, extra: dict[str, Any]) -> None:
     # saved after step 7: the next step is an outer one, mixing a gossip relaunched after the load
-    cfg = {**RING, "steps": 10, "resume_at": 7, "optim": "adam", "sched": True}
+    cfg = {**RING, "steps": 10, "resume_at": 7, "optim": "adam", "sched": True, **extra}
     straight = ok_values(run_distributed(outer_worker, 4, cfg))
     ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "first", wrap_outer))
     resumed = ok_values(run_distributed(resume_worker, 4, cfg, str(tmp_path), "second", wrap_outer))
@@ -250,6 +265,86 @@ def test_outer_state_is_saved_and_old_states_still_load() -> None:
     assert value["moved"] > 0  # two local steps after the outer step moved the model off x_outer
     assert value["has_momentum"]
     assert value["restart_is_params"]  # without the key, x_outer restarts at the loaded model
+
+
+def _fragments_state_worker(rank: int, world: int) -> dict[str, Any]:
+    cfg = {"topology": "complete", "every": 4, "fragments": 2, **NESTEROV}
+    ddp = wrap_outer(make_model("mlp", seed=0), cfg)
+    train_steps(ddp, rank, cfg, 1, 3)
+    state = ddp.training_state_dict()
+    other = wrap_outer(make_model("mlp", seed=0), {**cfg, "fragments": 4})
+    train_steps(other, rank, cfg, 1, 1)
+    try:
+        other.load_training_state_dict(state)
+    except ValueError as exc:
+        message = str(exc)
+    else:
+        message = "accepted"
+    packed = wrap_outer(make_model("mlp", seed=0), {**cfg, "outer_compression": "bf16"})
+    train_steps(packed, rank, cfg, 1, 1)
+    try:
+        packed.load_training_state_dict(state)
+    except ValueError as exc:
+        packed_message = str(exc)
+    else:
+        packed_message = "accepted"
+    old = dict(state["outer"])
+    del old["fragments"]  # saved before fragments existed: one fragment
+    try:
+        ddp._engine.outer.load_state_dict(old)
+    except ValueError as exc:
+        old_message = str(exc)
+    else:
+        old_message = "accepted"
+    return {
+        "fragments": state["outer"]["fragments"],
+        "message": message,
+        "old": old_message,
+        "packed": packed_message,
+    }
+
+
+def test_fragments_and_outer_compression_are_saved_and_checked_on_load() -> None:
+    (value,) = ok_values(run_distributed(_fragments_state_worker, 1))
+    assert value["fragments"] == 2
+    assert "outer_fragments=2" in value["message"] and "outer_fragments=4" in value["message"]
+    assert "outer_fragments=1" in value["old"] and "\n" not in value["message"]
+    assert "outer_compression='none'" in value["packed"] and "'bf16'" in value["packed"]
+
+
+def _bad_stream_args_worker(rank: int, world: int) -> list[str]:
+    messages = []
+    sgd = partial(torch.optim.SGD, lr=0.7)
+    for kwargs in (
+        {"outer_fragments": 2},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_fragments": 0},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_fragments": 2.0},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_fragments": True},
+        {"outer_optim_fn": sgd, "outer_every": 6, "outer_fragments": 4},
+        {"outer_compression": "int8"},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": "randk"},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": 8},
+    ):
+        try:
+            DecentralizedDataParallel(make_model("mlp", 0), make_optim({}), **kwargs)
+        except (ValueError, TypeError) as exc:
+            messages.append(f"{type(exc).__name__}: {exc}")
+        else:
+            messages.append("accepted")
+    return messages
+
+
+def test_bad_fragments_and_outer_compression_raise_one_line() -> None:
+    (messages,) = ok_values(run_distributed(_bad_stream_args_worker, 1))
+    assert all(m.startswith("ValueError") and "\n" not in m for m in messages), messages
+    assert "outer_fragments=2" in messages[0] and "outer_optim_fn" in messages[0]
+    assert "outer_fragments=0" in messages[1] and "integer >= 1" in messages[1]
+    assert "outer_fragments=2.0" in messages[2]
+    assert "outer_fragments=True" in messages[3]
+    assert "outer_fragments=4 does not divide outer_every=6" in messages[4]
+    assert "outer_compression='int8'" in messages[5] and "outer_optim_fn" in messages[5]
+    assert "outer_compression='randk' is invalid" in messages[6] and "'int8'" in messages[6]
+    assert "outer_compression=8 is invalid" in messages[7]
 
 
 def _bad_args_worker(rank: int, world: int) -> list[str]:

@@ -1,4 +1,5 @@
-"""The ``compression`` group: composing, validation, and ``comm/bytes_per_step`` in real runs."""
+"""The ``compression`` group: composing, validation, and ``comm/bytes_per_step`` (and
+``comm/peak_bytes_per_step``) in real runs."""
 
 from __future__ import annotations
 
@@ -59,12 +60,18 @@ def _runs(rank: int, world: int, root: str) -> dict[str, Any]:
     Uncompressed gossip's bytes are tested in tests/decent_dp/test_compression.py.
     """
     out = {}
+    diloco = ["topology=local-sgd", "topology.kwargs.period=4", "outer=diloco"]
+    diloco += ["topology.bucket_size_in_mb=1e-6"]  # 1 byte: one bucket per parameter
     for name, extra in [
         ("int8", ["topology=ring", "compression=int8"]),
         ("allreduce", ["topology=allreduce"]),
+        ("diloco", diloco),
+        ("stream", [*diloco, "outer.fragments=2"]),
     ]:
         cfg = compose_config(*QUICK, "train.max_steps=8", *extra)
-        out[name] = run(cfg, run_dir=Path(root) / name)["comm/bytes_per_step"]
+        summary = run(cfg, run_dir=Path(root) / name)
+        out[name] = summary["comm/bytes_per_step"]
+        out[f"{name}/peak"] = summary["comm/peak_bytes_per_step"]
     return out
 
 
@@ -80,13 +87,31 @@ def test_bytes_per_step_is_logged_and_follows_the_formula(tmp_path: Path) -> Non
     assert got["int8"] == 4 * math.ceil(padded / 1024) + math.ceil(padded / 4) * 4
     assert got["int8"] / (4 * padded) < 0.26  # against the fp32 payload of exact gossip
     assert got["allreduce"] == 2 * (2 - 1) / 2 * 4 * numel  # torch DDP: ring all-reduce of grads
-    for name, value in got.items():
+    # every step of ring and allreduce sends the same; DiLoCo all of it every 4th step, and
+    # with two fragments half of it (about) every 2nd step: the same mean, a lower peak
+    assert got["int8/peak"] == got["int8"] and got["allreduce/peak"] == got["allreduce"]
+    assert got["diloco/peak"] == 4 * got["diloco"] == 2 * (2 - 1) / 2 * 4 * padded_per_param()
+    assert got["stream"] == pytest.approx(got["diloco"], rel=1e-12)
+    assert got["stream/peak"] < 0.75 * got["diloco/peak"]
+    for name in ("int8", "allreduce", "diloco", "stream"):
+        value, peak = got[name], got[f"{name}/peak"]
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["comm/bytes_per_step"] == value
+        assert summary["comm/peak_bytes_per_step"] == peak
         assert summary["compression"] == ("int8" if name == "int8" else "none")
+        assert summary["outer_fragments"] == (2 if name == "stream" else 1)
         lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         train = [json.loads(x) for x in lines if "train/loss" in x]
         assert train and all(line["comm/bytes_per_step"] == value for line in train)
+        assert all(line["comm/peak_bytes_per_step"] == peak for line in train)
+
+
+def padded_per_param() -> int:
+    """Elements of the digits CNN as one float32 bucket per parameter, each 256-byte aligned."""
+    from experiments.models import build_model
+
+    model = build_model(compose_config().model, num_classes=10, in_channels=1, image_size=8)
+    return sum(-(-p.numel() // 64) * 64 for p in model.parameters())
 
 
 def _resume_runs(rank: int, world: int, root: str) -> dict[str, Any]:

@@ -24,6 +24,18 @@ def test_diloco_on_local_sgd_takes_the_topology_period() -> None:
     assert (group["lr"], group["momentum"], group["nesterov"]) == (0.7, 0.9, True)
 
 
+def test_fragments_and_compression_reach_the_wrapper() -> None:
+    cfg = compose_config("outer=diloco", "topology=local-sgd", "topology.kwargs.period=8")
+    assert outer_kwargs(cfg.outer, cfg.topology)["outer_fragments"] == 1
+    cfg = compose_config(
+        "outer=diloco", "topology=local-sgd", "topology.kwargs.period=8", "outer.fragments=4"
+    )
+    assert outer_kwargs(cfg.outer, cfg.topology)["outer_fragments"] == 4
+    cfg = compose_config("outer=slowmo", "outer.compression=int8")
+    kwargs = outer_kwargs(cfg.outer, cfg.topology)
+    assert (kwargs["outer_compression"], kwargs["outer_fragments"]) == ("int8", 1)
+
+
 def test_slowmo_and_none() -> None:
     cfg = compose_config("outer=slowmo", "topology=one-peer-exp")
     kwargs = outer_kwargs(cfg.outer, cfg.topology)
@@ -44,6 +56,11 @@ def test_slowmo_and_none() -> None:
         (["outer=slowmo", "outer.momentum=1.0"], "outer.momentum=1.0 is invalid"),
         (["outer=diloco", "topology=local-sgd", "outer.momentum=0"], "outer.nesterov=True"),
         (["outer=slowmo", "outer.lr=-1"], "outer.lr=-1"),
+        (["outer=slowmo", "outer.fragments=3"], "outer.fragments=3 is invalid"),
+        (["outer=slowmo", "outer.fragments=0"], "outer.fragments=0 is invalid"),
+        (["outer.fragments=2"], "outer.fragments=2 is invalid; it must be 1 with outer=none"),
+        (["outer=slowmo", "outer.compression=fp4"], "outer.compression=fp4 is invalid"),
+        (["outer.compression=int8"], "outer.compression=int8 is invalid; it must be none with"),
     ],
 )
 def test_bad_values_fail_validation_in_one_line(overrides: list[str], expected: str) -> None:
