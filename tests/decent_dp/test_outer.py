@@ -9,6 +9,7 @@ at the other steps the topology mixes as usual.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -313,9 +314,8 @@ def test_fragments_and_outer_compression_are_saved_and_checked_on_load() -> None
 
 
 def _bad_stream_args_worker(rank: int, world: int) -> list[str]:
-    messages = []
     sgd = partial(torch.optim.SGD, lr=0.7)
-    for kwargs in (
+    cases = (
         {"outer_fragments": 2},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_fragments": 0},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_fragments": 2.0},
@@ -324,14 +324,8 @@ def _bad_stream_args_worker(rank: int, world: int) -> list[str]:
         {"outer_compression": "int8"},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": "randk"},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": 8},
-    ):
-        try:
-            DecentralizedDataParallel(make_model("mlp", 0), make_optim({}), **kwargs)
-        except (ValueError, TypeError) as exc:
-            messages.append(f"{type(exc).__name__}: {exc}")
-        else:
-            messages.append("accepted")
-    return messages
+    )
+    return _construct_messages(cases)
 
 
 def test_bad_fragments_and_outer_compression_raise_one_line() -> None:
@@ -347,18 +341,10 @@ def test_bad_fragments_and_outer_compression_raise_one_line() -> None:
     assert "outer_compression=8 is invalid" in messages[7]
 
 
-def _bad_args_worker(rank: int, world: int) -> list[str]:
+def _construct_messages(cases: Sequence[dict[str, Any]]) -> list[str]:
+    """The one-line error of building the wrapper with each set of arguments, or "accepted"."""
     messages = []
-    sgd = partial(torch.optim.SGD, lr=0.7)
-    for kwargs in (
-        {"outer_optim_fn": sgd},
-        {"outer_every": 4},
-        {"outer_optim_fn": sgd, "outer_every": 0},
-        {"outer_optim_fn": sgd, "outer_every": 2.5},
-        {"outer_optim_fn": sgd, "outer_every": True},
-        {"outer_optim_fn": lambda ts: ts, "outer_every": 4},
-        {"outer_optim_fn": "sgd", "outer_every": 4},
-    ):
+    for kwargs in cases:
         try:
             DecentralizedDataParallel(make_model("mlp", 0), make_optim({}), **kwargs)
         except (ValueError, TypeError) as exc:
@@ -366,6 +352,20 @@ def _bad_args_worker(rank: int, world: int) -> list[str]:
         else:
             messages.append("accepted")
     return messages
+
+
+def _bad_args_worker(rank: int, world: int) -> list[str]:
+    sgd = partial(torch.optim.SGD, lr=0.7)
+    cases = (
+        {"outer_optim_fn": sgd},
+        {"outer_every": 4},
+        {"outer_optim_fn": sgd, "outer_every": 0},
+        {"outer_optim_fn": sgd, "outer_every": 2.5},
+        {"outer_optim_fn": sgd, "outer_every": True},
+        {"outer_optim_fn": lambda ts: ts, "outer_every": 4},
+        {"outer_optim_fn": "sgd", "outer_every": 4},
+    )
+    return _construct_messages(cases)
 
 
 def test_bad_arguments_raise_one_line() -> None:
