@@ -86,6 +86,19 @@ if [ "$PART" = seeds ] || [ "$PART" = all ]; then  # stage 2 of part 3
       topology=one-peer-exp "${ACCUM[@]}" optim.lr="$alr"
   fi
 fi
+if [ "$PART" = seeds ] || [ "$PART" = all ]; then
+  # one-peer-exp and complete picked 8e-3 from seed 0, and their seeds 1 and 2 ended 0.4-0.7
+  # nats above it: 8e-3 sits at the edge of stability for them. Three seeds at the grid's next
+  # value down, 4e-3, as arms of their own (NAME-lr0.004, seed 0 from the grid).
+  for arm in one-peer-exp-adamw:one-peer-exp complete-adamw:complete; do
+    name=${arm%%:*}
+    src=$(grep -lx -- "- optim.lr=0.004" "$OUT/$name"/stage1/*/.hydra/overrides.yaml | head -1)
+    mkdir -p "$OUT/$name-lr0.004/stage1"
+    cp -r "${src%/.hydra/overrides.yaml}" "$OUT/$name-lr0.004/stage1/"
+    STAGE=2 BEST=0.004 $TUNE "$name-lr0.004" optim.lr - experiment=lm_small \
+      topology="${arm##*:}"
+  done
+fi
 if [ "$PART" = outer ] || [ "$PART" = all ]; then  # part 4: both grids, then the seeds
   read -r lr _ < <(best allreduce-adamw optim.lr)
   for h in 16 64; do
