@@ -273,22 +273,19 @@ def _fragments_state_worker(rank: int, world: int) -> dict[str, Any]:
     ddp = wrap_outer(make_model("mlp", seed=0), cfg)
     train_steps(ddp, rank, cfg, 1, 3)
     state = ddp.training_state_dict()
-    other = wrap_outer(make_model("mlp", seed=0), {**cfg, "fragments": 4})
-    train_steps(other, rank, cfg, 1, 1)
-    try:
-        other.load_training_state_dict(state)
-    except ValueError as exc:
-        message = str(exc)
-    else:
-        message = "accepted"
-    packed = wrap_outer(make_model("mlp", seed=0), {**cfg, "outer_compression": "bf16"})
-    train_steps(packed, rank, cfg, 1, 1)
-    try:
-        packed.load_training_state_dict(state)
-    except ValueError as exc:
-        packed_message = str(exc)
-    else:
-        packed_message = "accepted"
+
+    def load_message(changed: dict[str, Any]) -> str:
+        """What loading ``state`` into a wrapper built with ``changed`` settings says."""
+        other = wrap_outer(make_model("mlp", seed=0), {**cfg, **changed})
+        train_steps(other, rank, cfg, 1, 1)
+        try:
+            other.load_training_state_dict(state)
+        except ValueError as exc:
+            return str(exc)
+        return "accepted"
+
+    message = load_message({"fragments": 4})
+    packed_message = load_message({"outer_compression": "bf16"})
     old = dict(state["outer"])
     del old["fragments"]  # saved before fragments existed: one fragment
     try:
