@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.topo import LocalSGDTopology, mixing_matrices
+from decent_dp.topo import LocalSGDTopology
 from tests.support.ddp_cases import (
     assert_same_runs,
     flat,
@@ -27,6 +27,7 @@ from tests.support.ddp_cases import (
     make_model,
     make_optim,
     make_sched,
+    replay_workers,
     resume_worker,
     set_flat,
     topology_of,
@@ -89,12 +90,7 @@ def outer_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def replay_outer(cfg: dict[str, Any], world: int) -> tuple[list[torch.Tensor], float]:
     """Single-process float64 replay; returns the workers' models and the last ``||Delta||``."""
-    mats = mixing_matrices(topology(cfg, world), world, 1)
-    start = make_model("mlp", seed=0)  # rank 0's initial model is broadcast
-    models = [make_model("mlp", seed=0) for _ in range(world)]
-    for m in models:
-        set_flat(m, flat(start))
-    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    mats, start, models, optims = replay_workers(topology(cfg, world), world, cfg)
     make = make_sched(cfg)
     scheds = [make(o) if make else None for o in optims]
     x_outer = flat(start)

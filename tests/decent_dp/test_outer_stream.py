@@ -31,13 +31,14 @@ from decent_dp._compression import (
     int8_decode,
     int8_encode,
 )
-from decent_dp.topo import LocalSGDTopology, mixing_matrices
+from decent_dp.topo import LocalSGDTopology
 from tests.support.ddp_cases import (
     batch,
     flat,
     loss_of,
     make_model,
     make_optim,
+    replay_workers,
     set_flat,
     train_steps,
 )
@@ -153,12 +154,7 @@ def replay(cfg: dict[str, Any], world: int, layout: list[list[str]]) -> list[tor
     the workers' ``x_outer - x_i(t-1)`` over each bucket's block.
     """
     every, frags = cfg["every"], cfg["fragments"]
-    mats = mixing_matrices(topology(cfg, world), world, 1)
-    start = make_model("mlp", seed=0)  # rank 0's initial model is broadcast
-    models = [make_model("mlp", seed=0) for _ in range(world)]
-    for m in models:
-        set_flat(m, flat(start))
-    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    mats, start, models, optims = replay_workers(topology(cfg, world), world, cfg)
     init = dict(start.named_parameters())
     x_outer = [[init[n].detach().clone() for n in names] for names in layout]
     outer_opts = [outer_fn(cfg)(xs) for xs in x_outer]

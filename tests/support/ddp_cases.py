@@ -189,6 +189,24 @@ def set_flat(model: nn.Module, vec: torch.Tensor) -> None:
             off += p.numel()
 
 
+def replay_workers(
+    topo: Any, world: int, cfg: dict[str, Any]
+) -> tuple[list[torch.Tensor], nn.Module, list[nn.Module], list[Any]]:
+    """A replay's start: the mixing matrices, rank 0's model, and every worker from it.
+
+    Returns:
+        ``(mats, start, models, optims)``: one mixing matrix per round of ``topo``, the
+        initial model (rank 0's, broadcast), the workers' copies of it and their optimizers.
+    """
+    mats = mixing_matrices(topo, world, 1)
+    start = make_model("mlp", seed=0)
+    models = [make_model("mlp", seed=0) for _ in range(world)]
+    for m in models:
+        set_flat(m, flat(start))
+    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    return mats, start, models, optims
+
+
 def loss_of(
     model: nn.Module, rank: int, step: int, micro: int = 0, kind: str = "mlp"
 ) -> torch.Tensor:
