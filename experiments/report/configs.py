@@ -25,6 +25,7 @@ __all__ = [
     "Factor",
     "Section",
     "band",
+    "fill_missing",
     "find_factors",
     "make_section",
     "run_fields",
@@ -239,14 +240,44 @@ def make_section(kind: str, runs: Sequence[Run]) -> Section:
     """
     extras = summary_extras(runs)
     groups: dict[tuple[tuple[str, str], ...], Config] = {}
-    for run in runs:
-        fields = run_fields(run, extras)
+    every = [run_fields(run, extras) for run in runs]
+    for run, fields in zip(runs, fill_missing(runs, every)):
         groups.setdefault(tuple(sorted(fields.items())), Config(fields)).runs.append(run)
     configs = sorted(groups.values(), key=_config_sort_key)
     for config in configs:
         config.runs.sort(key=_run_sort_key)
     found = find_factors([c.fields for c in configs]) or [Factor(("topology",))]
     return Section(kind, configs, found)
+
+
+def fill_missing(runs: Sequence[Run], fields: Sequence[dict[str, str]]) -> list[dict[str, str]]:
+    """Each run's fields, with a field that other runs set taken from its summary when it has it.
+
+    A run that did not override ``outer`` still says ``"outer": "none"`` in ``summary.json``;
+    its label then reads ``outer=none`` instead of ``outer=default``, and it groups with runs
+    that set ``outer=none`` explicitly.
+
+    Args:
+        runs: The runs.
+        fields: Their :func:`run_fields`, in the same order.
+
+    Returns:
+        New field dicts; a key still missing stays missing (``key=default`` in labels).
+    """
+    keys = list(dict.fromkeys(k for f in fields for k in f))
+    filled = []
+    for run, own in zip(runs, fields):
+        extra = {}
+        for key in keys:
+            value = run.summary.get(key)
+            if (
+                key not in own
+                and isinstance(value, (str, int, float))
+                and not isinstance(value, bool)
+            ):
+                extra[key] = _text(value)
+        filled.append({**own, **extra})
+    return filled
 
 
 def summary_extras(runs: Sequence[Run]) -> list[str]:

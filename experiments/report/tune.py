@@ -49,6 +49,7 @@ from experiments.report.configs import (
     Config,
     Factor,
     Section,
+    fill_missing,
     find_factors,
     run_fields,
     summary_extras,
@@ -182,14 +183,19 @@ class GridValue:
         return len(self.finals)
 
     @property
+    def diverged(self) -> int:
+        """How many of the runs diverged (a NaN or infinite final metric)."""
+        return sum(not math.isfinite(f) for f in self.finals)
+
+    @property
     def mean(self) -> float:
-        """Mean final metric over the seeds."""
+        """Mean final metric over the seeds; the worst (infinite) when a run diverged."""
         return statistics.fmean(self.finals)
 
     @property
     def std(self) -> float | None:
-        """Sample standard deviation over the seeds, ``None`` for one seed."""
-        return statistics.stdev(self.finals) if self.n > 1 else None
+        """Sample standard deviation over the seeds, ``None`` for one seed or a diverged run."""
+        return statistics.stdev(self.finals) if self.n > 1 and not self.diverged else None
 
     @property
     def lo(self) -> float:
@@ -203,6 +209,8 @@ class GridValue:
 
 
 def _tie(a: float, b: float) -> bool:
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a == b  # a diverged value ties only with another
     return abs(a - b) <= _TIE * max(abs(a), abs(b))
 
 
@@ -292,8 +300,9 @@ def tune_runs(runs: Sequence[Run], key: str, metric: str | None = None) -> list[
 
     Raises:
         ValueError: No run or no key; a run has no value of ``key``; a run of a group lacks
-            the metric (missing, null or NaN in ``summary.json``); a group mixes language-model
-            and image runs while ``metric`` is ``None``. The message is one line.
+            the metric (missing, null or not a number in ``summary.json``); a group mixes
+            language-model and image runs while ``metric`` is ``None``. The message is one
+            line. A NaN or infinite final (a diverged run) is no error: it ranks worst.
     """
     if not key:
         raise ValueError("no key to tune given")
@@ -309,8 +318,8 @@ def tune_runs(runs: Sequence[Run], key: str, metric: str | None = None) -> list[
         )
     extras = summary_extras(ordered)
     members: dict[tuple[tuple[str, str], ...], tuple[Config, list[str]]] = {}
-    for run, text in zip(ordered, texts):
-        fields = _group_fields(run, key, extras)
+    every = fill_missing(ordered, [_group_fields(r, key, extras) for r in ordered])
+    for run, text, fields in zip(ordered, texts, every):
         config, values = members.setdefault(tuple(sorted(fields.items())), (Config(fields), []))
         config.runs.append(run)
         values.append(str(text))
@@ -320,7 +329,10 @@ def tune_runs(runs: Sequence[Run], key: str, metric: str | None = None) -> list[
         found: dict[tuple[int, float, str], list[tuple[str, Run, float]]] = {}
         for run, text in zip(config.runs, values):
             final: Any = run.summary.get(name)
-            if not num(final):
+            if isinstance(final, float) and not math.isfinite(final):
+                # a diverged run ranks worst, so a grid that reaches divergence still picks
+                final = math.inf if lower_is_better(name) else -math.inf
+            elif not num(final):
                 why = _missing(final) if name in run.summary else "missing"
                 raise ValueError(
                     f"run {run.path}: {name} is {why} in {SUMMARY_FILE}; cannot tune {key}"
@@ -381,6 +393,8 @@ def _fmt(value: float | None, like: float | None = None) -> str:
     from one; ``like`` picks the format instead (a std is written as its mean)."""
     if value is None:
         return "n/a"
+    if not math.isfinite(value):
+        return "diverged"
     scale = value if like is None else like
     if scale == 0 or 1e-2 <= abs(scale) < 1e6:
         return f"{value:.4f}"
@@ -456,9 +470,14 @@ def grid_tables(groups: Sequence[TunedGroup]) -> list[str]:
     return lines[:-1]
 
 
+def _finite(value: float | None) -> float | None:
+    """``None`` for a diverged value: strict JSON has no infinity."""
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _value_json(value: GridValue) -> dict[str, Any]:
-    return {"text": value.text, "value": value.value, "mean": value.mean, "std": value.std,
-            "n": value.n}  # fmt: skip
+    return {"text": value.text, "value": value.value, "mean": _finite(value.mean),
+            "std": value.std, "n": value.n, "diverged": value.diverged}  # fmt: skip
 
 
 def tuned_json(groups: Sequence[TunedGroup]) -> dict[str, Any]:
@@ -487,7 +506,8 @@ def tuned_json(groups: Sequence[TunedGroup]) -> dict[str, Any]:
             "edge": group.edge,
             "flag": group.flag,
             "grid": [
-                {**_value_json(v), "min": v.lo, "max": v.hi, "runs": [str(p) for p in v.runs]}
+                {**_value_json(v), "min": _finite(v.lo), "max": _finite(v.hi),
+                 "runs": [str(p) for p in v.runs]}  # fmt: skip
                 for v in group.grid
             ],
         })  # fmt: skip
@@ -552,17 +572,19 @@ def tune_plot(groups: Sequence[TunedGroup]) -> Plot:
     seeds = 0
     for group, config in zip(groups, section.configs):
         colour = styles.colour(config)
-        xs = [x_of(v) for v in group.grid]
-        means = [v.mean for v in group.grid]
-        spread = [[v.mean - v.lo for v in group.grid], [v.hi - v.mean for v in group.grid]]
+        shown = [v for v in group.grid if not v.diverged]  # a diverged value has no point
+        xs = [x_of(v) for v in shown]
+        means = [v.mean for v in shown]
+        spread = [[v.mean - v.lo for v in shown], [v.hi - v.mean for v in shown]]
         most = max(v.n for v in group.grid)
         ax.errorbar(xs, means, yerr=spread if most > 1 else None, color=colour,
                     linestyle=styles.line(config), marker=styles.marker(config) or "o",
                     markersize=4, linewidth=1.6, elinewidth=1.0, capsize=3)  # fmt: skip
         best = group.best
-        ax.plot([x_of(best)], [best.mean], marker="*", markersize=14, color=colour,
-                markeredgecolor="black", markeredgewidth=0.8, linestyle="none",
-                zorder=5)  # fmt: skip
+        if not best.diverged:
+            ax.plot([x_of(best)], [best.mean], marker="*", markersize=14, color=colour,
+                    markeredgecolor="black", markeredgewidth=0.8, linestyle="none",
+                    zorder=5)  # fmt: skip
         plot.drawn.append(Drawn(section.label(config), group.metric, len(xs), most))
         seeds = max(seeds, most)
     if numeric and geometric(ticks):
@@ -666,6 +688,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups = tune_runs(runs, args.key, args.metric)
         if args.best and len(groups) > 1:
             raise ValueError(_several(groups))
+        if args.best and groups[0].best.diverged:
+            raise ValueError(f"every value of {args.key} tried diverged; no best to give")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

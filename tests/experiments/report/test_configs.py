@@ -144,3 +144,25 @@ def test_band_thins_long_series() -> None:
     band = report.band(long, max_points=100)
     assert band is not None and len(band.x) == 100 and band.x[0] == 0 and band.x[-1] == 1999
     np.testing.assert_allclose(band.mean, band.x + 0.5)
+
+
+def test_a_field_others_set_is_read_from_the_summary_of_a_run_that_did_not(
+    tmp_path: Path,
+) -> None:
+    # one run sets outer=diloco, one outer=none, one leaves outer out (its summary says none)
+    for name, overrides, outer in (
+        ("a", ["topology=ring", "outer=diloco"], "diloco"),
+        ("b", ["topology=ring", "outer=none"], "none"),
+        ("c", ["topology=ring"], "none"),
+    ):
+        write_vision_run(tmp_path / name, "ring", [100.0], [0.9], overrides=overrides)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        write_summary(tmp_path / name, {**summary, "outer": outer})
+    section = _section(tmp_path)
+    labels = sorted(section.label(c) for c in section.configs)
+    assert labels == ["outer=diloco", "outer=none"]
+    none = next(c for c in section.configs if c.fields["outer"] == "none")
+    assert len(none.runs) == 2  # b and c are one configuration
+    # a summary without the field leaves it missing, read as the default
+    write_vision_run(tmp_path / "d", "ring", [100.0], [0.9], overrides=["topology=ring"])
+    assert "outer=default" in [_section(tmp_path).label(c) for c in _section(tmp_path).configs]

@@ -133,7 +133,7 @@ def test_a_group_with_one_value_says_so(tmp_path: Path) -> None:
     assert group.best.n == 2 and group.best.mean == pytest.approx(0.85)
 
 
-@pytest.mark.parametrize("value", [None, float("nan"), "drop"], ids=["null", "nan", "missing"])
+@pytest.mark.parametrize("value", [None, "0.9", "drop"], ids=["null", "text", "missing"])
 def test_a_run_without_the_metric_is_a_one_line_error_naming_it(
     tmp_path: Path, value: float | None | str
 ) -> None:
@@ -144,12 +144,53 @@ def test_a_run_without_the_metric_is_a_one_line_error_naming_it(
         del summary["eval/acc"]
     else:
         summary["eval/acc"] = value
-    summary_path.write_text(json.dumps(summary))  # NaN is written as json.dumps writes it
+    summary_path.write_text(json.dumps(summary))
     with pytest.raises(ValueError) as caught:
         tune.tune_runs(_runs(tmp_path), "optim.lr")
     message = str(caught.value)
     assert "\n" not in message
     assert str(tmp_path / "5") in message and "eval/acc" in message and "optim.lr" in message
+
+
+def _diverge(run_dir: Path, metric: str) -> None:
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary[metric] = float("nan")
+    summary_path.write_text(json.dumps(summary))  # NaN as json.dumps writes it
+
+
+def test_a_diverged_run_ranks_its_value_worst(tmp_path: Path) -> None:
+    _lm(tmp_path)
+    _diverge(tmp_path / "8", "eval/loss")  # ring at its best rate 1e-3, seed 0
+    _diverge(tmp_path / "5", "eval/loss")  # allreduce at 4e-3 (its best), seed 1
+    groups = _by_topology(tune.tune_runs(_runs(tmp_path), "optim.lr"))
+    ring, allreduce = groups["ring"], groups["allreduce"]
+    assert ring.best.text == "2e-3" and ring.best.mean == pytest.approx(3.105)
+    assert ring.grid[0].diverged == 1 and ring.grid[0].std is None
+    assert allreduce.best.text in ("2e-3", "8e-3") and allreduce.grid[2].diverged == 1
+    record = tune.tuned_json(list(groups.values()))
+    first = next(g for g in record["groups"] if g["fields"]["topology"] == "ring")["grid"][0]
+    assert first["mean"] is None and first["diverged"] == 1
+    json.dumps(record, allow_nan=False)  # strict JSON
+    assert "| 1e-3 | diverged | n/a | 2 |" in "\n".join(tune.grid_tables(list(groups.values())))
+    tune.tune_plot(list(groups.values()))  # the diverged values are left out of the lines
+    # higher is better: a diverged accuracy ranks below every finite one
+    _vision(tmp_path / "v")
+    _diverge(tmp_path / "v" / "4", "eval/acc")  # allreduce at 4e-3, seed 0
+    (vision,) = [g for g in tune.tune_runs(_runs(tmp_path / "v"), "optim.lr")
+                 if g.fields["topology"] == "allreduce"]  # fmt: skip
+    assert vision.best.text == "2e-3" and vision.grid[2].mean == float("-inf")
+
+
+def test_best_refuses_a_grid_where_every_value_diverged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _vision(tmp_path, topologies=("ring",))
+    for job in range(8):
+        _diverge(tmp_path / str(job), "eval/acc")
+    assert tune.main([str(tmp_path), "--key", "optim.lr", "--best"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every value of optim.lr tried diverged" in err[0]
 
 
 def test_runs_without_the_key_are_a_one_line_error(tmp_path: Path) -> None:
