@@ -10,7 +10,8 @@
 #   NNODES=2 HEAD=node001 DATA=/data/cifar bash experiments/sweeps/cifar10_resnet18.sh   # 16 workers
 #                                                   (run the same command on both nodes)
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 DATA=${DATA:?set DATA to the CIFAR-10 root (with cifar-10-batches-py, or add dataset.download=true)}
 NNODES=${NNODES:-1}
 HEAD=${HEAD:-localhost}

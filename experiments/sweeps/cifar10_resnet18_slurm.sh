@@ -5,7 +5,8 @@
 #   DATA=/data/cifar NODES=1 PARTITION=gpu bash experiments/sweeps/cifar10_resnet18_slurm.sh   # 8 workers
 #   DATA=/data/cifar NODES=2 PARTITION=gpu bash experiments/sweeps/cifar10_resnet18_slurm.sh   # 16 workers
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 DATA=${DATA:?set DATA to the CIFAR-10 root}
 NODES=${NODES:-1}
 PARTITION=${PARTITION:?set PARTITION to your SLURM partition}

@@ -9,7 +9,8 @@
 #   bash experiments/sweeps/compression.sh            # runs, then the report
 #   SKIP_RUNS=1 bash experiments/sweeps/compression.sh # the report from existing runs
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 OUT=${OUT:-multirun/compression}
 DOCS=${DOCS:-docs/results/compression}
 BANDWIDTH_GBPS=${BANDWIDTH_GBPS:-0.005}

@@ -8,7 +8,8 @@
 #     restores the communication/compute ratio that a GPU cluster sees on 25 Gb/s Ethernet.
 # Writes report.md and the plots to docs/results/.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 OUT=${OUT:-multirun/cpu_small}
 TOPOS=complete,ring,one-peer-exp,alternating-exp-ring,random-matching,allreduce
 run() {

@@ -8,7 +8,8 @@
 # Run the same command on each of the 4 nodes (torchrun's c10d rendezvous finds the others):
 #   HEAD=node001 DATA=/data/imagenet bash experiments/sweeps/imagenet_resnet50.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 DATA=${DATA:?set DATA to the ImageNet root with train/ and val/ class folders}
 HEAD=${HEAD:?set HEAD to the rendezvous host (the first node)}
 NNODES=${NNODES:-4}

@@ -4,7 +4,8 @@
 # Requeued or pre-empted jobs resume from the latest complete checkpoint in the same run dir.
 #   DATA=/data/imagenet PARTITION=gpu bash experiments/sweeps/imagenet_resnet50_slurm.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 DATA=${DATA:?set DATA to the ImageNet root}
 PARTITION=${PARTITION:?set PARTITION to your SLURM partition}
 .venv/bin/python train.py -m hydra/launcher=slurm \

@@ -3,7 +3,8 @@
 # a tiny GPT (experiment=lm_quick) on 4 CPU gloo workers, 6 topologies x 3 seeds at the same
 # token budget. About 25 minutes on 2 cores. Writes report.md and the plots to docs/results/lm_quick/.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 OUT=${OUT:-multirun/lm}
 DATA=data/stdlib-bpe
 test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \

@@ -12,7 +12,8 @@
 # Arms whose best learning rate sits at an edge of the grid get one more value beyond it.
 # PART=lr|accum|seeds|outer|report|all (default all); OUT (multirun/lm_small); DOCS (docs/results).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 export OUT=${OUT:-multirun/lm_small}
 DOCS=${DOCS:-docs/results}
 PART=${PART:-all}

@@ -6,7 +6,8 @@
 # Writes docs/results/noniid/: summary.md (mean +- std over seeds, gap to allreduce per cell),
 # and one experiments.report (table and plots) per alpha.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 OUT=${OUT:-multirun/noniid}
 DOCS=${DOCS:-docs/results/noniid}
 COMMON=(logger=none log.progress=false log.consensus_every=10 dataset=digits

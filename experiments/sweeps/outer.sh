@@ -11,7 +11,8 @@
 # ones (PART=slowmo only SlowMo), PART=all (default) all; SKIP_RUNS=1 only rebuilds the reports in docs/results/outer/ from
 # the runs' files committed there (runs/<task>/<configuration>/seed<k>/).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 OUT=${OUT:-multirun/outer}
 DOCS=${DOCS:-docs/results/outer}
 PART=${PART:-all}

@@ -14,7 +14,8 @@
 # PART=grid|seeds|link|report|all (default all); OUT (multirun/streaming); LM (the lm_small
 # runs, docs/results/lm/runs); DOCS (docs/results/streaming).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 export OUT=${OUT:-multirun/streaming}
 LM=${LM:-docs/results/lm/runs}
 OUTER=${OUTER:-docs/results/outer/lm_small/runs}

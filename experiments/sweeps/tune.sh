@@ -13,9 +13,10 @@
 # BEST (stage 2 at this value instead of the best of stage 1), SUBDIR (stage 1's run folder
 # names, default the job number; another name adds values to a finished grid).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
 if [ $# -lt 3 ]; then
-  echo "usage: $0 NAME KEY V1,V2,... [OVERRIDE ...]" >&2
+  echo "usage: experiments/sweeps/tune.sh NAME KEY V1,V2,... [OVERRIDE ...]" >&2
   exit 2
 fi
 NAME=$1 KEY=$2 VALUES=$3

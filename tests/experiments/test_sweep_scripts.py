@@ -1,0 +1,63 @@
+"""The sweep scripts run from a private copy: editing one mid-sweep changes nothing of that sweep."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEPS = ROOT / "experiments" / "sweeps"
+HEADER = '[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"'
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the script never reached its wait"
+        time.sleep(0.02)
+
+
+def test_an_edit_during_the_run_does_not_reach_the_running_script(tmp_path: Path) -> None:
+    sweeps = tmp_path / "repo" / "experiments" / "sweeps"
+    sweeps.mkdir(parents=True)
+    shutil.copy(SWEEPS / "_snapshot.sh", sweeps)
+    script = sweeps / "job.sh"
+    script.write_text(
+        "set -euo pipefail\n"
+        f"{HEADER}\n"
+        'cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"\n'
+        'pwd > "$OUT/cwd"; echo "$@" > "$OUT/args"; touch "$OUT/waiting"\n'
+        'while [ ! -e "$OUT/go" ]; do sleep 0.02; done\n'
+        'echo first >> "$OUT/ran"\n'
+        'echo second >> "$OUT/ran"\n'
+    )
+    env = {**os.environ, "OUT": str(tmp_path), "TMPDIR": str(tmp_path)}
+    env.pop("SWEEP_SNAPSHOT", None)
+    proc = subprocess.Popen(["bash", str(script), "a b", "c"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    _wait_for(tmp_path / "waiting", proc)
+    # rewrite the rest of the script as an editor would, while it runs
+    text = script.read_text().replace("echo first", "echo EDITED").replace("second", "SECOND")
+    script.write_text(text + 'echo appended >> "$OUT/ran"\n')
+    (tmp_path / "go").touch()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "ran").read_text() == "first\nsecond\n"
+    assert (tmp_path / "cwd").read_text().strip() == str(tmp_path / "repo")
+    assert (tmp_path / "args").read_text() == "a b c\n"
+    assert not list(tmp_path.glob("sweep.*")), "the private copy is removed"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SWEEPS.glob("*.sh") if p.name[0] != "_"))
+def test_every_sweep_script_starts_from_its_copy_at_the_repository_root(script: str) -> None:
+    lines = (SWEEPS / script).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(HEADER))
+    assert lines[start + 1] == 'cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"'
+    # nothing but comments and shell options before it
+    assert all(not ln.strip() or ln.startswith(("#", "set ")) for ln in lines[:start])
