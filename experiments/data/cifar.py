@@ -13,6 +13,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,8 +22,40 @@ from torch import Tensor
 
 from experiments.data.augment import TensorAugment
 from experiments.data.loaders import Data, InMemory, Placement, build_in_memory
+from experiments.data.meta_pickle import PlainUnpickler
 
 __all__ = ["CIFAR", "CifarFormat", "read_cifar", "load_cifar", "build"]
+
+
+# what a batch may name: numpy's array rebuilders (old and new module paths, protocols 2 to 5)
+# and the bytes decoder of protocol 2; nothing that can run a command or import a module
+CIFAR_GLOBALS = frozenset({
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+})  # fmt: skip
+
+
+class CifarUnpickler(PlainUnpickler):
+    """Unpickles a CIFAR batch, looking up only the numpy names of :data:`CIFAR_GLOBALS`.
+
+    A pickle is a program (see :mod:`experiments.data.meta_pickle`): a batch file that names
+    ``os.system`` would run it under plain :func:`pickle.load`. Any other global, a
+    persistent id or a copyreg extension code is refused before anything is called.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data, encoding="latin1")  # the batches were pickled by Python 2
+
+    def find_class(self, module: str, name: str) -> Any:
+        """The numpy array builder ``module.name``, when it is allowed.
+
+        Raises:
+            pickle.UnpicklingError: For any other global.
+        """
+        if (module, name) in CIFAR_GLOBALS:
+            return pickle.Unpickler.find_class(self, module, name)
+        return super().find_class(module, name)
 
 
 @dataclass(frozen=True)
@@ -91,8 +124,15 @@ def read_cifar(
         path = folder / name
         if not path.is_file():
             raise FileNotFoundError(f"CIFAR file {path} is missing; {hint}")
-        with path.open("rb") as fh:
-            entry = pickle.load(fh, encoding="latin1")
+        try:
+            entry = CifarUnpickler(path.read_bytes()).load()
+        except pickle.UnpicklingError as exc:
+            raise ValueError(
+                f"{path}: refused to unpickle {exc}; a CIFAR batch holds only numpy arrays, "
+                "lists, strings and numbers"
+            ) from None
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}: a CIFAR batch is a dict, not {type(entry).__name__}")
         data = np.asarray(entry["data"])
         targets = np.asarray(entry[fmt.label_key], dtype=np.int64)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:

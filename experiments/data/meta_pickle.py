@@ -58,10 +58,11 @@ class PlainUnpickler(pickle.Unpickler):
 
     Args:
         data: The whole pickle.
+        encoding: How to decode the 8-bit strings of a Python 2 pickle (``pickle.Unpickler``'s).
     """
 
-    def __init__(self, data: bytes) -> None:
-        super().__init__(io.BytesIO(data))
+    def __init__(self, data: bytes, encoding: str = "ASCII") -> None:
+        super().__init__(io.BytesIO(data), encoding=encoding)
         self._data = data
 
     def load(self) -> Any:

@@ -151,3 +151,39 @@ def test_cifar_missing_batch_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()
     with pytest.raises(FileNotFoundError, match="data_batch_3"):
         build({"name": "cifar10", "root": str(tmp_path)})
+
+
+class _Runs:
+    """Unpickles as a call of os.system: what plain pickle.load would run."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self) -> tuple:
+        import os
+
+        return (os.system, (self.command,))
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_batch_that_names_a_command_is_refused_before_it_runs(
+    tmp_path: Path, protocol: int
+) -> None:
+    from experiments.data.cifar import CIFAR, read_cifar
+
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    marker = tmp_path / "ran"
+    good = {"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1]}
+    with (folder / "data_batch_1").open("wb") as fh:
+        pickle.dump({**good, "x": _Runs(f"touch {marker}")}, fh, protocol=protocol)
+    with pytest.raises(ValueError) as caught:
+        read_cifar(folder, ["data_batch_1"], CIFAR["cifar10"], "hint")
+    message = str(caught.value)
+    assert "\n" not in message and "data_batch_1" in message and "system" in message
+    assert not marker.exists()
+    # the same batch without the command loads, in either protocol
+    with (folder / "data_batch_1").open("wb") as fh:
+        pickle.dump(good, fh, protocol=protocol)
+    images, labels = read_cifar(folder, ["data_batch_1"], CIFAR["cifar10"], "hint")
+    assert images.shape == (2, 3, 32, 32) and labels.tolist() == [0, 1]
