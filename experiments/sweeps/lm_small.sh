@@ -119,6 +119,7 @@ fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
   # the runs' small files go into the repository, so that every report can be redrawn from it
   for summary in "$OUT"/*/*/*/summary.json; do
+    [ -f "$summary" ] || continue  # no sweep output here: the committed runs alone
     dir=${summary%/summary.json}
     rel=${dir#"$OUT"/}
     case $rel in

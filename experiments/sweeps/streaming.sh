@@ -92,13 +92,14 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
   # the runs' small files go into the repository, with the two arms they are compared against
   R=$DOCS/runs
   for summary in "$OUT"/*/*/*/summary.json "$OUT"/link/*/summary.json; do
+    [ -f "$summary" ] || continue  # no sweep output here: the committed runs alone
     dir=${summary%/summary.json}
     dest=$R/${dir#"$OUT"/}
     mkdir -p "$dest/.hydra"
     cp "$dir/summary.json" "$dir/metrics.jsonl" "$dest/"
     cp "$dir/.hydra/overrides.yaml" "$dest/.hydra/"
   done
-  for name in "$OUT"/*/best.txt; do cp "$name" "$R/$(basename "${name%/best.txt}")/"; done
+  for name in "$OUT"/*/best.txt; do [ -f "$name" ] && cp "$name" "$R/$(basename "${name%/best.txt}")/"; done
   mkdir -p "$R/allreduce-adamw" "$R/diloco-H16"
   cp -r "$LM/allreduce-adamw/final" "$R/allreduce-adamw/"
   cp -r "$OUTER/diloco-H16/final" "$OUTER/diloco-H16/stage1" "$R/diloco-H16/"
