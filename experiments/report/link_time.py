@@ -36,11 +36,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.report.plots import _pyplot
 from experiments.report.runs import Run, load_all, load_run, num
+from experiments.report.trend import evals
 
 __all__ = ["Arm", "load_arms", "main", "table", "time_to"]
 
-_LOSS = "eval/loss"
 REFERENCE = "allreduce"
 
 
@@ -79,14 +80,6 @@ class Arm:
         return statistics.stdev(self.finals) if len(self.finals) > 1 else None
 
 
-def _evals(run: Run) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for row in run.metrics:
-        if num(row.get(_LOSS)):
-            out[int(row["step"])] = float(row[_LOSS])
-    return out
-
-
 def _median(run: Run, key: str) -> float | None:
     values = [float(row[key]) for row in run.metrics if num(row.get(key))]
     if len(values) > 1:
@@ -94,10 +87,10 @@ def _median(run: Run, key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _mean_curve(runs: Sequence[Run]) -> list[tuple[int, float]]:
-    evals = [_evals(r) for r in runs]
-    common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
-    return [(s, statistics.fmean(e[s] for e in evals)) for s in common]
+def _mean_curve(curves: Sequence[dict[int, float]]) -> list[tuple[int, float]]:
+    """The mean over the runs' ``{step: eval/loss}`` at the steps they all evaluated."""
+    common = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return [(s, statistics.fmean(c[s] for c in curves)) for s in common]
 
 
 def _bytes(summary: dict[str, Any], key: str) -> float | None:
@@ -122,8 +115,8 @@ def load_arms(root: str | Path) -> list[Arm]:
         final = root / name / "final"
         link = load_run(link_dir)
         runs, _ = load_all([final]) if final.is_dir() else ([], [])
-        runs = [r for r in runs if _evals(r)]
-        if link is None or not runs:
+        curves = [c for c in (dict(evals(r)) for r in runs) if c]
+        if link is None or not curves:
             continue
         step_s = _median(link, "perf/step_s")
         if step_s is None:
@@ -131,9 +124,9 @@ def load_arms(root: str | Path) -> list[Arm]:
         arms.append(
             Arm(
                 name=name,
-                seeds=len(runs),
-                curve=_mean_curve(runs),
-                finals=[max(_evals(r).items())[1] for r in runs],
+                seeds=len(curves),
+                curve=_mean_curve(curves),
+                finals=[c[max(c)] for c in curves],
                 step_s=step_s,
                 tokens_per_s=_median(link, "perf/tokens_per_s"),
                 bytes_mean=_bytes(link.summary, "comm/bytes_per_step"),
@@ -193,11 +186,7 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
 
 
 def _plot(arms: Sequence[Arm], target: float, title: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for arm in arms:
         xs = [s * arm.step_s for s, _ in arm.curve]

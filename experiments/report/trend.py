@@ -16,13 +16,14 @@ from experiments.report.configs import Config, Section
 from experiments.report.runs import Run, num
 from experiments.report.tables import reference
 
-__all__ = ["FRACTIONS", "gap_trend_table", "loss_at"]
+__all__ = ["FRACTIONS", "evals", "gap_trend_table", "loss_at"]
 
 FRACTIONS = (1 / 8, 1 / 4, 1 / 2, 1.0)
 _KEY = "eval/loss"
 
 
-def _evals(run: Run) -> list[tuple[int, float]]:
+def evals(run: Run) -> list[tuple[int, float]]:
+    """``(step, eval/loss)`` of every line of the run that logged both, in logged order."""
     return [
         (int(row["step"]), float(row[_KEY]))
         for row in run.metrics
@@ -32,12 +33,12 @@ def _evals(run: Run) -> list[tuple[int, float]]:
 
 def loss_at(run: Run, step: int) -> float | None:
     """The run's last ``eval/loss`` logged at or before ``step``, ``None`` if there is none."""
-    found = [loss for s, loss in _evals(run) if s <= step]
+    found = [loss for s, loss in evals(run) if s <= step]
     return found[-1] if found else None
 
 
 def _last_step(configs: Sequence[Config]) -> int | None:
-    steps = [s for c in configs for r in c.runs for s, _ in _evals(r)]
+    steps = [s for c in configs for r in c.runs for s, _ in evals(r)]
     return max(steps) if steps else None
 
 

@@ -472,7 +472,7 @@ def grid_tables(groups: Sequence[TunedGroup]) -> list[str]:
 
 def _finite(value: float | None) -> float | None:
     """``None`` for a diverged value: strict JSON has no infinity."""
-    return value if value is not None and math.isfinite(value) else None
+    return value if num(value) else None
 
 
 def _value_json(value: GridValue) -> dict[str, Any]:
