@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo clean
+.PHONY: help install test test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -68,6 +68,19 @@ report: ## report.md + plots for the newest sweep (or DIRS=...)
 
 simulate: ## Scale simulation: allreduce vs topologies at 8..1024 workers
 	$(PY) -m experiments.network.simulate $(ARGS)
+
+HOSTS   ?= 4
+PPH     ?= 1
+RATE    ?= 100mbit
+
+testbed-up: ## As root: HOSTS network namespaces on one bridge, links capped at RATE both ways (PPH procs per host)
+	$(PY) -m experiments.network.testbed up --hosts $(HOSTS) --procs-per-host $(PPH) --rate $(RATE)
+
+testbed-down: ## Remove everything testbed-up built
+	$(PY) -m experiments.network.testbed down
+
+testbed-run: ## train.py on every testbed host (one torchrun each, c10d rendezvous); ARGS=overrides
+	$(PY) -m experiments.network.testbed run -- $(ARGS)
 
 topo: ## Topology table for 64 workers: period, spectral gap, contraction
 	$(PY) -m decent_dp.topo --world-size 64

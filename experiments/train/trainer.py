@@ -53,6 +53,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from decent_dp.utils import get_device
 from experiments.data.loaders import set_memory_format
 from experiments.network.netem import apply_network
+from experiments.network.wire import WireCounter
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.config import compression_arg
@@ -268,6 +269,8 @@ class Trainer:
         self.train_step.model.train()
         # the throughput window counts training only: logging, evaluation and saving are excluded
         self.metrics.clock.start()
+        # the link's bytes from here on: the start-up's broadcasts are not the steps'
+        self.wire = WireCounter.from_env()
         with redirect:
             for x, y in self._batches():
                 self.train_step(x, y, self.step + 1)
@@ -321,7 +324,7 @@ class Trainer:
         )
         line: dict[str, Any] | None = None
         if log_due:
-            timers = self.train_step.pop_timers()
+            timers = {**self.train_step.pop_timers(), **self.wire.pop()}
             line = metrics.train_line(step, seconds, steps, timers, self.train_step.current_lr())
             line["comm/bytes_per_step"] = self.train_step.bytes_per_step()
             line["comm/peak_bytes_per_step"] = self.train_step.peak_bytes_per_step()
