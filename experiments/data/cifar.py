@@ -13,7 +13,6 @@ import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -22,40 +21,23 @@ from torch import Tensor
 
 from experiments.data.augment import TensorAugment
 from experiments.data.loaders import Data, InMemory, Placement, build_in_memory
-from experiments.data.meta_pickle import PlainUnpickler
+from experiments.data.safe_pickle import ArrayUnpickler
 
 __all__ = ["CIFAR", "CifarFormat", "read_cifar", "load_cifar", "build"]
 
 
-# what a batch may name: numpy's array rebuilders (old and new module paths, protocols 2 to 5)
-# and the bytes decoder of protocol 2; nothing that can run a command or import a module
-CIFAR_GLOBALS = frozenset({
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
-})  # fmt: skip
-
-
-class CifarUnpickler(PlainUnpickler):
-    """Unpickles a CIFAR batch, looking up only the numpy names of :data:`CIFAR_GLOBALS`.
+class CifarUnpickler(ArrayUnpickler):
+    """Unpickles a CIFAR batch: plain data and numpy arrays of plain dtypes, nothing else.
 
     A pickle is a program (see :mod:`experiments.data.meta_pickle`): a batch file that names
-    ``os.system`` would run it under plain :func:`pickle.load`. Any other global, a
-    persistent id or a copyreg extension code is refused before anything is called.
+    ``os.system`` would run it under plain :func:`pickle.load`, and one that gives numpy's
+    ``dtype`` a hostile state makes numpy write out of bounds. Any global but numpy's array
+    builders, which get inert stand-ins (see :mod:`experiments.data.safe_pickle`), is
+    refused before anything is called; the arrays are built and checked after the load.
     """
 
     def __init__(self, data: bytes) -> None:
         super().__init__(data, encoding="latin1")  # the batches were pickled by Python 2
-
-    def find_class(self, module: str, name: str) -> Any:
-        """The numpy array builder ``module.name``, when it is allowed.
-
-        Raises:
-            pickle.UnpicklingError: For any other global.
-        """
-        if (module, name) in CIFAR_GLOBALS:
-            return pickle.Unpickler.find_class(self, module, name)
-        return super().find_class(module, name)
 
 
 @dataclass(frozen=True)
@@ -117,7 +99,9 @@ def read_cifar(
 
     Raises:
         FileNotFoundError: If a batch file is missing.
-        ValueError: If a batch is malformed.
+        ValueError: One line naming the file, if a batch is malformed or refused (a global
+            other than numpy's array builders, or an array that is not plain); nothing
+            from a refused file runs.
     """
     images, labels = [], []
     for name in files:
@@ -128,11 +112,19 @@ def read_cifar(
             entry = CifarUnpickler(path.read_bytes()).load()
         except pickle.UnpicklingError as exc:
             raise ValueError(
-                f"{path}: refused to unpickle {exc}; a CIFAR batch holds only numpy arrays, "
-                "lists, strings and numbers"
+                f"{path}: refused to unpickle {exc}; a CIFAR batch holds only numpy arrays "
+                "of plain dtypes, lists, strings and numbers"
             ) from None
+        except Exception as exc:  # a damaged file fails in many ways; each is one line here
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise ValueError(f"{path}: not a readable CIFAR batch: {reason}") from None
         if not isinstance(entry, dict):
             raise ValueError(f"{path}: a CIFAR batch is a dict, not {type(entry).__name__}")
+        missing = [key for key in ("data", fmt.label_key) if key not in entry]
+        if missing:
+            raise ValueError(
+                f"{path}: a CIFAR batch holds 'data' and {fmt.label_key!r}, not {missing}"
+            )
         data = np.asarray(entry["data"])
         targets = np.asarray(entry[fmt.label_key], dtype=np.int64)
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:

@@ -51,6 +51,13 @@ class Payload:
         return self.func, self.args
 
 
+class Later(Payload):
+    """A :class:`Payload` as another's function: what it unpickles to is then called."""
+
+    def __call__(self, *args: object) -> None:  # the pickler asks for a callable
+        raise TypeError("only what this unpickles to is called")
+
+
 def _place():
     from experiments.data.loaders import Placement
 
@@ -117,6 +124,44 @@ def test_a_hostile_meta_pickle_is_refused_and_runs_nothing(tmp_path: Path, how: 
         assert not marker.exists()
     # the payload is live: plain unpickling runs it
     pickle.loads((root / "meta.pkl").read_bytes())
+    assert marker.exists()
+
+
+def _builtin_payload(func: str, command: str) -> Payload:
+    """A payload that runs ``command`` through ``builtins.eval`` or ``builtins.getattr``."""
+    if func == "eval":
+        return Payload(eval, f"__import__('os').system({command!r})")
+    # getattr(__import__("os"), "system")(command): no module is named but builtins
+    return Payload(Later(getattr, Payload(__import__, "os"), "system"), command)
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 5])
+@pytest.mark.parametrize("func", ["eval", "getattr"])
+def test_builtins_eval_and_getattr_are_refused(tmp_path: Path, func: str, protocol: int) -> None:
+    marker = tmp_path / "ran"
+    payload = _builtin_payload(func, f"touch {marker}")
+    path = _write(tmp_path / "meta.pkl", {"vocab_size": 3, "x": payload}, protocol)
+    with pytest.raises(ValueError) as info:
+        read_meta_pickle(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path} is refused: ")
+    # protocols 0 and 2 write Python 2's module name, which pickle maps when it imports
+    assert re.search(rf"asks for the global (builtins|__builtin__)\.{func};", message)
+    assert not marker.exists()
+    # the payload is live: plain unpickling runs it
+    pickle.loads(path.read_bytes())
+    assert marker.exists()
+
+
+def test_an_inst_opcode_naming_eval_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code = f"__import__('os').system('touch {marker}')"
+    path = tmp_path / "meta.pkl"
+    path.write_bytes(b"(S" + repr(code).encode() + b"\nibuiltins\neval\n.")
+    with pytest.raises(ValueError, match=r" is refused: it asks for the global builtins\.eval;"):
+        read_meta_pickle(path)
+    assert not marker.exists()
+    pickle.loads(path.read_bytes())
     assert marker.exists()
 
 
