@@ -1,8 +1,11 @@
 """The outer optimizer: every ``H`` steps, one optimizer step on an outer copy of the model.
 
 Every rank keeps an outer copy ``x_outer`` of each bucket, identical on all
-ranks, starting from the parameters when the buckets are built (``x(0)``
-after the wrapper's broadcast). At every step ``t`` with ``t % H == 0`` the
+ranks, starting from rank 0's parameters when the buckets are built, which
+every rank receives then (``x(0)`` when nothing has changed the parameters
+since the wrapper's own broadcast; a script that changes them per rank in
+between would otherwise start one outer loop per rank, never reconciled). A
+checkpoint's outer copies, loaded after, replace them. At every step ``t`` with ``t % H == 0`` the
 gossip that step ``t`` mixes in (launched right after step ``t-1``) is one
 all-reduce of the whole world with weight ``1/n``, so it delivers the exact
 average ``xbar(t-1)``. When the bucket steps, :meth:`OuterOptimizer.step`
@@ -252,8 +255,16 @@ class OuterOptimizer:
 
     @torch.no_grad()
     def add_bucket(self, bucket: Bucket) -> None:
-        """Start the bucket's outer copy from its current values, and build its optimizer."""
+        """Start the bucket's outer copy from rank 0's values, and build its optimizer.
+
+        Every rank calls this at the same point (when the buckets are built),
+        so the broadcasts line up; where the values already agree they change
+        nothing.
+        """
         copies = [v.detach().clone() for v in bucket.values()]
+        if len(self.edge.ranks) > 1:
+            for x in copies:  # the outer loop has one start, not one per rank
+                dist.broadcast(x, src=0, group=self.group)
         opt = self.optim_fn(copies)
         if not isinstance(opt, Optimizer):
             raise TypeError(
