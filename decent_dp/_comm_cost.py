@@ -10,10 +10,12 @@ compressor's ratio of exact gossip's bytes on every topology (0.5 for
 
 Memory: one reference per bucket and per round of the period whose group has
 more than one member, allocated on first use: ``ring`` 2 rounds (2 model
-copies), ``one-peer-exp`` ``log2(n)`` copies, ``complete`` 1; plus, per
-bucket, one scratch block of the bucket's size and the payload buffers
-(:func:`inflight_bytes`: three payloads for a pair, ``(3k + 1) / k`` of one
-for a larger group, whatever ``k``).
+copies), ``one-peer-exp`` ``log2(n)`` copies, ``complete`` 1; plus one
+scratch block of the largest bucket's size (per dtype and device, shared by
+the buckets) and, per bucket, the buffers of its exchange in flight
+(:func:`inflight_bytes`: three payloads for a pair; for a larger group
+``(3k + 1) / k`` of one payload and the exact sum of the own chunk, ``1 / k``
+of the bucket in its dtype, whatever ``k``).
 """
 
 from __future__ import annotations
@@ -50,18 +52,26 @@ def exchange_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int)
 
 
 def inflight_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int) -> int:
-    """Bytes of payload buffers one bucket's exchange holds between its launch and its step.
+    """Bytes of the buffers one bucket's exchange holds between its launch and its step.
 
-    The scratch block and the reference are apart (model-sized, one per bucket
-    and one per bucket and round). For a group of ``k > 2`` this is about three
-    payloads whatever ``k``.
+    The scratch block and the references are apart (one block of the largest
+    bucket, and one reference per bucket and round). For a group of ``k > 2``
+    this is about three payloads and ``1 / k`` of the bucket whatever ``k``.
+
+    Args:
+        spec: The compressor.
+        numel: The bucket's elements (padding included).
+        element_size: Bytes per element of the bucket's dtype.
+        k: The group's size.
     """
     name = spec.name
     if k <= 1:
         return 0
     if split_exchange(name, k):
-        # own chunks, received chunks, the gathered sums (k rows each) and the own sum
-        return (3 * k + 1) * payload_nbytes(name, chunk_len(numel, k), element_size)
+        # own chunks, received chunks, the gathered sums (k payloads each), the own sum's
+        # payload, and that sum itself, exact, in the bucket's dtype
+        m = chunk_len(numel, k)
+        return (3 * k + 1) * payload_nbytes(name, m, element_size) + m * element_size
     if name in ENCODERS:
         return (1 + k) * payload_nbytes(name, numel, element_size)
     if name == "randk":

@@ -210,7 +210,8 @@ class GossipCompressor:
 
     spec: CompressionSpec
     refs: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
-    scratch: dict[int, torch.Tensor] = field(default_factory=dict)
+    # one block per dtype and device, shared by every bucket (see _scratch)
+    scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict)
     inflight: dict[int, InFlight] = field(default_factory=dict)
     seconds: dict[Any, tuple[Any, list[Chained]]] = field(default_factory=dict)
 
@@ -223,12 +224,24 @@ class GossipCompressor:
         return ref
 
     def _scratch(self, bucket: Any, length: int) -> torch.Tensor:
-        """A block of at least ``length`` elements whose part past ``bucket.numel`` stays zero."""
-        buf = self.scratch.get(bucket.index)
+        """A block of at least ``length`` elements, one per dtype and device for all buckets.
+
+        Sharing is safe because nothing reads the block after the launch that
+        filled it: the payloads are encoded (``randk``: selected) into buffers
+        of their own there, and on CUDA every launch runs on the one side
+        stream, so the next bucket's deviation overwrites it only after the
+        previous encoding has read it. It grows to the largest need.
+        """
+        key = (bucket.dtype, bucket.device)
+        buf = self.scratch.get(key)
         if buf is None or buf.numel() < length:
             buf = torch.zeros(length, dtype=bucket.dtype, device=bucket.device)
-            self.scratch[bucket.index] = buf
+            self.scratch[key] = buf
         return buf
+
+    def scratch_nbytes(self) -> int:
+        """Bytes of the scratch blocks held now."""
+        return sum(b.numel() * b.element_size() for b in self.scratch.values())
 
     def _deviation(self, bucket: Any, ref: torch.Tensor, length: int) -> torch.Tensor:
         """``x - ref`` over the bucket's whole block, zero-padded to ``length`` elements."""
@@ -237,9 +250,11 @@ class GossipCompressor:
         if bucket.flat is not None:
             torch.sub(bucket.flat, ref, out=dev)
         else:
+            dev.zero_()  # the padding between the parameters; another bucket wrote there
             for p, o in zip(bucket.params, bucket.offsets):
                 n = p.numel()
                 torch.sub(p.data.reshape(-1), ref[o : o + n], out=dev[o : o + n])
+        buf[bucket.numel : length].zero_()  # the exchange's padding, likewise
         return buf[:length]
 
     def launch(
