@@ -63,6 +63,7 @@ from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_byt
 from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
 from ._state import StateDictMixin
 from .topo import Topology, TopologyReg
+from .utils import unwrap_compiled
 
 __all__ = [
     "DecentralizedDataParallel",
@@ -81,10 +82,7 @@ OPTIM_FN_TYPE = OptimFn
 LR_SCHEDULER_FN_TYPE = LRSchedulerFn
 
 
-def _unwrap_compiled(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile(module)``, whose names carry no ``_orig_mod.``."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else model
+_unwrap_compiled = unwrap_compiled  # this module's name for it before it was public
 
 
 class DecentralizedDataParallel(
@@ -227,7 +225,7 @@ class DecentralizedDataParallel(
         if local_world_size is None:
             local_world_size = _local_world_size
         self.module = model
-        self._plain = _unwrap_compiled(model)
+        self._plain = unwrap_compiled(model)
         self._world_size = dist.get_world_size()
         self.topology = TopologyReg.create(
             topology, self._world_size, local_world_size, **(topology_kwargs or {})
