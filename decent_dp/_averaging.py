@@ -1,10 +1,12 @@
 """Global averaging across all workers: the exact mean model, and how far the workers are from it.
 
-Behind :meth:`DecentralizedDataParallel.global_avg`,
+:class:`GlobalAverager` does the work behind
+:meth:`DecentralizedDataParallel.global_avg`,
 :meth:`~DecentralizedDataParallel.revert_global_avg`,
 :meth:`~DecentralizedDataParallel.averaged` and
-:meth:`~DecentralizedDataParallel.consensus_distance`. Each first drains the
-gossip in flight, so that the values it reads are the current ``x(t)``.
+:meth:`~DecentralizedDataParallel.consensus_distance`, which
+:class:`AveragingMixin` gives the wrapper. Each first drains the gossip in
+flight, so that the values it reads are the current ``x(t)``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 from ._engine import Engine
 from .metrics import count_sketch
 
-__all__ = ["GlobalAverager"]
+__all__ = ["AveragingMixin", "GlobalAverager"]
 
 
 class GlobalAverager:
@@ -123,3 +125,71 @@ class GlobalAverager:
             local = (y - ybar).pow(2).sum().reshape(1)
         dist.all_reduce(local)
         return float(local.item()) / self._world_size
+
+
+class AveragingMixin:
+    """The averaging methods of :class:`~decent_dp.ddp.DecentralizedDataParallel`."""
+
+    _engine: Engine
+    _averager: GlobalAverager
+    module: nn.Module
+
+    def _drain(self) -> None:
+        """Finish in-flight gossip (the results stay pending for the next step)."""
+        self._engine.drain()
+
+    @torch.no_grad()
+    def global_avg(self, will_revert: bool = True, return_d2c: bool = False) -> float | None:
+        """Replace every worker's parameters (and float buffers, if enabled) by the global mean.
+
+        Gossip in flight is drained and set aside: all workers are identical
+        afterwards, so the next step mixes the identity.
+
+        Args:
+            will_revert: Keep a copy of the current values (and the gossip set
+                aside) for :meth:`revert_global_avg`, as decent-dp 0.2.x does.
+            return_d2c: Return this worker's distance to the centre,
+                ``||x_i - xbar||`` (the Euclidean norm over all parameters).
+
+        Returns:
+            The distance to the centre when ``return_d2c``, else ``None``.
+        """
+        return self._averager.average(will_revert, return_d2c)
+
+    @torch.no_grad()
+    def revert_global_avg(self) -> None:
+        """Restore the values saved by the last ``global_avg(will_revert=True)``.
+
+        Called before any further step, the gossip that was set aside is
+        restored too, so training continues as if nothing happened.
+
+        Raises:
+            RuntimeError: There is nothing to revert.
+        """
+        self._averager.revert()
+
+    @contextlib.contextmanager
+    def averaged(self) -> Iterator[nn.Module]:
+        """Swap in the global mean model (e.g. for evaluation); restore on exit.
+
+        Example::
+
+            with model.averaged():
+                acc = evaluate(model)
+        """
+        with self._averager.averaged():
+            yield self.module
+
+    def consensus_distance(self, sketch: int | None = None) -> float:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over all parameters, identical on every rank.
+
+        Args:
+            sketch: ``None`` for the exact value (one all-reduce of the model);
+                an integer ``k`` for an unbiased count-sketch estimate whose
+                communication is ``k`` numbers, independent of the model size.
+                Its relative standard error is at most ``sqrt(2/k)``.
+
+        Returns:
+            The consensus distance (a Python float).
+        """
+        return self._averager.consensus_distance(sketch)

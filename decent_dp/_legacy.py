@@ -5,7 +5,8 @@ Scripts written for 0.2.x read ``model._optims`` and ``model._lr_schedulers``
 checkpoint. Both are empty until the first backward pass has cut the
 parameters into buckets. :func:`load_bucket_states` puts such a checkpoint
 back, into the existing buckets or, in a fresh wrapper, into the buckets its
-first backward pass builds.
+first backward pass builds. :class:`LegacyMixin` gives the wrapper these
+names.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ._bucket import Bucket
 from ._engine import Engine
 from ._kernels import restore_fused
 
-__all__ = ["bucket_optimizers", "bucket_schedulers", "load_bucket_states"]
+__all__ = ["LegacyMixin", "bucket_optimizers", "bucket_schedulers", "load_bucket_states"]
 
 
 def bucket_optimizers(engine: Engine) -> list[Optimizer]:
@@ -88,3 +89,43 @@ def load_bucket_states(
     else:
         engine.after_build = partial(_load_into, opts, scheds)
     engine.step_count = step
+
+
+class LegacyMixin:
+    """decent-dp 0.2.x's per-bucket names on :class:`~decent_dp.ddp.DecentralizedDataParallel`."""
+
+    _engine: Engine
+
+    @property
+    def _optims(self) -> list[Optimizer]:
+        """decent-dp 0.2.x's per-bucket optimizers, in bucket order (``[]`` before the first backward)."""
+        return bucket_optimizers(self._engine)
+
+    @property
+    def _lr_schedulers(self) -> list[Any]:
+        """decent-dp 0.2.x's per-bucket LR schedulers (``None`` without ``lr_scheduler_fn``; ``[]`` at first)."""
+        return bucket_schedulers(self._engine)
+
+    def load_bucket_states(
+        self,
+        optimizers: list[dict[str, Any]],
+        lr_schedulers: list[dict[str, Any] | None],
+        step: int,
+    ) -> None:
+        """Restore the states a 0.2.x-style script saved through :attr:`_optims` and :attr:`_lr_schedulers`.
+
+        Load the model's ``state_dict`` too. A fresh wrapper applies them once
+        its first backward has built the buckets; that step mixes nothing in,
+        as after :meth:`global_avg`, so a checkpoint saved then resumes exactly.
+
+        Args:
+            optimizers: ``[opt.state_dict() for opt in model._optims]``.
+            lr_schedulers: ``[s.state_dict() for s in model._lr_schedulers if s is not None]``.
+            step: The number of optimizer steps taken when they were saved
+                (:attr:`step_count`), which selects the topology's round.
+
+        Raises:
+            ValueError: ``step`` is not an integer ``>= 0``, or the states do
+                not fit this wrapper's buckets.
+        """
+        load_bucket_states(self._engine, optimizers, lr_schedulers, step)

@@ -1,8 +1,11 @@
 """The outer optimizer: every ``H`` steps, one optimizer step on an outer copy of the model.
 
 Every rank keeps an outer copy ``x_outer`` of each bucket, identical on all
-ranks, starting from the parameters when the buckets are built (``x(0)``
-after the wrapper's broadcast). At every step ``t`` with ``t % H == 0`` the
+ranks, starting from rank 0's parameters when the buckets are built, which
+every rank receives then (``x(0)`` when nothing has changed the parameters
+since the wrapper's own broadcast; a script that changes them per rank in
+between would otherwise start one outer loop per rank, never reconciled). A
+checkpoint's outer copies, loaded after, replace them. At every step ``t`` with ``t % H == 0`` the
 gossip that step ``t`` mixes in (launched right after step ``t-1``) is one
 all-reduce of the whole world with weight ``1/n``, so it delivers the exact
 average ``xbar(t-1)``. When the bucket steps, :meth:`OuterOptimizer.step`
@@ -45,7 +48,7 @@ buckets are built. No gossip precedes step 1, so an outer round due there
 Compressed outer rounds (``compression`` ``bf16`` or ``int8``). What crosses
 the wire is each rank's outer gradient ``Delta_i = x_outer - x_i(t-1)``
 (small once training is under way, unlike the model), compressed with the
-encoders of :mod:`decent_dp._compression`; the exchange is the one of
+encoders of :mod:`decent_dp._codecs`; the exchange is the one of
 compressed gossip: a pair all-gathers its two payloads and sums them decoded
 in rank order, a larger world exchanges in two phases (rank ``c`` sums every
 rank's decoded chunk ``c`` in rank order and sends that sum compressed to
@@ -86,15 +89,10 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from ._bucket import Bucket
-from ._compression import (
-    CompressionSpec,
-    _InFlight,
-    decoded_sum,
-    exchange_bytes,
-    exchange_len,
-    exchange_nbytes,
-    start_exchange,
-)
+from ._codecs import CompressionSpec, exchange_len, exchange_nbytes
+from ._comm_cost import exchange_bytes
+from ._compression import start_exchange
+from ._inflight import InFlight, decoded_sum
 from .topo import Edge
 
 __all__ = [
@@ -228,7 +226,7 @@ class OuterOptimizer:
         self.stride = self.every // self.fragments  # H / F: the shift between fragments
         self.compression = outer_compression_name(compression)
         self.second: tuple[Any, list[Any]] | None = None
-        self._inflight: dict[int, _InFlight] = {}  # compressed rounds between launch and step
+        self._inflight: dict[int, InFlight] = {}  # compressed rounds between launch and step
         self._scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         self.edge = Edge(range(world_size), 1.0 / world_size)
         self.group: Any = dist.group.WORLD
@@ -257,8 +255,16 @@ class OuterOptimizer:
 
     @torch.no_grad()
     def add_bucket(self, bucket: Bucket) -> None:
-        """Start the bucket's outer copy from its current values, and build its optimizer."""
+        """Start the bucket's outer copy from rank 0's values, and build its optimizer.
+
+        Every rank calls this at the same point (when the buckets are built),
+        so the broadcasts line up; where the values already agree they change
+        nothing.
+        """
         copies = [v.detach().clone() for v in bucket.values()]
+        if len(self.edge.ranks) > 1:
+            for x in copies:  # the outer loop has one start, not one per rank
+                dist.broadcast(x, src=0, group=self.group)
         opt = self.optim_fn(copies)
         if not isinstance(opt, Optimizer):
             raise TypeError(
@@ -425,7 +431,7 @@ def schedule_bytes(
     Each bucket's step is its fragment's: the all-reduce of the world at its
     outer rounds (compressed by the outer optimizer's compression), else its
     shifted topology round, compressed by ``gossip`` (the cost model of
-    :func:`decent_dp._compression.exchange_bytes`).
+    :func:`decent_dp._comm_cost.exchange_bytes`).
 
     Args:
         outer: The outer optimizer (its schedule and fragments).

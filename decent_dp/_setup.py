@@ -1,7 +1,10 @@
 """What the wrapper does once, across ranks: agree, broadcast, create groups, plan buckets.
 
-Every function here issues its collectives in the same order on every rank,
-so each must be called by every rank at the same point.
+Every function here that issues collectives issues them in the same order on
+every rank, so each must be called by every rank at the same point. The
+checks of the wrapper's own arguments (:func:`check_wrapper_args`,
+:func:`trained_parameters`) issue none: they run first, so that a bad value
+fails on its rank before any process can wait on a collective.
 """
 
 from __future__ import annotations
@@ -18,11 +21,68 @@ from .topo import Edge, Topology
 __all__ = [
     "broadcast_from_rank0",
     "check_ranks_agree",
+    "check_wrapper_args",
     "communicators_per_rank",
     "make_groups",
     "make_second_groups",
     "plan_buckets",
+    "trained_parameters",
 ]
+
+
+def check_wrapper_args(model: Any, bucket_size_in_mb: Any, grad_clip_norm: Any) -> None:
+    """The wrapper's arguments that each rank checks alone, before any collective.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialized.
+        ValueError: A bucket size or clipping norm that is not a number ``>= 0``.
+        TypeError: ``model`` is not a module.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "DecentralizedDataParallel needs an initialized process group; launch with torchrun "
+            "and call decent_dp.utils.initialize_dist() (or torch.distributed.init_process_group())"
+        )
+    if not isinstance(bucket_size_in_mb, (int, float)) or not bucket_size_in_mb >= 0:
+        raise ValueError(
+            f"bucket_size_in_mb={bucket_size_in_mb!r} is invalid; it must be a number >= 0"
+        )
+    if not isinstance(grad_clip_norm, (int, float)) or not grad_clip_norm >= 0:
+        raise ValueError(
+            f"grad_clip_norm={grad_clip_norm!r} is invalid; it must be >= 0 (0 disables)"
+        )
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+def trained_parameters(
+    module: nn.Module, scaler: Any
+) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
+    """Every named parameter of ``module``, and those it trains (``requires_grad``).
+
+    Raises:
+        ValueError: No parameter, none trained, one off CUDA on NCCL, or a
+            float16 one with an enabled GradScaler.
+    """
+    every = list(module.named_parameters())
+    if not every:
+        raise ValueError("model has no parameters; there is nothing to train")
+    named = [(n, p) for n, p in every if p.requires_grad]
+    if not named:
+        raise ValueError("every parameter has requires_grad=False; there is nothing to train")
+    backend = dist.get_backend()
+    for n, p in named:
+        if backend == "nccl" and p.device.type != "cuda":
+            raise ValueError(
+                f"parameter '{n}' is on {p.device} but the backend is nccl; move the model to "
+                "cuda:LOCAL_RANK before wrapping it, or use the gloo backend"
+            )
+        if p.dtype == torch.float16 and scaler is not None and scaler.is_enabled():
+            raise ValueError(
+                f"parameter '{n}' is float16, which a GradScaler cannot unscale; keep the "
+                "parameters float32 and run the forward under torch.autocast(dtype=torch.float16)"
+            )
+    return every, named
 
 
 def _round_digests(topology: Topology) -> list[str]:

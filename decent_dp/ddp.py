@@ -29,10 +29,12 @@ dicts and the names decent-dp 0.2.x scripts use. The per-iteration work
 (buckets, gradient hooks, stepping, gossip in flight) is done by
 :class:`decent_dp._engine.Engine`, which the wrapper owns.
 
-It is longer than this package's other modules because it is the public
-API: most of its lines are the docstrings of every argument and method a user
-reads, and each feature (outer optimizer, compression, the 0.2.x names) adds
-only a few lines of code here, the rest living in its own module.
+The public methods are grouped by concern: averaging
+(:class:`decent_dp._averaging.AveragingMixin`), state dicts
+(:class:`decent_dp._state.StateDictMixin`), the communication report
+(:class:`decent_dp._comm_report.CommReportMixin`) and decent-dp 0.2.x's
+per-bucket names (:class:`decent_dp._legacy.LegacyMixin`) each live beside
+the code they call; this module holds construction and the rest.
 """
 
 from __future__ import annotations
@@ -46,16 +48,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from . import _legacy
-from ._averaging import GlobalAverager
-from ._bucket import Bucket, aligned_offsets
-from ._compression import CompressionSpec, bytes_per_step, parse_compression
+# the names marked F401 were imported here before the methods using them moved out; kept
+from . import _legacy  # noqa: F401
+from ._averaging import AveragingMixin, GlobalAverager
+from ._bucket import Bucket, aligned_offsets  # noqa: F401
+from ._comm_cost import bytes_per_step  # noqa: F401
+from ._comm_report import CommReportMixin
+from ._compression import CompressionSpec, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
-from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_bytes
-from ._setup import broadcast_from_rank0, check_ranks_agree
+from ._legacy import LegacyMixin
+from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_bytes  # noqa: F401
+from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
+from ._state import StateDictMixin
 from .topo import Topology, TopologyReg
+from .utils import unwrap_compiled
 
 __all__ = [
     "DecentralizedDataParallel",
@@ -74,13 +82,12 @@ OPTIM_FN_TYPE = OptimFn
 LR_SCHEDULER_FN_TYPE = LRSchedulerFn
 
 
-def _unwrap_compiled(model: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile(module)``, whose names carry no ``_orig_mod.``."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else model
+_unwrap_compiled = unwrap_compiled  # this module's name for it before it was public
 
 
-class DecentralizedDataParallel(nn.Module):
+class DecentralizedDataParallel(
+    AveragingMixin, StateDictMixin, CommReportMixin, LegacyMixin, nn.Module
+):
     """Decentralized data parallel wrapper with the optimizer fused into backward.
 
     Each worker keeps its own model; after every local optimizer step it
@@ -213,26 +220,12 @@ class DecentralizedDataParallel(nn.Module):
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "DecentralizedDataParallel needs an initialized process group; launch with torchrun "
-                "and call decent_dp.utils.initialize_dist() (or torch.distributed.init_process_group())"
-            )
-        if not isinstance(bucket_size_in_mb, (int, float)) or not bucket_size_in_mb >= 0:
-            raise ValueError(
-                f"bucket_size_in_mb={bucket_size_in_mb!r} is invalid; it must be a number >= 0"
-            )
-        if not isinstance(grad_clip_norm, (int, float)) or not grad_clip_norm >= 0:
-            raise ValueError(
-                f"grad_clip_norm={grad_clip_norm!r} is invalid; it must be >= 0 (0 disables)"
-            )
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        check_wrapper_args(model, bucket_size_in_mb, grad_clip_norm)
         self.compression = parse_compression(compression)
         if local_world_size is None:
             local_world_size = _local_world_size
         self.module = model
-        self._plain = _unwrap_compiled(model)
+        self._plain = unwrap_compiled(model)
         self._world_size = dist.get_world_size()
         self.topology = TopologyReg.create(
             topology, self._world_size, local_world_size, **(topology_kwargs or {})
@@ -242,25 +235,7 @@ class DecentralizedDataParallel(nn.Module):
                 f"topology {self.topology!r} is built for world_size={self.topology.world_size}, "
                 f"but the process group has {self._world_size} ranks"
             )
-
-        every = list(self._plain.named_parameters())
-        if not every:
-            raise ValueError("model has no parameters; there is nothing to train")
-        named = [(n, p) for n, p in every if p.requires_grad]
-        if not named:
-            raise ValueError("every parameter has requires_grad=False; there is nothing to train")
-        backend = dist.get_backend()
-        for n, p in named:
-            if backend == "nccl" and p.device.type != "cuda":
-                raise ValueError(
-                    f"parameter '{n}' is on {p.device} but the backend is nccl; move the model to "
-                    "cuda:LOCAL_RANK before wrapping it, or use the gloo backend"
-                )
-            if p.dtype == torch.float16 and scaler is not None and scaler.is_enabled():
-                raise ValueError(
-                    f"parameter '{n}' is float16, which a GradScaler cannot unscale; keep the "
-                    "parameters float32 and run the forward under torch.autocast(dtype=torch.float16)"
-                )
+        every, named = trained_parameters(self._plain, scaler)
         build_optim, trial = resolve_optim_fn(optim_fn, named)
         check_scheduler(lr_scheduler_fn, trial)
         self._initial_lr = float(trial.param_groups[0]["lr"])
@@ -344,117 +319,6 @@ class DecentralizedDataParallel(nn.Module):
             raise ValueError(f"adaptive factor {factor!r} is invalid; it must be in [0, 1]")
         self._engine.gossip.alpha = float(factor)
 
-    # ------------------------------------------------------------ averaging
-    def _drain(self) -> None:
-        """Finish in-flight gossip (the results stay pending for the next step)."""
-        self._engine.drain()
-
-    @torch.no_grad()
-    def global_avg(self, will_revert: bool = True, return_d2c: bool = False) -> float | None:
-        """Replace every worker's parameters (and float buffers, if enabled) by the global mean.
-
-        Gossip in flight is drained and set aside: all workers are identical
-        afterwards, so the next step mixes the identity.
-
-        Args:
-            will_revert: Keep a copy of the current values (and the gossip set
-                aside) for :meth:`revert_global_avg`, as decent-dp 0.2.x does.
-            return_d2c: Return this worker's distance to the centre,
-                ``||x_i - xbar||`` (the Euclidean norm over all parameters).
-
-        Returns:
-            The distance to the centre when ``return_d2c``, else ``None``.
-        """
-        return self._averager.average(will_revert, return_d2c)
-
-    @torch.no_grad()
-    def revert_global_avg(self) -> None:
-        """Restore the values saved by the last ``global_avg(will_revert=True)``.
-
-        Called before any further step, the gossip that was set aside is
-        restored too, so training continues as if nothing happened.
-
-        Raises:
-            RuntimeError: There is nothing to revert.
-        """
-        self._averager.revert()
-
-    @contextlib.contextmanager
-    def averaged(self) -> Iterator[nn.Module]:
-        """Swap in the global mean model (e.g. for evaluation); restore on exit.
-
-        Example::
-
-            with model.averaged():
-                acc = evaluate(model)
-        """
-        with self._averager.averaged():
-            yield self.module
-
-    def consensus_distance(self, sketch: int | None = None) -> float:
-        """``(1/n) sum_i ||x_i - xbar||^2`` over all parameters, identical on every rank.
-
-        Args:
-            sketch: ``None`` for the exact value (one all-reduce of the model);
-                an integer ``k`` for an unbiased count-sketch estimate whose
-                communication is ``k`` numbers, independent of the model size.
-                Its relative standard error is at most ``sqrt(2/k)``.
-
-        Returns:
-            The consensus distance (a Python float).
-        """
-        return self._averager.consensus_distance(sketch)
-
-    # ---------------------------------------------------------- checkpoints
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        """The wrapped module's state dict, with its own keys (no wrapper or compile prefix).
-
-        ``torch.compile(wrapper).state_dict()`` gives the same keys, so that a
-        checkpoint loads into compiled and eager runs alike.
-        """
-        if kwargs.get("prefix") == "_orig_mod.":
-            kwargs["prefix"] = ""  # called by torch.compile's wrapper around this one
-        return self._plain.state_dict(*args, **kwargs)
-
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
-        """Load into the wrapped module in place; gossip restarts from the loaded values."""
-        if assign:
-            raise ValueError(
-                "assign=True would detach parameters from their buckets; use assign=False"
-            )
-        engine = self._engine
-        engine.drain()
-        result = self._plain.load_state_dict(state_dict, strict=strict)
-        if engine.buckets is not None:
-            engine.forget_gossip()
-            engine.relaunch = engine.step_count > 0
-        return result
-
-    def training_state_dict(self) -> dict[str, Any]:
-        """Per-bucket optimizer and scheduler states, the step counter, the scaler and the bucket layout."""
-        return self._engine.training_state()
-
-    def load_training_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`training_state_dict`; load the model's ``state_dict`` too.
-
-        The gossip that was in flight when the state was saved is relaunched
-        from the current parameters before the next forward pass, so a resumed
-        run repeats an uninterrupted one exactly.
-
-        Raises:
-            ValueError: The state was saved with another world size or topology.
-        """
-        if (
-            state.get("world_size") != self._world_size
-            or state.get("topology") != self.topology.name
-        ):
-            raise ValueError(
-                f"training state was saved with world_size={state.get('world_size')} "
-                f"topology={state.get('topology')}; this run has world_size={self._world_size} "
-                f"topology={self.topology.name}"
-            )
-        self._engine.load_training_state(state)
-
     # ------------------------------------------------------------- lifetime
     def close(self) -> None:
         """Finish in-flight gossip, remove the hooks and destroy the wrapper's process groups.
@@ -493,40 +357,6 @@ class DecentralizedDataParallel(nn.Module):
         return self._engine.stream
 
     @property
-    def _optims(self) -> list[Optimizer]:
-        """decent-dp 0.2.x's per-bucket optimizers, in bucket order (``[]`` before the first backward)."""
-        return _legacy.bucket_optimizers(self._engine)
-
-    @property
-    def _lr_schedulers(self) -> list[Any]:
-        """decent-dp 0.2.x's per-bucket LR schedulers (``None`` without ``lr_scheduler_fn``; ``[]`` at first)."""
-        return _legacy.bucket_schedulers(self._engine)
-
-    def load_bucket_states(
-        self,
-        optimizers: list[dict[str, Any]],
-        lr_schedulers: list[dict[str, Any] | None],
-        step: int,
-    ) -> None:
-        """Restore the states a 0.2.x-style script saved through :attr:`_optims` and :attr:`_lr_schedulers`.
-
-        Load the model's ``state_dict`` too. A fresh wrapper applies them once
-        its first backward has built the buckets; that step mixes nothing in,
-        as after :meth:`global_avg`, so a checkpoint saved then resumes exactly.
-
-        Args:
-            optimizers: ``[opt.state_dict() for opt in model._optims]``.
-            lr_schedulers: ``[s.state_dict() for s in model._lr_schedulers if s is not None]``.
-            step: The number of optimizer steps taken when they were saved
-                (:attr:`step_count`), which selects the topology's round.
-
-        Raises:
-            ValueError: ``step`` is not an integer ``>= 0``, or the states do
-                not fit this wrapper's buckets.
-        """
-        _legacy.load_bucket_states(self._engine, optimizers, lr_schedulers, step)
-
-    @property
     def step_count(self) -> int:
         """Number of optimizer steps taken."""
         return self._engine.step_count
@@ -561,51 +391,6 @@ class DecentralizedDataParallel(nn.Module):
         A network-emulation hook, off (``None``) by default and free when off.
         """
         self._engine.gossip.comm_delay = fn
-
-    def _bucket_numels(self) -> tuple[list[int], int]:
-        """Each bucket's element count and the element size (one block before the buckets exist)."""
-        engine = self._engine
-        if engine.buckets is not None:
-            return [b.numel for b in engine.buckets], engine.buckets[0].comm.element_size()
-        size = engine.params[0].element_size()
-        return [aligned_offsets(engine.params, size)[1]], size
-
-    def comm_bytes_per_step(self) -> float:
-        """Bytes this rank sends per step for gossip, averaged over the period (and outer rounds).
-
-        From the schedule, the buckets and the compressor, with the cost model of
-        :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
-        the first backward the trained parameters count as one block (so as one
-        fragment of the outer optimizer).
-        """
-        numels, size = self._bucket_numels()
-        edges, outer = self._engine.gossip.edges, self._engine.outer
-        if outer is None:
-            return bytes_per_step(self.compression, edges, numels, size)
-        # the outer rounds replace the topology's: the span is lcm(period, H)
-        steps = schedule_bytes(outer, edges, numels, size, self.compression)
-        return sum(steps) / len(steps)
-
-    def comm_peak_bytes_per_step(self) -> float:
-        """The most bytes this rank sends at any one step of the schedule (lcm of period and ``H``).
-
-        Counted as :meth:`comm_bytes_per_step` counts them, per step instead of
-        averaged: with ``outer_fragments=F`` an outer round moves about ``1/F``
-        of the model at a time, which lowers the peak but not the mean.
-        """
-        numels, size = self._bucket_numels()
-        edges, outer = self._engine.gossip.edges, self._engine.outer
-        if outer is None:
-            return max(bytes_per_step(self.compression, [e], numels, size) for e in edges)
-        return max(schedule_bytes(outer, edges, numels, size, self.compression))
-
-    @property
-    def buckets_info(self) -> list[dict[str, Any]]:
-        """Name list, element count (padding included) and dtype of each bucket (empty before the first backward)."""
-        return [
-            {"names": list(b.names), "numel": b.numel, "dtype": str(b.dtype)}
-            for b in (self._engine.buckets or [])
-        ]
 
     def extra_repr(self) -> str:
         return (

@@ -1,4 +1,4 @@
-"""Process-group set-up and device choice.
+"""Process-group set-up, device choice, and the module behind ``torch.compile``.
 
 :func:`initialize_dist` works the same under ``torchrun`` and under a plain
 ``python train.py``: without ``WORLD_SIZE`` in the environment it creates a
@@ -15,8 +15,9 @@ import socket
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-__all__ = ["initialize_dist", "get_device", "get_backend_for"]
+__all__ = ["initialize_dist", "get_device", "get_backend_for", "unwrap_compiled"]
 
 _BACKENDS = ("nccl", "gloo")
 
@@ -208,3 +209,18 @@ def initialize_dist(backend: str | None = None, timeout_s: float = 1800.0) -> tu
         kwargs["init_method"] = "env://"
     dist.init_process_group(backend=backend, timeout=timeout, **kwargs)  # type: ignore[arg-type]
     return dist.get_rank(), dist.get_world_size()
+
+
+def unwrap_compiled(module: nn.Module) -> nn.Module:
+    """The module behind ``torch.compile(module)``, or ``module`` itself when not compiled.
+
+    Its parameter and state-dict names carry no ``_orig_mod.`` prefix, so a
+    checkpoint saved from it loads into compiled and eager runs alike.
+
+    Example::
+
+        model = torch.compile(net)
+        assert decent_dp.utils.unwrap_compiled(model) is net
+    """
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, nn.Module) else module

@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from decent_dp.ddp import DecentralizedDataParallel
 from decent_dp.optim import optimizer_kernels, prefer_fused_kernels
+from decent_dp.utils import unwrap_compiled
 from experiments.train.config import ALLREDUCE
 from experiments.train.metrics import TrainWindow
 from experiments.train.task import ImageClassification, Task
@@ -411,7 +412,7 @@ class TrainStep:
         """The bare model's state dict: its own keys, without ``torch.compile``'s ``_orig_mod.``."""
         if self.decentralized:
             return self.ddp.state_dict()
-        return _bare(self.module).state_dict()
+        return unwrap_compiled(self.module).state_dict()
 
     def load_model(self, state: dict[str, Any]) -> None:
         """Load the bare model's parameters (through the wrapper, which keeps its own copies).
@@ -423,16 +424,10 @@ class TrainStep:
         if self.decentralized:
             self.ddp.load_state_dict(state)
         else:
-            _bare(self.module).load_state_dict(state)
+            unwrap_compiled(self.module).load_state_dict(state)
 
 
 _COMPILED_PREFIX = "_orig_mod."
-
-
-def _bare(module: nn.Module) -> nn.Module:
-    """The module behind ``torch.compile(module)`` (itself otherwise)."""
-    inner = getattr(module, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) else module
 
 
 def plain_keys(state: dict[str, Any]) -> dict[str, Any]:
