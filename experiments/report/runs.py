@@ -19,7 +19,7 @@ OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 ALLREDUCE = "allreduce"
 _SKIP_DIRS = {"wandb", "checkpoints", "__pycache__"}
 # keys that name a language-model run, in its summary or its metrics lines
-_LM_KEYS = ("eval/ppl", "perf/tokens_per_s")
+_LM_KEYS = ("eval/ppl", "perf/tokens_per_s", "tokens")
 
 
 def num(value: Any) -> bool:
@@ -80,6 +80,11 @@ class Run:
     def seed(self) -> Any:
         """The run's seed, from its summary."""
         return self.summary.get("seed")
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run stopped on a non-finite loss (``train.nan_policy=error``)."""
+        return self.summary.get("diverged") is True
 
     @property
     def is_lm(self) -> bool:
@@ -157,7 +162,8 @@ def load_run(path: str | Path) -> Run | None:
 
     Returns:
         The run, or ``None`` when ``summary.json`` is missing or unreadable or
-        ``metrics.jsonl`` is missing or has no valid line.
+        ``metrics.jsonl`` is missing or has no valid line (a diverged run, which may have
+        stopped before its first line, needs none).
     """
     loaded = load(Path(path))
     if isinstance(loaded, str):
@@ -200,7 +206,11 @@ def load(path: Path) -> Run | str:
         return f"{SUMMARY_FILE} is not valid JSON ({exc})"
     if not isinstance(summary, dict) or not summary.get("topology"):
         return f"{SUMMARY_FILE} has no topology"
+    # a run that diverged before its first metrics line still counts: tuning ranks it worst
+    lines_needed = summary.get("diverged") is not True
     if not metrics_path.is_file():
+        if not lines_needed:
+            return Run(path, summary, [], _overrides(path / OVERRIDES_FILE))
         return f"no {METRICS_FILE}"
     try:
         lines = metrics_path.read_text(errors="replace").splitlines()
@@ -224,7 +234,7 @@ def load(path: Path) -> Run | str:
             f"{metrics_path}: skipped {len(bad)} malformed line(s), first at line {bad[0]}",
             stacklevel=3,
         )
-    if not metrics:
+    if not metrics and lines_needed:
         return f"{METRICS_FILE} has no valid line"
     return Run(path, summary, metrics, _overrides(path / OVERRIDES_FILE))
 

@@ -12,8 +12,10 @@ deviation and count over seeds of the final metric, and the best value.
   text) and plotted by number; other texts come after the numbers, in text order.
 * The metric is the final value in ``summary.json``: ``eval/loss`` (lower is better) for
   language-model runs, ``eval/acc`` (higher is better) for image runs, or the given name,
-  lower is better when it contains ``loss`` or ``ppl``. A run without a finite value of it
-  is an error, not a skipped run.
+  lower is better when it contains ``loss`` or ``ppl``. A run without a value of it is an
+  error, not a skipped run. A diverged run (``"diverged": true`` in its summary, as a run
+  stopped by ``train.nan_policy=error`` leaves it, or a null, NaN or infinite value) ranks
+  worst, so that its value stays in the grid.
 * The best value has the best mean. Means equal to within a relative 1e-12 are a tie, which
   goes to the value ordered first: the smaller number, else the smaller text. The choice
   depends neither on the order of the runs nor on their directory names.
@@ -23,12 +25,13 @@ deviation and count over seeds of the final metric, and the best value.
 ``python -m experiments.report DIR... --tune optim.lr`` adds a section of these to the
 report, with ``tuned.json`` and ``tune_optim_lr.png``. For scripts::
 
-    python -m experiments.report.tune DIR... --key optim.lr [--metric NAME] [--best]
+    python -m experiments.report.tune DIR... --key optim.lr [--metric NAME] [--best [--edge]]
 
 prints a markdown table of each group's grid; with ``--best``, only the best value's
-override text (``4e-3``) on stdout. It exits 2 with one ``error:`` line on stderr when there
-is no run, a run lacks the key or the metric, or (with ``--best``) the runs form more than
-one group.
+override text (``4e-3``) on stdout, and with ``--edge`` too, that text and where it sits in
+the grid (``4e-3 inside``, ``1e-3 low``, ``8e-3 high``), for a sweep that widens its grid. It
+exits 2 with one ``error:`` line on stderr when there is no run, a run lacks the key or the
+metric, or (with ``--best``) the runs form more than one group or every value diverged.
 """
 
 from __future__ import annotations
@@ -104,7 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--key", required=True, help="the tuned override key, e.g. optim.lr")
     parser.add_argument("--metric", default=None, help="final metric (default eval/loss or acc)")
     parser.add_argument("--best", action="store_true", help="print only the best value's text")
+    parser.add_argument(
+        "--edge", action="store_true", help="with --best: also low, high or inside (the edge)"
+    )
     args = parser.parse_args(argv)
+    if args.edge and not args.best:
+        parser.error("--edge is only used with --best")
     try:
         # one line per warning on stderr: stdout stays the answer alone
         with warnings.catch_warnings(record=True) as caught:
@@ -126,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.best:
         (group,) = groups
-        print(group.best.text)
+        print(f"{group.best.text} {group.side}" if args.edge else group.best.text)
         if group.edge:
             print(f"warning: {args.key}={group.best.text}: {EDGE}", file=sys.stderr)
         return 0

@@ -196,6 +196,13 @@ class TunedGroup:
         return len(self.grid) > 1 and self.numeric and ends
 
     @property
+    def side(self) -> str:
+        """Where the best sits: ``low`` or ``high`` at an edge (:attr:`edge`), else ``inside``."""
+        if not self.edge:
+            return "inside"
+        return "low" if self.best is self.grid[0] else "high"
+
+    @property
     def flag(self) -> str:
         """``edge: widen the grid``, ``single value``, or ``""`` for an interior best."""
         if len(self.grid) == 1:
@@ -203,12 +210,21 @@ class TunedGroup:
         return EDGE if self.edge else ""
 
 
-def _missing(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, float) and math.isnan(value):
-        return "NaN"
-    return f"{value!r}, not a finite number"
+def _final(run: Run, name: str, key: str) -> float:
+    """``run``'s final ``name``, the worst value (infinite) when the run diverged.
+
+    A run diverged when its summary says so (it stopped on a non-finite loss) or its value is
+    null (as the trainer writes a non-finite one), NaN or infinite.
+    """
+    final: Any = run.summary.get(name)
+    nonfinite = isinstance(final, float) and not math.isfinite(final)
+    if run.diverged or nonfinite or (final is None and name in run.summary):
+        # a diverged run ranks worst, so a grid that reaches divergence still picks
+        return math.inf if lower_is_better(name) else -math.inf
+    if not num(final):
+        why = f"{final!r}, not a finite number" if name in run.summary else "missing"
+        raise ValueError(f"run {run.path}: {name} is {why} in {SUMMARY_FILE}; cannot tune {key}")
+    return float(final)
 
 
 def _default_metric(runs: Sequence[Run]) -> str:
@@ -234,9 +250,11 @@ def tune_runs(runs: Sequence[Run], key: str, metric: str | None = None) -> list[
 
     Raises:
         ValueError: No run or no key; a run has no value of ``key``; a run of a group lacks
-            the metric (missing, null or not a number in ``summary.json``); a group mixes
-            language-model and image runs while ``metric`` is ``None``. The message is one
-            line. A NaN or infinite final (a diverged run) is no error: it ranks worst.
+            the metric (missing or not a number in ``summary.json``), or every run of a group
+            has it null, none logged it and none diverged; a group mixes language-model and
+            image runs while ``metric`` is ``None``. The message is one line. A diverged run
+            (marked ``diverged``, or a null, NaN or infinite final) is no error: it ranks
+            worst.
     """
     if not key:
         raise ValueError("no key to tune given")
@@ -260,20 +278,20 @@ def tune_runs(runs: Sequence[Run], key: str, metric: str | None = None) -> list[
     groups = []
     for config, values in members.values():
         name = metric or _default_metric(config.runs)
+        nulls = all(r.summary.get(name, 0) is None and not r.diverged for r in config.runs)
+        if nulls and not any(name in row for r in config.runs for row in r.metrics):
+            # null everywhere, never logged, no run stopped: a metric these runs do not have
+            # (eval/acc of language models), not a grid that diverged throughout
+            raise ValueError(
+                f"{name} is null in every run of the group of {config.runs[0].path}, none "
+                f"logged it and none diverged; name a metric they have to tune {key}"
+            )
         found: dict[tuple[int, float, str], list[tuple[str, Run, float]]] = {}
         for run, text in zip(config.runs, values):
-            final: Any = run.summary.get(name)
-            if isinstance(final, float) and not math.isfinite(final):
-                # a diverged run ranks worst, so a grid that reaches divergence still picks
-                final = math.inf if lower_is_better(name) else -math.inf
-            elif not num(final):
-                why = _missing(final) if name in run.summary else "missing"
-                raise ValueError(
-                    f"run {run.path}: {name} is {why} in {SUMMARY_FILE}; cannot tune {key}"
-                )
+            final = _final(run, name, key)
             value = number(text)
             order = (0, value, "") if value is not None else (1, 0.0, text)
-            found.setdefault(order, []).append((text, run, float(final)))
+            found.setdefault(order, []).append((text, run, final))
         grid = [
             GridValue(
                 text=min(t for t, _, _ in found[order]),
