@@ -23,6 +23,8 @@ import json
 import logging
 import math
 import os
+import platform
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,11 +37,39 @@ from tqdm import tqdm
 
 from experiments.train.logger import MetricsLogger, json_safe
 
-__all__ = ["Metrics", "History", "TrainWindow", "WindowClock", "SUMMARY_FILE"]
+__all__ = ["Metrics", "History", "TrainWindow", "WindowClock", "SUMMARY_FILE", "host_tag"]
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def host_tag(device: torch.device) -> dict[str, Any]:
+    """The machine a run trained on, for the summary (rank 0's): throughput is only compared
+    between runs of one kind of machine.
+
+    Args:
+        device: The training device.
+
+    Returns:
+        ``{"name": host name, "cpu": CPU model, "cores": logical CPUs, "gpu": CUDA device name
+        or None}``.
+    """
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"name": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
 
 
 @dataclass

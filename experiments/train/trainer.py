@@ -57,7 +57,7 @@ from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.config import compression_arg
 from experiments.train.evaluation import Evaluator
-from experiments.train.metrics import Metrics
+from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
 from experiments.train.preempt import StopRequest
@@ -420,6 +420,7 @@ class Trainer:
             "run_dir": str(self.run_dir),
             "diverged": diverged_step is not None,
             "diverged_step": diverged_step,
+            "host": host_tag(self.device),
         }
         if self.task.tokens_per_sample:
             rates = self.metrics.token_rates(self.metrics.mean("samples_per_s"))

@@ -540,6 +540,7 @@ def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
 def test_a_diverged_run_leaves_its_summary_and_tuning_ranks_it_worst(tmp_path, world_of_one):
     from experiments.report import build_report, tune
     from experiments.report.runs import load_all
+    from experiments.train.metrics import host_tag
 
     common = ["scheduler=constant", "optim.momentum=0", "train.max_steps=12"]
     for lr in ("0.05", "1e12"):  # a rate that trains and one that diverges at once
@@ -563,6 +564,7 @@ def test_a_diverged_run_leaves_its_summary_and_tuning_ranks_it_worst(tmp_path, w
     assert summary["diverged"] is True and summary["diverged_step"] == step
     assert summary["train/steps"] >= step and summary["topology"] == "one-peer-exp"
     assert summary["eval/acc"] is None and summary["world_size"] == 1
+    assert summary["host"] == host_tag(torch.device("cpu"))  # the machine it ran on
     # the value stays in the grid, as the worst: the best is the rate that trained
     runs, skipped = load_all([tmp_path / "sweep"])
     assert not skipped and len(runs) == 2
