@@ -12,7 +12,7 @@ from pathlib import Path
 from experiments.report import plots as plots_
 from experiments.report.configs import Section, make_section
 from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, load_all, num
-from experiments.report.tables import config_table, run_table
+from experiments.report.tables import config_table, host_note, run_table
 from experiments.report.trend import gap_trend_table
 
 __all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
@@ -74,7 +74,8 @@ def _section(section: Section, target: float, out: Path, names: dict[str, str]) 
     alts = {key: plot.title for key, plot in figures.items()}
     plots_.save(figures, paths)
     lines = [f"## {_HEADINGS[section.kind]}", "", _NOTES[section.kind], ""]
-    lines += [*_entropy_note(section), *config_table(section, target), "", _legend_note(section)]
+    lines += [*_entropy_note(section), *host_note(section), *config_table(section, target), ""]
+    lines.append(_legend_note(section))
     lines.append("")
     trend = gap_trend_table(section) if section.kind == "lm" else []
     if trend:

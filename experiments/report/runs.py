@@ -11,12 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE"]
+__all__ = [
+    "Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE",
+    "UNKNOWN_HOST",
+]  # fmt: skip
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 ALLREDUCE = "allreduce"
+UNKNOWN_HOST = "unknown host"
 _SKIP_DIRS = {"wandb", "checkpoints", "__pycache__"}
 # keys that name a language-model run, in its summary or its metrics lines
 _LM_KEYS = ("eval/ppl", "perf/tokens_per_s", "tokens")
@@ -80,6 +84,19 @@ class Run:
     def seed(self) -> Any:
         """The run's seed, from its summary."""
         return self.summary.get("seed")
+
+    @property
+    def host(self) -> str:
+        """The kind of machine it ran on (CPU model, cores, GPU), ``unknown host`` untagged.
+
+        The host name is left out: nodes of one partition share the hardware, and a
+        container's name changes from run to run.
+        """
+        tag = self.summary.get("host")
+        if not isinstance(tag, dict):
+            return UNKNOWN_HOST
+        parts = [str(tag.get("cpu") or "unknown CPU"), f"{tag.get('cores')} cores"]
+        return ", ".join(parts + ([str(tag["gpu"])] if tag.get("gpu") else []))
 
     @property
     def diverged(self) -> bool:
