@@ -19,6 +19,7 @@ rank, over ``log.peak_flops``, the peak FLOP/s of one device.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -46,28 +47,17 @@ SUMMARY_FILE = "summary.json"
 
 def _cpu_model() -> str:
     """The CPU's model name from ``/proc/cpuinfo``, else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and value.strip():
-                    return " ".join(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", errors="replace") as info:
+        for line in info:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
     return platform.processor() or platform.machine() or "unknown"
 
 
 def host_tag(device: torch.device) -> dict[str, Any]:
-    """The machine a run trained on, for the summary (rank 0's): throughput is only compared
-    between runs of one kind of machine.
-
-    Args:
-        device: The training device.
-
-    Returns:
-        ``{"name": host name, "cpu": CPU model, "cores": logical CPUs, "gpu": CUDA device name
-        or None}``.
-    """
+    """Rank 0's machine for the summary, ``{"name", "cpu", "cores", "gpu"}`` (``gpu``: the
+    CUDA device's name, else None); the report compares throughput only within one."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"name": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
 
