@@ -12,7 +12,7 @@ from pathlib import Path
 from experiments.report import plots as plots_
 from experiments.report.configs import Section, make_section
 from experiments.report.runs import METRICS_FILE, SUMMARY_FILE, load_all, num
-from experiments.report.tables import config_table, run_table
+from experiments.report.tables import config_table, host_note, run_table
 from experiments.report.trend import gap_trend_table
 
 __all__ = ["build_report", "main", "PLOTS", "LM_PLOTS", "REPORT_FILE"]
@@ -74,7 +74,8 @@ def _section(section: Section, target: float, out: Path, names: dict[str, str]) 
     alts = {key: plot.title for key, plot in figures.items()}
     plots_.save(figures, paths)
     lines = [f"## {_HEADINGS[section.kind]}", "", _NOTES[section.kind], ""]
-    lines += [*_entropy_note(section), *config_table(section, target), "", _legend_note(section)]
+    lines += [*_entropy_note(section), *host_note(section), *config_table(section, target), ""]
+    lines.append(_legend_note(section))
     lines.append("")
     trend = gap_trend_table(section) if section.kind == "lm" else []
     if trend:
@@ -133,6 +134,8 @@ def build_report(
             f"no usable run (a directory with {SUMMARY_FILE} and {METRICS_FILE}) under "
             f"{', '.join(str(d) for d in dirs)}"
         )
+    # a diverged run has no final evaluation: only tuning counts it (as the worst value)
+    diverged = [r for r in runs if r.diverged]
     tuned = None
     if tune is not None:
         # imported here: ``python -m experiments.report.tune`` must find it not yet imported
@@ -142,7 +145,7 @@ def build_report(
     sections = [
         make_section(kind, picked)
         for kind in ("vision", "lm")
-        if (picked := [r for r in runs if r.is_lm == (kind == "lm")])
+        if (picked := [r for r in runs if r.is_lm == (kind == "lm") and not r.diverged])
     ]
     out_dir = Path(out) if out is not None else Path(dirs[0])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,14 +153,18 @@ def build_report(
     lines = [
         "# Run report",
         "",
-        f"{len(runs)} run(s) in {configs} configuration(s) from {_sources(dirs)}; "
-        f"{len(skipped)} skipped. Runs that differ only in their seed form one configuration: "
+        f"{len(runs) - len(diverged)} run(s) in {configs} configuration(s) from "
+        f"{_sources(dirs)}; {len(skipped)} skipped"
+        f"{f', {len(diverged)} diverged' if diverged else ''}. Runs that differ only in their seed form one configuration: "
         "its row gives the mean ± sample standard deviation over its seeds, and its plot line "
         "is the mean over the seeds with a band from their minimum to their maximum.",
     ]
     if skipped:
         lines += ["", "Skipped (missing or malformed files):", ""]
         lines += [f"- `{p}`: {why}" for p, why in skipped]
+    if diverged:
+        lines += ["", "Diverged (a non-finite loss stopped them; left out of the tables):", ""]
+        lines += [f"- `{r.path}`: at step {r.summary.get('diverged_step')}" for r in diverged]
     lines.append("")
     if tuned is not None:
         lines += tune_.report_section(tuned, out_dir)

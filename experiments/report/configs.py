@@ -40,7 +40,7 @@ _SEED_KEYS = {"seed", "train.seed"}
 # summary fields that describe the outcome or the bookkeeping of a run, not what was run
 _NOT_CONFIG = {
     "seed", "wall_time_s", "restarts", "resumed_from_step", "resumed_from_checkpoint", "config_hash", "run_dir",
-    "tokens", "unigram_entropy", "emulated", "synthetic",
+    "tokens", "unigram_entropy", "emulated", "synthetic", "diverged", "diverged_step", "host",
 }  # fmt: skip
 MAX_POINTS = 400
 

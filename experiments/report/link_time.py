@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report.plots import _pyplot
-from experiments.report.runs import Run, load_all, load_run, num
+from experiments.report.runs import UNKNOWN_HOST, Run, load_all, load_run, num
+from experiments.report.tables import HOSTS_DIFFER
 from experiments.report.trend import evals
 
 __all__ = ["Arm", "load_arms", "main", "table", "time_to"]
@@ -58,6 +59,7 @@ class Arm:
         tokens_per_s: Median training tokens per second on the emulated link.
         bytes_mean: Bytes each rank sends per step, on average (``comm/bytes_per_step``).
         bytes_peak: The most bytes a rank sends in one step (``comm/peak_bytes_per_step``).
+        host: The kind of machine the link run ran on (:attr:`Run.host`).
     """
 
     name: str
@@ -68,6 +70,7 @@ class Arm:
     tokens_per_s: float | None
     bytes_mean: float | None
     bytes_peak: float | None
+    host: str = UNKNOWN_HOST
 
     @property
     def final(self) -> float:
@@ -132,6 +135,7 @@ def load_arms(root: str | Path) -> list[Arm]:
                 bytes_mean=_bytes(link.summary, "comm/bytes_per_step"),
                 bytes_peak=_bytes(link.summary, "comm/peak_bytes_per_step")
                 or _bytes(link.summary, "comm/bytes_per_step"),
+                host=link.host,
             )
         )
     if not arms:
@@ -155,7 +159,8 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
     """Markdown lines: each arm's loss, bytes, link throughput and time to ``target``.
 
     The ratios are to the arm named ``allreduce...`` when there is one (its first in name
-    order), else to the first arm.
+    order), else to the first arm. The speed-up of an arm whose link run ran on another kind of
+    machine than the reference's reads ``n/a (hosts differ)``, with a line under the table.
     """
     ref = next((a for a in arms if a.name.startswith(REFERENCE)), arms[0])
     ref_time = time_to(ref, target)
@@ -177,11 +182,19 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
         else:
             step, secs = str(reached[0]), f"{reached[1]:,.0f}"
             speed = f"{ref_time[1] / reached[1]:.2f}×" if ref_time else "–"
+            speed = speed if arm.host == ref.host else HOSTS_DIFFER
         lines.append(
             f"| {arm.name} | {arm.seeds} | {arm.final:.3f}{std} | {_mb(arm.bytes_mean)} "
             f"| {_mb(arm.bytes_peak)} | {peak_ratio} | {tps} | {arm.step_s:.3f} | {step} "
             f"| {secs} | {speed} |"
         )
+    hosts = sorted({a.host for a in arms})
+    if len(hosts) > 1:
+        lines += [
+            "",
+            f"The link runs come from {len(hosts)} hosts ({'; '.join(hosts)}): a speed-up "
+            f"between arms of different hosts reads {HOSTS_DIFFER}.",
+        ]
     return lines
 
 

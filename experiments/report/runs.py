@@ -11,15 +11,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE"]
+__all__ = [
+    "Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE",
+    "UNKNOWN_HOST",
+]  # fmt: skip
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 ALLREDUCE = "allreduce"
+UNKNOWN_HOST = "unknown host"
 _SKIP_DIRS = {"wandb", "checkpoints", "__pycache__"}
 # keys that name a language-model run, in its summary or its metrics lines
-_LM_KEYS = ("eval/ppl", "perf/tokens_per_s")
+_LM_KEYS = ("eval/ppl", "perf/tokens_per_s", "tokens")
 
 
 def num(value: Any) -> bool:
@@ -80,6 +84,24 @@ class Run:
     def seed(self) -> Any:
         """The run's seed, from its summary."""
         return self.summary.get("seed")
+
+    @property
+    def host(self) -> str:
+        """The kind of machine it ran on (CPU model, cores, GPU), ``unknown host`` untagged.
+
+        The host name is left out: nodes of one partition share the hardware, and a
+        container's name changes from run to run.
+        """
+        tag = self.summary.get("host")
+        if not isinstance(tag, dict):
+            return UNKNOWN_HOST
+        parts = [str(tag.get("cpu") or "unknown CPU"), f"{tag.get('cores')} cores"]
+        return ", ".join(parts + ([str(tag["gpu"])] if tag.get("gpu") else []))
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run stopped on a non-finite loss (``train.nan_policy=error``)."""
+        return self.summary.get("diverged") is True
 
     @property
     def is_lm(self) -> bool:
@@ -157,7 +179,8 @@ def load_run(path: str | Path) -> Run | None:
 
     Returns:
         The run, or ``None`` when ``summary.json`` is missing or unreadable or
-        ``metrics.jsonl`` is missing or has no valid line.
+        ``metrics.jsonl`` is missing or has no valid line (a diverged run, which may have
+        stopped before its first line, needs none).
     """
     loaded = load(Path(path))
     if isinstance(loaded, str):
@@ -200,7 +223,11 @@ def load(path: Path) -> Run | str:
         return f"{SUMMARY_FILE} is not valid JSON ({exc})"
     if not isinstance(summary, dict) or not summary.get("topology"):
         return f"{SUMMARY_FILE} has no topology"
+    # a run that diverged before its first metrics line still counts: tuning ranks it worst
+    lines_needed = summary.get("diverged") is not True
     if not metrics_path.is_file():
+        if not lines_needed:
+            return Run(path, summary, [], _overrides(path / OVERRIDES_FILE))
         return f"no {METRICS_FILE}"
     try:
         lines = metrics_path.read_text(errors="replace").splitlines()
@@ -224,7 +251,7 @@ def load(path: Path) -> Run | str:
             f"{metrics_path}: skipped {len(bad)} malformed line(s), first at line {bad[0]}",
             stacklevel=3,
         )
-    if not metrics:
+    if not metrics and lines_needed:
         return f"{METRICS_FILE} has no valid line"
     return Run(path, summary, metrics, _overrides(path / OVERRIDES_FILE))
 

@@ -10,7 +10,9 @@ from pathlib import Path
 from experiments.report.configs import Config, Section
 from experiments.report.runs import Run, count
 
-__all__ = ["config_table", "reference", "run_table"]
+__all__ = ["HOSTS_DIFFER", "config_table", "host_note", "reference", "run_table"]
+
+HOSTS_DIFFER = "n/a (hosts differ)"
 
 # fields a row already shows in its own columns (the name, world size, dataset, model)
 _SHOWN = {"topology", "network", "world_size", "dataset", "model"}
@@ -66,6 +68,29 @@ def _ratio(section: Section, config: Config, key: str) -> float | None:
     return mine / ref if mine is not None and ref else None
 
 
+def _one_host(runs: Sequence[Run]) -> bool:
+    return len({r.host for r in runs}) == 1
+
+
+def _with_refs(section: Section, config: Config) -> list[Run]:
+    """``config``'s runs and those of the allreduce runs its ratios divide by."""
+    return [*config.runs, *(r for c in reference(section, config, network=True) for r in c.runs)]
+
+
+def host_note(section: Section) -> list[str]:
+    """One line when the section's runs come from more than one host, else nothing."""
+    found = sorted({r.host for r in section.runs})
+    if len(found) < 2:
+        return []
+    return [
+        f"The runs come from {len(found)} hosts ({'; '.join(found)}). Throughput is only "
+        f"compared within one: a time, throughput or speed-up cell that would mix hosts reads "
+        f"{HOSTS_DIFFER} (the run table gives each run's own), and the plots against time "
+        "and of throughput put runs of different hosts side by side.",
+        "",
+    ]
+
+
 def _reached(config: Config, target: float) -> str:
     times = [t for t in (r.time_to(target) for r in config.runs) if t is not None]
     if not times:
@@ -116,6 +141,7 @@ def config_table(section: Section, target: float) -> list[str]:
     lines = [_row(head), _align(head, {t for t, _ in extra})]
     for config in section.configs:
         first = config.runs[0].summary
+        one, with_refs = _one_host(config.runs), _one_host(_with_refs(section, config))
         cells = [config.name, *(value(config) for _, value in extra)]
         cells.append(str(first.get("world_size", "n/a")))
         if section.kind == "lm":
@@ -128,17 +154,20 @@ def config_table(section: Section, target: float) -> list[str]:
                 str(len(config.runs)), _stat(config.finals("eval/loss"), ".4f"),
                 _f(gap, "+.4f"), _stat(config.finals("eval/ppl"), ".2f"),
                 _stat(config.finals("eval/loss_local"), ".4f"),
-                _stat(config.means("perf/tokens_per_s"), ".0f"),
-                _f(_ratio(section, config, "perf/tokens_per_s"), ".2f", "x"),
+                _stat(config.means("perf/tokens_per_s"), ".0f") if one else HOSTS_DIFFER,
+                _f(_ratio(section, config, "perf/tokens_per_s"), ".2f", "x")
+                if with_refs else HOSTS_DIFFER,
                 _count(_mean(config.finals("tokens"))),
             ]  # fmt: skip
         else:
             cells += [
                 str(first.get("dataset", "n/a")), str(len(config.runs)),
                 _stat(config.finals("eval/acc"), ".4f"),
-                _stat(config.finals("eval/acc_local"), ".4f"), _reached(config, target),
-                _stat(config.means("perf/samples_per_s"), ".1f"),
-                _f(_ratio(section, config, "perf/samples_per_s"), ".2f", "x"),
+                _stat(config.finals("eval/acc_local"), ".4f"),
+                _reached(config, target) if one else HOSTS_DIFFER,
+                _stat(config.means("perf/samples_per_s"), ".1f") if one else HOSTS_DIFFER,
+                _f(_ratio(section, config, "perf/samples_per_s"), ".2f", "x")
+                if with_refs else HOSTS_DIFFER,
                 _f(_mean(config.means("consensus/distance")), ".3e"),
                 _f(_mean(config.lasts("consensus/distance")), ".3e"),
             ]  # fmt: skip

@@ -22,29 +22,18 @@ LRS=1e-3,2e-3,4e-3,8e-3
 TUNE=experiments/sweeps/tune.sh
 test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \
   --out "$DATA" --max-bytes 16000000 --vocab-size 1024
-# best NAME KEY: the best value of KEY in NAME's grid, then "edge" when it is the grid's
-# smallest or largest value (the tuning report's rule: best mean final eval/loss)
-best() {
-  .venv/bin/python - "$OUT/$1/stage1" "$2" <<'PY'
-import sys
-from experiments.report.runs import load_all
-from experiments.report.tune import tune_runs
-(group,) = tune_runs(load_all([sys.argv[1]])[0], sys.argv[2])
-print(group.best.text, "edge" if group.edge else "inside")
-PY
-}
+. experiments/sweeps/_lib.sh  # best, keep_runs
 loss_of() {  # loss_of NAME OVERRIDE: the final eval/loss of NAME's stage-1 run with OVERRIDE
   grep -lx -- "- $2" "$OUT/$1"/stage1/*/.hydra/overrides.yaml | head -1 \
     | sed 's#/.hydra/overrides.yaml#/summary.json#' \
     | xargs .venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["eval/loss"])'
 }
 widen() {  # widen NAME OVERRIDE...: one more optim.lr beyond the edge the best sits on
-  local name=$1 v e lo
+  local name=$1 v side
   shift
-  read -r v e < <(best "$name" optim.lr)
-  [ "$e" = edge ] || return 0
-  lo=$(.venv/bin/python -c "import sys, glob; print(min(float(l.split('=')[1]) for f in glob.glob(sys.argv[1]) for l in open(f) if l.startswith('- optim.lr=')))" "$OUT/$name/stage1/*/.hydra/overrides.yaml")
-  v=$(.venv/bin/python -c "import sys; v, lo = map(float, sys.argv[1:]); print(v / 2 if v == lo else v * 2)" "$v" "$lo")
+  read -r v side < <(best "$OUT/$name/stage1" optim.lr)
+  [ "$side" != inside ] || return 0
+  v=$(.venv/bin/python -c "import sys; v = float(sys.argv[1]); print(v / 2 if sys.argv[2] == 'low' else v * 2)" "$v" "$side")
   echo "$name: the best optim.lr is at an edge of the grid; adding $v"
   STAGE=1 SUBDIR="lr$v" $TUNE "$name" optim.lr "$v" "$@"
 }
@@ -65,17 +54,17 @@ fi
 if [ "$PART" = accum ] || [ "$PART" = all ]; then
   # accum_iter 1 and 4 at the accum_iter=8 arm's learning rate; with the 8 of that arm's grid
   # they form the accum_iter grid
-  read -r alr _ < <(best one-peer-exp-accum8 optim.lr)
+  read -r alr _ < <(best "$OUT/one-peer-exp-accum8/stage1" optim.lr)
   STAGE=1 $TUNE one-peer-exp-accum optim.accum_iter 1,4 experiment=lm_small \
     topology=one-peer-exp "${ACCUM[@]}" optim.lr="$alr"
 fi
 if [ "$PART" = seeds ] || [ "$PART" = all ]; then  # stage 2 of part 3
   for arm in "${ARMS[@]}"; do
-    read -r v _ < <(best "${arm%%:*}" optim.lr)
+    read -r v _ < <(best "$OUT/${arm%%:*}/stage1" optim.lr)
     STAGE=2 BEST=$v $TUNE "${arm%%:*}" optim.lr - experiment=lm_small topology="${arm##*:}"
   done
-  read -r alr _ < <(best one-peer-exp-accum8 optim.lr)
-  read -r a _ < <(best one-peer-exp-accum optim.accum_iter)
+  read -r alr _ < <(best "$OUT/one-peer-exp-accum8/stage1" optim.lr)
+  read -r a _ < <(best "$OUT/one-peer-exp-accum/stage1" optim.accum_iter)
   l8=$(loss_of one-peer-exp-accum8 "optim.lr=$alr")
   la=$(loss_of one-peer-exp-accum "optim.accum_iter=$a")
   if .venv/bin/python -c "import sys; sys.exit(float(sys.argv[1]) > float(sys.argv[2]))" "$l8" "$la"
@@ -101,7 +90,7 @@ if [ "$PART" = seeds ] || [ "$PART" = all ]; then
   done
 fi
 if [ "$PART" = outer ] || [ "$PART" = all ]; then  # part 4: both grids, then the seeds
-  read -r lr _ < <(best allreduce-adamw optim.lr)
+  read -r lr _ < <(best "$OUT/allreduce-adamw/stage1" optim.lr)
   for h in 16 64; do
     STAGE=1 $TUNE "local-sgd-H$h" optim.lr "$lr" experiment=lm_small topology=local-sgd \
       topology.kwargs.period="$h"
@@ -109,7 +98,7 @@ if [ "$PART" = outer ] || [ "$PART" = all ]; then  # part 4: both grids, then th
       topology=local-sgd topology.kwargs.period="$h" outer=diloco optim.lr="$lr"
   done
   for h in 16 64; do
-    read -r o _ < <(best "diloco-H$h" outer.lr)
+    read -r o _ < <(best "$OUT/diloco-H$h/stage1" outer.lr)
     STAGE=2 BEST=$o $TUNE "diloco-H$h" outer.lr - experiment=lm_small topology=local-sgd \
       topology.kwargs.period="$h" outer=diloco optim.lr="$lr"
     STAGE=2 BEST=$lr $TUNE "local-sgd-H$h" optim.lr - experiment=lm_small topology=local-sgd \
@@ -118,18 +107,13 @@ if [ "$PART" = outer ] || [ "$PART" = all ]; then  # part 4: both grids, then th
 fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
   # the runs' small files go into the repository, so that every report can be redrawn from it
-  for summary in "$OUT"/*/*/*/summary.json; do
-    [ -f "$summary" ] || continue  # no sweep output here: the committed runs alone
-    dir=${summary%/summary.json}
-    rel=${dir#"$OUT"/}
-    case $rel in
-      allreduce-*|one-peer-exp-*|complete-*) dest=$DOCS/lm/runs/$rel ;;
-      *) dest=$DOCS/outer/lm_small/runs/$rel ;;
+  dest_of() {
+    case $1 in
+      allreduce-*|one-peer-exp-*|complete-*) echo "$DOCS/lm/runs/$1" ;;
+      *) echo "$DOCS/outer/lm_small/runs/$1" ;;
     esac
-    mkdir -p "$dest/.hydra"
-    cp "$dir/summary.json" "$dir/metrics.jsonl" "$dest/"
-    cp "$dir/.hydra/overrides.yaml" "$dest/.hydra/"
-  done
+  }
+  keep_runs dest_of "$OUT"/*/*/*/summary.json  # without sweep output, the committed runs alone
   R=(.venv/bin/python -m experiments.report)
   L=$DOCS/lm/runs O=$DOCS/outer/lm_small/runs
   # the comparison: each arm at its best value, 3 seeds

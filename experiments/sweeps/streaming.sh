@@ -36,23 +36,13 @@ ARMS=(
   "streaming-f4-int8|0.3,0.5,0.7|${DILOCO[*]} ${BASE[*]} outer.compression=int8"
   "slowmo-ope-f4|0.5,1.0,1.5|${SLOWMO[*]} ${BASE[*]}"
 )
-# best NAME: the best outer.lr of NAME's grid, then "low", "high" or "inside"
-best() {
-  .venv/bin/python - "$OUT/$1/stage1" <<'PY'
-import sys
-from experiments.report.runs import load_all
-from experiments.report.tune import tune_runs
-(group,) = tune_runs(load_all([sys.argv[1]])[0], "outer.lr")
-side = "low" if group.best is group.grid[0] else "high"
-print(group.best.text, side if group.edge else "inside")
-PY
-}
+. experiments/sweeps/_lib.sh  # best, keep_runs
 if [ "$PART" = grid ] || [ "$PART" = all ]; then
   for arm in "${ARMS[@]}"; do
     IFS='|' read -r name grid overrides <<<"$arm"
     # shellcheck disable=SC2086  # the overrides are words
     STAGE=1 $TUNE "$name" outer.lr "$grid" $overrides
-    read -r v side < <(best "$name")
+    read -r v side < <(best "$OUT/$name/stage1" outer.lr)
     case $side in
       low) extra=$(.venv/bin/python -c "import sys; print(float(sys.argv[1]) / 2)" "$v") ;;
       high) extra=$(.venv/bin/python -c "import sys; print(round(float(sys.argv[1]) + 0.5, 3))" "$v") ;;
@@ -91,14 +81,9 @@ fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
   # the runs' small files go into the repository, with the two arms they are compared against
   R=$DOCS/runs
-  for summary in "$OUT"/*/*/*/summary.json "$OUT"/link/*/summary.json; do
-    [ -f "$summary" ] || continue  # no sweep output here: the committed runs alone
-    dir=${summary%/summary.json}
-    dest=$R/${dir#"$OUT"/}
-    mkdir -p "$dest/.hydra"
-    cp "$dir/summary.json" "$dir/metrics.jsonl" "$dest/"
-    cp "$dir/.hydra/overrides.yaml" "$dest/.hydra/"
-  done
+  dest_of() { echo "$R/$1"; }
+  # without sweep output, the committed runs alone
+  keep_runs dest_of "$OUT"/*/*/*/summary.json "$OUT"/link/*/summary.json
   for name in "$OUT"/*/best.txt; do [ -f "$name" ] && cp "$name" "$R/$(basename "${name%/best.txt}")/"; done
   mkdir -p "$R/allreduce-adamw" "$R/diloco-H16"
   cp -r "$LM/allreduce-adamw/final" "$R/allreduce-adamw/"

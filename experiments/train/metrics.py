@@ -19,10 +19,13 @@ rank, over ``log.peak_flops``, the peak FLOP/s of one device.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import platform
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,11 +38,28 @@ from tqdm import tqdm
 
 from experiments.train.logger import MetricsLogger, json_safe
 
-__all__ = ["Metrics", "History", "TrainWindow", "WindowClock", "SUMMARY_FILE"]
+__all__ = ["Metrics", "History", "TrainWindow", "WindowClock", "SUMMARY_FILE", "host_tag"]
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+
+
+def _cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, else what ``platform`` knows."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", errors="replace") as info:
+        for line in info:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def host_tag(device: torch.device) -> dict[str, Any]:
+    """Rank 0's machine for the summary, ``{"name", "cpu", "cores", "gpu"}`` (``gpu``: the
+    CUDA device's name, else None); the report compares throughput only within one."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"name": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
 
 
 @dataclass

@@ -100,6 +100,8 @@ class NanPolicy:
         self.rank, self.world_size, self.device = rank, world_size, device
         # the device flag of the current step, read by the gradient hooks
         self.loss_finite: torch.Tensor | None = None
+        # under ``error``, the first non-finite step of any rank, once check() has found one
+        self.diverged_step: int | None = None
 
     def mask_gradients(self, params: Iterable[nn.Parameter]) -> list[Any]:
         """Under ``skip``: hooks that zero the gradients of a step whose loss is not finite.
@@ -136,7 +138,8 @@ class NanPolicy:
             The number of steps skipped on this rank (0 under ``error``).
 
         Raises:
-            FloatingPointError: Under ``error``, some rank had a non-finite loss.
+            FloatingPointError: Under ``error``, some rank had a non-finite loss (its step
+                is then :attr:`diverged_step`).
         """
         count, first = window.pop_nonfinite()
         if self.policy != "error":
@@ -159,6 +162,7 @@ class NanPolicy:
         bad = min(range(self.world_size), key=lambda r: (firsts[r], r))
         if math.isinf(firsts[bad]):
             return 0
+        self.diverged_step = int(firsts[bad])
         kept = f"; checkpoints in {checkpoints} are kept" if checkpoints.exists() else ""
         raise FloatingPointError(
             f"non-finite loss at step {int(firsts[bad])} on rank {bad}{kept}; "

@@ -58,7 +58,7 @@ from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.config import compression_arg
 from experiments.train.evaluation import Evaluator
-from experiments.train.metrics import Metrics
+from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
 from experiments.train.preempt import StopRequest
@@ -319,9 +319,18 @@ class Trainer:
             seconds, steps = metrics.clock.close()
         else:
             metrics.clock.pause()
-        metrics.history.skipped += self.train_step.nan.check(
-            metrics.window, step, self.checkpointer.root
-        )
+        try:
+            metrics.history.skipped += self.train_step.nan.check(
+                metrics.window, step, self.checkpointer.root
+            )
+        except FloatingPointError:
+            # every rank stops here together, so the summary's collective is safe; the loss
+            # error stays the one reported
+            try:
+                self._summary(diverged_step=self.train_step.nan.diverged_step)
+            except Exception:
+                log.warning("the diverged run's summary could not be written", exc_info=True)
+            raise
         line: dict[str, Any] | None = None
         if log_due:
             timers = {**self.train_step.pop_timers(), **self.wire.pop()}
@@ -368,9 +377,15 @@ class Trainer:
             self.task.eval_message(result),
         )
 
-    def _summary(self) -> dict[str, Any]:
-        """The job's summary, the same on every rank; rank 0 writes ``summary.json``."""
+    def _summary(self, diverged_step: int | None = None) -> dict[str, Any]:
+        """The job's summary, the same on every rank; rank 0 writes ``summary.json``.
+
+        A run stopped by a non-finite loss (``diverged_step``) has no final evaluation: its
+        ``eval/*`` values are null, and it is marked ``diverged``.
+        """
         cfg, history, last_eval = self.cfg, self.metrics.history, self.evaluator.last
+        if diverged_step is not None:
+            last_eval = {}
         summary: dict[str, Any] = {
             "topology": self.topology,
             "world_size": self.world_size,
@@ -406,6 +421,9 @@ class Trainer:
             "epochs": self.step / self.steps_per_epoch,
             "config_hash": self.config_hash,
             "run_dir": str(self.run_dir),
+            "diverged": diverged_step is not None,
+            "diverged_step": diverged_step,
+            "host": host_tag(self.device),
         }
         if self.task.tokens_per_sample:
             rates = self.metrics.token_rates(self.metrics.mean("samples_per_s"))
@@ -413,4 +431,9 @@ class Trainer:
             tokens.update({"perf/mfu": None, **rates})
             summary.update(self.task.summary(last_eval, tokens))
         # rank 0's timings are the reference
-        return self.metrics.publish_summary(summary, self.run_dir, self.task.final_message)
+
+        def diverged(_: dict[str, Any]) -> str:  # no final evaluation to tell
+            return f"diverged: non-finite loss at step {diverged_step}"
+
+        message = self.task.final_message if diverged_step is None else diverged
+        return self.metrics.publish_summary(summary, self.run_dir, message)

@@ -61,3 +61,35 @@ def test_every_sweep_script_starts_from_its_copy_at_the_repository_root(script: 
     assert lines[start + 1] == 'cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"'
     # nothing but comments and shell options before it
     assert all(not ln.strip() or ln.startswith(("#", "set ")) for ln in lines[:start])
+
+
+def test_the_shared_lib_keeps_runs_small_files_and_gives_the_best_with_its_edge(
+    tmp_path: Path,
+) -> None:
+    # _lib.sh is sourced by sweep scripts, not run: it is no sweep script (its name starts
+    # with "_", so the header check above passes it over)
+    from tests.experiments.report.common import write_vision_run
+
+    out = tmp_path / "out"
+    for lr, acc in (("1e-3", 0.5), ("2e-3", 0.6), ("4e-3", 0.9)):
+        write_vision_run(out / "arm" / "stage1" / lr, "ring", [100.0], [acc],
+                         overrides=[f"optim.lr={lr}"])  # fmt: skip
+    (out / "arm" / "stage1" / "1e-3" / "checkpoints").mkdir()  # large files stay behind
+    script = (
+        ". experiments/sweeps/_lib.sh\n"
+        'dest_of() { echo "$DOCS/kept/$1"; }\n'
+        'keep_runs dest_of "$OUT"/*/*/*/summary.json "$OUT"/none/*/summary.json\n'
+        'best "$OUT/arm/stage1" optim.lr\n'
+    )
+    env = {**os.environ, "OUT": str(out), "DOCS": str(tmp_path / "docs")}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "4e-3 high\n"
+    kept = tmp_path / "docs" / "kept" / "arm" / "stage1"
+    for lr in ("1e-3", "2e-3", "4e-3"):
+        files = sorted(str(p.relative_to(kept / lr)) for p in (kept / lr).rglob("*"))
+        assert files == [".hydra", ".hydra/overrides.yaml", "metrics.jsonl", "summary.json"]
+        assert (kept / lr / "summary.json").read_bytes() == (
+            out / "arm" / "stage1" / lr / "summary.json"
+        ).read_bytes()

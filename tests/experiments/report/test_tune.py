@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from experiments import report
 from experiments.report import tune
 from experiments.report.runs import Run, load_all
+from experiments.train.logger import json_safe
 from tests.experiments.report.common import section, write_lm_run, write_vision_run
 
 LRS = ("1e-3", "2e-3", "4e-3", "8e-3")
@@ -133,10 +135,8 @@ def test_a_group_with_one_value_says_so(tmp_path: Path) -> None:
     assert group.best.n == 2 and group.best.mean == pytest.approx(0.85)
 
 
-@pytest.mark.parametrize("value", [None, "0.9", "drop"], ids=["null", "text", "missing"])
-def test_a_run_without_the_metric_is_a_one_line_error_naming_it(
-    tmp_path: Path, value: float | None | str
-) -> None:
+@pytest.mark.parametrize("value", ["0.9", "drop"], ids=["text", "missing"])
+def test_a_run_without_the_metric_is_a_one_line_error_naming_it(tmp_path: Path, value: str) -> None:
     _vision(tmp_path)
     summary_path = tmp_path / "5" / "summary.json"
     summary = json.loads(summary_path.read_text())
@@ -152,17 +152,27 @@ def test_a_run_without_the_metric_is_a_one_line_error_naming_it(
     assert str(tmp_path / "5") in message and "eval/acc" in message and "optim.lr" in message
 
 
-def _diverge(run_dir: Path, metric: str) -> None:
+def _diverge(run_dir: Path, metric: str, how: str = "null") -> None:
+    """Make a run diverged: its metric null (as the trainer writes a non-finite value), a bare
+    NaN (as ``json.dumps`` writes one), or marked ``diverged`` with its metric kept finite."""
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text())
-    summary[metric] = float("nan")
-    summary_path.write_text(json.dumps(summary))  # NaN as json.dumps writes it
+    if how == "marked":
+        summary.update(diverged=True, diverged_step=3)
+    else:
+        summary[metric] = float("nan")
+    if how == "null":
+        summary = json_safe(summary)
+    summary_path.write_text(json.dumps(summary))
 
 
-def test_a_diverged_run_ranks_its_value_worst(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["null", "nan", "marked"])
+def test_a_diverged_run_ranks_its_value_worst(tmp_path: Path, how: str) -> None:
     _lm(tmp_path)
-    _diverge(tmp_path / "8", "eval/loss")  # ring at its best rate 1e-3, seed 0
-    _diverge(tmp_path / "5", "eval/loss")  # allreduce at 4e-3 (its best), seed 1
+    _diverge(tmp_path / "8", "eval/loss", how)  # ring at its best rate 1e-3, seed 0
+    _diverge(tmp_path / "5", "eval/loss", how)  # allreduce at 4e-3 (its best), seed 1
+    if how == "null":
+        assert '"eval/loss": null' in (tmp_path / "8" / "summary.json").read_text()
     groups = _by_topology(tune.tune_runs(_runs(tmp_path), "optim.lr"))
     ring, allreduce = groups["ring"], groups["allreduce"]
     assert ring.best.text == "2e-3" and ring.best.mean == pytest.approx(3.105)
@@ -176,7 +186,7 @@ def test_a_diverged_run_ranks_its_value_worst(tmp_path: Path) -> None:
     tune.tune_plot(list(groups.values()))  # the diverged values are left out of the lines
     # higher is better: a diverged accuracy ranks below every finite one
     _vision(tmp_path / "v")
-    _diverge(tmp_path / "v" / "4", "eval/acc")  # allreduce at 4e-3, seed 0
+    _diverge(tmp_path / "v" / "4", "eval/acc", how)  # allreduce at 4e-3, seed 0
     (vision,) = [g for g in tune.tune_runs(_runs(tmp_path / "v"), "optim.lr")
                  if g.fields["topology"] == "allreduce"]  # fmt: skip
     assert vision.best.text == "2e-3" and vision.grid[2].mean == float("-inf")
@@ -191,6 +201,80 @@ def test_best_refuses_a_grid_where_every_value_diverged(
     assert tune.main([str(tmp_path), "--key", "optim.lr", "--best"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "every value of optim.lr tried diverged" in err[0]
+
+
+def test_a_metric_null_in_every_run_of_a_group_is_an_error_not_a_diverged_grid(
+    tmp_path: Path,
+) -> None:
+    # language models log no accuracy: their eval/acc is null, never logged, and none diverged
+    _lm(tmp_path)
+    for summary_path in tmp_path.glob("*/summary.json"):
+        summary = json.loads(summary_path.read_text())
+        summary_path.write_text(json.dumps({**summary, "eval/acc": None}))  # as the trainer has it
+    with pytest.raises(
+        ValueError, match=r"eval/acc is null in every run .* none logged it and none diverged"
+    ):
+        tune.tune_runs(_runs(tmp_path), "optim.lr", metric="eval/acc")
+    # one run marked diverged makes the nulls of its group divergence
+    for job in range(8, 16):
+        _diverge(tmp_path / str(job), "eval/loss", "marked")
+    runs = [r for r in _runs(tmp_path) if r.topology == "ring"]
+    (ring,) = tune.tune_runs(runs, "optim.lr", metric="eval/acc")
+    assert all(v.diverged == 2 for v in ring.grid)
+
+
+def _grid(root: Path, accs: dict[str, float]) -> list[Run]:
+    """One ring run per learning rate, with the given final accuracy."""
+    for lr, acc in accs.items():
+        write_vision_run(root / lr, "ring", [100.0], [acc], overrides=[f"optim.lr={lr}"])
+    return _runs(root)
+
+
+@pytest.mark.parametrize(("best", "side"), [("1e-3", "low"), ("8e-3", "high"), ("2e-3", "inside")])
+def test_the_edge_flag_at_either_end_of_the_grid(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], best: str, side: str
+) -> None:
+    accs = {lr: 0.9 if lr == best else 0.5 + 0.01 * i for i, lr in enumerate(LRS)}
+    (group,) = tune.tune_runs(_grid(tmp_path, accs), "optim.lr")
+    assert group.best.text == best and group.side == side
+    assert group.edge == (side != "inside") and group.flag == (tune.EDGE if group.edge else "")
+    (record,) = tune.tuned_json([group])["groups"]
+    assert record["edge"] == group.edge and record["best"]["text"] == best
+    assert tune.main([str(tmp_path), "--key", "optim.lr", "--best", "--edge"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{best} {side}\n"
+    assert ("edge: widen the grid" in err) == group.edge
+    assert tune.main([str(tmp_path), "--key", "optim.lr", "--best"]) == 0
+    assert capsys.readouterr().out == f"{best}\n"  # without --edge, the text alone
+
+
+def test_edge_needs_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _grid(tmp_path, {"1e-3": 0.5, "2e-3": 0.6})
+    with pytest.raises(SystemExit) as caught:
+        tune.main([str(tmp_path), "--key", "optim.lr", "--edge"])
+    assert caught.value.code == 2 and "--edge is only used with --best" in capsys.readouterr().err
+
+
+def test_means_one_ulp_apart_tie_and_the_tie_goes_to_the_smaller_value(tmp_path: Path) -> None:
+    # 4e-3 is better by one ulp: the same mean up to rounding, so the smaller rate wins
+    acc = 0.9
+    (group,) = tune.tune_runs(
+        _grid(tmp_path / "ulp", {"1e-3": 0.5, "2e-3": acc, "4e-3": math.nextafter(acc, 1.0)}),
+        "optim.lr",
+    )
+    assert group.grid[2].mean > group.grid[1].mean and group.best.text == "2e-3"
+    # a loss one ulp lower ties the same way (lower is better)
+    loss = 3.0
+    for lr, value in {"1e-3": 4.0, "2e-3": loss, "4e-3": math.nextafter(loss, 0.0)}.items():
+        write_lm_run(tmp_path / "lm" / lr, "ring", "adamw", 0, final_loss=value,
+                     tokens_per_s=1000.0, overrides=[f"optim.lr={lr}"])  # fmt: skip
+    (lm,) = tune.tune_runs(_runs(tmp_path / "lm"), "optim.lr")
+    assert lm.grid[2].mean < lm.grid[1].mean and lm.best.text == "2e-3"
+    # far beyond the tolerance (a relative 1e-9) the better mean wins
+    (wide,) = tune.tune_runs(
+        _grid(tmp_path / "far", {"1e-3": 0.5, "2e-3": acc, "4e-3": acc * (1 + 1e-9)}), "optim.lr"
+    )
+    assert wide.best.text == "4e-3"
 
 
 def test_runs_without_the_key_are_a_one_line_error(tmp_path: Path) -> None:

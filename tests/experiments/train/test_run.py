@@ -535,3 +535,48 @@ def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
     assert "| ring |" in text and "| allreduce |" in text
     for png in ("consensus_vs_step.png", "loss_vs_time.png", "acc_vs_epoch.png", "throughput.png"):
         assert (tmp_path / "report" / png).stat().st_size > 1000
+
+
+def test_a_diverged_run_leaves_its_summary_and_tuning_ranks_it_worst(tmp_path, world_of_one):
+    from experiments.report import build_report, tune
+    from experiments.report.runs import load_all
+    from experiments.train.metrics import host_tag
+
+    common = ["scheduler=constant", "optim.momentum=0", "train.max_steps=12"]
+    for lr in ("0.05", "1e12"):  # a rate that trains and one that diverges at once
+        overrides = [f"optim.lr={lr}", *common]
+        run_dir = tmp_path / "sweep" / lr
+        (run_dir / ".hydra").mkdir(parents=True)  # what Hydra writes for the job
+        (run_dir / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+        if lr == "0.05":
+            assert run(_cfg(*overrides), run_dir=run_dir)["diverged"] is False
+            continue
+        with pytest.raises(FloatingPointError) as info:
+            run(_cfg(*overrides), run_dir=run_dir)
+    # the error is the one it always was, and the summary says where the run stopped
+    message = str(info.value)
+    assert type(info.value) is FloatingPointError and "\n" not in message
+    assert message.startswith("non-finite loss at step ") and "on rank 0" in message
+    text = (tmp_path / "sweep" / "1e12" / "summary.json").read_text()
+    summary = json.loads(text)  # strict JSON: a non-finite value is null
+    assert "NaN" not in text and "Infinity" not in text
+    step = int(message.split()[4])
+    assert summary["diverged"] is True and summary["diverged_step"] == step
+    assert summary["train/steps"] >= step and summary["topology"] == "one-peer-exp"
+    assert summary["eval/acc"] is None and summary["world_size"] == 1
+    assert summary["host"] == host_tag(torch.device("cpu"))  # the machine it ran on
+    # the value stays in the grid, as the worst: the best is the rate that trained
+    runs, skipped = load_all([tmp_path / "sweep"])
+    assert not skipped and len(runs) == 2
+    (group,) = tune.tune_runs(runs, "optim.lr")
+    assert [v.text for v in group.grid] == ["0.05", "1e12"]
+    assert group.best.text == "0.05" and group.grid[1].diverged == 1
+    assert group.grid[1].mean == float("-inf") and group.side == "low"
+    record = tune.tuned_json([group])
+    json.dumps(record, allow_nan=False)
+    assert record["groups"][0]["grid"][1]["diverged"] == 1
+    # the report lists the diverged run instead of averaging an old evaluation into a table
+    report = build_report([tmp_path / "sweep"], out=tmp_path / "report", tune="optim.lr")
+    text = report.read_text()
+    assert "1 run(s) in 1 configuration(s)" in text and "0 skipped, 1 diverged" in text
+    assert f"/1e12`: at step {step}" in text
