@@ -18,7 +18,7 @@ the floating-point sums. A bucket whose element count is not a multiple of
 back after phase 3).
 
 The phases run asynchronously, chained as two-phase compressed exchanges
-are (:class:`decent_dp._compression._Chained`): phase 1 starts at the launch,
+are (:class:`decent_dp._inflight.Chained`): phase 1 starts at the launch,
 phases 2 and 3 follow on the bucket's stream, at the launch on NCCL (queued
 behind phase 1, the host goes on) and when the result is first waited for on
 other backends. Off NCCL, phase 3 runs on a host group of its own, and phases
@@ -51,12 +51,15 @@ import torch
 import torch.distributed as dist
 
 from ._builtin_topologies import HierarchicalTopology
-from ._compression import CompressionSpec, _Chained, exchange_bytes
+from ._codecs import CompressionSpec
+from ._comm_cost import exchange_bytes
+from ._inflight import Chained
 from ._setup import make_groups
 from .topo import Edge, Topology
 
 __all__ = [
     "HostExchange",
+    "check_compression",
     "edge_bytes",
     "hierarchical_keys",
     "host_size",
@@ -95,6 +98,16 @@ def edge_bytes(numel: int, element_size: int, edge: Edge, local: int) -> tuple[f
     m = -(-numel // local)
     k = len(edge.ranks) // local
     return 2.0 * (local - 1) * m * element_size, 2.0 * (k - 1) / k * m * element_size
+
+
+def check_compression(topology: Topology, compression: CompressionSpec) -> None:
+    """Refuse compressed gossip on a topology with three-phase edges (one line, before any group)."""
+    if compression.name != "none" and hierarchical_keys(topology):
+        raise ValueError(
+            f"compression={compression.name!r} is not supported with topology='hierarchical' "
+            "across hosts (only the exchange between hosts would be compressed, which is not "
+            "implemented); use compression=None, or local_world_size=1 for flat compressed gossip"
+        )
 
 
 class _Phases(Topology):
@@ -158,7 +171,7 @@ class HostExchange:
                 comm.copy_(full[:n])
             return last
 
-        work = _Chained(first, then, stream, self.queue)
+        work = Chained(first, then, stream, self.queue)
         if dist.get_backend(self.host) == "nccl":
             work.start_second()  # queued behind the first on the streams; the host goes on
         return work
