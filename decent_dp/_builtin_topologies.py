@@ -1,7 +1,7 @@
 """The built-in topologies, registered under their names on import.
 
 ``complete``, ``ring``, ``one-peer-exp``, ``alternating-exp-ring``,
-``random-matching``, ``local-sgd`` and ``base-k``; public under
+``random-matching``, ``local-sgd``, ``base-k`` and ``hierarchical``; public under
 :mod:`decent_dp.topo`.
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
+from typing import Any
 
 from ._base_k import _base_k_schedule
-from ._topology import Edge, Topology, TopologyReg
+from ._topology import Edge, Topology, TopologyReg, _world_from_env
 
 
 def _positive_int(name: str, value: int, note: str = "") -> int:
@@ -323,3 +325,98 @@ class BaseKTopology(Topology):
             rest = [((r,), 1.0) for r in range(n) if r not in busy]
             rounds.append([Edge(ranks, w) for ranks, w in sorted([*groups, *rest])])
         return rounds
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@TopologyReg.register("hierarchical")
+class HierarchicalTopology(Topology):
+    """Exact averaging inside each host, another topology between hosts.
+
+    Hosts are blocks of ``L = local_world_size`` consecutive ranks, as torchrun
+    numbers them. The inter-host topology ``inter`` is built for the ``n / L``
+    hosts, and each round's mixing matrix is the Kronecker product
+    ``W(t) = W_inter(t) ⊗ J_L / L`` (``J_L`` the ``L x L`` matrix of ones):
+    after a step every rank of a host holds the same mix of its host's average
+    and its partner hosts' averages. As edges, an inter-host edge over hosts
+    ``H`` becomes one edge over the union of their ranks with weight
+    ``1 / (|H| L)``, and a host alone averages its own ranks (weight ``1 / L``).
+    The wrapper runs an edge of several hosts in three phases, so that a host's
+    link carries one model per step (:mod:`decent_dp._hierarchical`).
+
+    The inter-host topology's edges must average uniformly (weight ``1/k`` for
+    ``k`` hosts): a non-uniform edge would give a rank's own host another
+    weight than the partner hosts, which one uniform edge cannot express.
+
+    Args:
+        world_size: Number of workers ``n``.
+        local_world_size: Ranks per host ``L``, a divisor of ``n``; from
+            ``LOCAL_WORLD_SIZE`` when omitted.
+        inter: The registered topology between hosts (default ``one-peer-exp``).
+        inter_kwargs: Keyword arguments of ``inter``'s constructor.
+
+    Raises:
+        ValueError: ``L`` does not divide ``n``, ``inter`` is unknown, does not
+            fit ``n / L`` hosts, or has an edge of non-uniform weight.
+
+    Example::
+
+        topo = HierarchicalTopology(world_size=16, local_world_size=4, inter="ring")
+        # or DDP(model, optim_fn, topology="hierarchical", local_world_size=4,
+        #        topology_kwargs={"inter": "ring"})
+    """
+
+    def __init__(
+        self,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        inter: str = "one-peer-exp",
+        inter_kwargs: dict[str, Any] | None = None,
+    ):
+        n, local = _world_from_env(world_size, local_world_size)
+        if n >= 1 and (local < 1 or n % local != 0):
+            raise ValueError(
+                f"hierarchical: local_world_size={local} must divide world_size={n}; "
+                f"allowed: {', '.join(map(str, _divisors(n)))}"
+            )
+        known = [name for name in TopologyReg.names() if name != self.name]
+        if not isinstance(inter, str) or inter not in known:
+            raise ValueError(
+                f"hierarchical: inter={inter!r} is not a known topology; known: {', '.join(known)}"
+            )
+        hosts = max(n // max(local, 1), 1)
+        try:
+            self.inter = TopologyReg.create(inter, hosts, 1, **(inter_kwargs or {}))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"hierarchical: inter={inter!r} does not fit {hosts} hosts "
+                f"(world_size={n}, local_world_size={local}): {exc}"
+            ) from None
+        for r, edges in enumerate(self.inter.rounds):
+            for edge in edges:
+                k = len(edge.ranks)
+                if k > 1 and not math.isclose(edge.weight, 1.0 / k, rel_tol=1e-12):
+                    raise ValueError(
+                        f"hierarchical: inter={inter!r} at {hosts} hosts has a non-uniform edge "
+                        f"(round {r}, hosts {list(edge.ranks)}, weight {edge.weight:.6g} != 1/{k}); "
+                        "a hierarchical edge averages its hosts uniformly"
+                    )
+        super().__init__(n, local)
+
+    @property
+    def hosts(self) -> int:
+        """Number of hosts ``n / L``."""
+        return self.world_size // self.local_world_size
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        local = self.local_world_size
+
+        def ranks(hosts: Sequence[int]) -> list[int]:
+            return [h * local + i for h in sorted(hosts) for i in range(local)]
+
+        return [
+            [Edge(ranks(e.ranks), 1.0 / (len(e.ranks) * local)) for e in edges]
+            for edges in self.inter.rounds
+        ]

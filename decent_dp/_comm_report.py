@@ -14,6 +14,7 @@ from ._bucket import aligned_offsets
 from ._codecs import CompressionSpec
 from ._comm_cost import bytes_per_step
 from ._engine import Engine
+from ._hierarchical import link_bytes
 from ._outer import schedule_bytes
 
 __all__ = ["CommReportMixin"]
@@ -43,6 +44,9 @@ class CommReportMixin:
         """
         numels, size = self._bucket_numels()
         edges, outer = self._engine.gossip.edges, self._engine.outer
+        if self._engine.gossip.hosts is not None:  # three-phase edges: their phases' bytes
+            steps = [a + b for a, b in self._link_steps()]
+            return sum(steps) / len(steps)
         if outer is None:
             return bytes_per_step(self.compression, edges, numels, size)
         # the outer rounds replace the topology's: the span is lcm(period, H)
@@ -58,9 +62,45 @@ class CommReportMixin:
         """
         numels, size = self._bucket_numels()
         edges, outer = self._engine.gossip.edges, self._engine.outer
+        if self._engine.gossip.hosts is not None:
+            return max(a + b for a, b in self._link_steps())
         if outer is None:
             return max(bytes_per_step(self.compression, [e], numels, size) for e in edges)
         return max(schedule_bytes(outer, edges, numels, size, self.compression))
+
+    def _link_steps(self) -> list[tuple[float, float]]:
+        numels, size = self._bucket_numels()
+        engine = self._engine
+        return link_bytes(
+            engine.gossip.edges,
+            numels,
+            size,
+            engine.topology.local_world_size,
+            engine.gossip.hosts is not None,
+            self.compression,
+            engine.outer,
+        )
+
+    def comm_bytes_by_link(self, peak: bool = False) -> dict[str, float]:
+        """:meth:`comm_bytes_per_step` split into bytes inside this rank's host and between hosts.
+
+        Hosts are blocks of ``local_world_size`` ranks. The phases of a
+        ``hierarchical`` topology's edges count apart (the reduce-scatter and
+        all-gather inside the host, the chunk's all-reduce between hosts); any
+        other group counts inside when its ranks share a host, else between.
+
+        Args:
+            peak: The busiest step of the schedule for each, instead of the mean.
+
+        Returns:
+            ``{"intra_host": bytes, "inter_host": bytes}``; their sum is
+            :meth:`comm_bytes_per_step` (the mean).
+        """
+        steps = self._link_steps()
+        intra, inter = [a for a, _ in steps], [b for _, b in steps]
+        if peak:
+            return {"intra_host": max(intra), "inter_host": max(inter)}
+        return {"intra_host": sum(intra) / len(steps), "inter_host": sum(inter) / len(steps)}
 
     @property
     def buckets_info(self) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from ._cpu_memory import keep_freed_memory
 from ._device import GradStreams, device_guard, side_stream
 from ._factories import OptimBuilder
 from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
+from ._hierarchical import hierarchical_keys, make_host_groups
 from ._kernels import prefer_fused, restore_fused
 from ._outer import OuterOptimizer
 from ._setup import make_groups, make_second_groups, plan_buckets
@@ -136,9 +137,11 @@ class Engine:
         # this process's one for the device, taken before any group of this wrapper exists
         self.stream = side_stream(self.device)
         with device_guard(self.device):
-            created, edges, groups = make_groups(topology, self.rank, self.world_size)
+            skip = hierarchical_keys(topology)  # exchanged in three phases on groups of their own
+            created, edges, groups = make_groups(topology, self.rank, self.world_size, skip)
+            made, hosts = make_host_groups(topology, self.rank, self.world_size)
             seconds = self._second_groups(compression, outer, edges, groups)
-        self._res.groups.extend(created)
+        self._res.groups.extend(created + made)
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers
@@ -149,6 +152,7 @@ class Engine:
             outer.second = seconds.get(dist.group.WORLD)
         self.outer = outer
         self.gossip.outer = outer
+        self.gossip.hosts = hosts
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
@@ -210,6 +214,8 @@ class Engine:
             self.gossip.compressor.scratch.clear()
         if self.outer is not None:
             self.outer.release()
+        if self.gossip.hosts is not None:
+            self.gossip.hosts.release()
 
     # ---------------------------------------------------------------- buckets
     def build_buckets(self, layout: Sequence[Sequence[str]] | None = None) -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ._bucket import Bucket
 from ._compression import GossipCompressor
+from ._hierarchical import HostExchange
 from ._kernels import drop_fused
 from ._optim_plan import DecayFold, decay_plan
 from ._timers import SpanTimers
@@ -47,6 +48,8 @@ class GossipState:
             ``None`` for the exact all-reduce.
         outer: The outer optimizer, whose rounds replace the topology's every
             ``H`` steps (per fragment, shifted), or ``None``.
+        hosts: The three-phase exchange of a ``hierarchical`` topology's edges
+            of several hosts (:mod:`decent_dp._hierarchical`), or ``None``.
     """
 
     edges: list[Edge]
@@ -59,6 +62,7 @@ class GossipState:
     comm_delay: Callable[[int, int], float] | None = None
     compressor: GossipCompressor | None = None
     outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
+    hosts: HostExchange | None = None
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -189,6 +193,13 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     for c, v in zip(bucket.comm_views, bucket.values()):
         torch.mul(v, peer_w, out=c)  # copy and weight in one pass
     bucket.pending = (edge, edge.self_weight, peer_w)
+    hosts = state.hosts
+    if hosts is not None and not outer_round and hosts.inter[round_index] is not None:
+        # an edge of several hosts: one model per host link (the emulated link times a chunk)
+        _start_clock(state, bucket, hosts.nbytes(bucket), k // hosts.local)
+        bucket.work = hosts.launch(bucket, round_index, state.stream)
+        state.timers.add("comm/mix_s", t0, state.timers.mark())
+        return
     _start_clock(state, bucket, bucket.numel * bucket.comm.element_size(), k)
     if k > 1:  # alone, an outer round's average is the copy itself
         bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)

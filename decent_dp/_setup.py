@@ -10,6 +10,7 @@ fails on its rank before any process can wait on a collective.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -160,7 +161,7 @@ def _can_split() -> bool:
 
 
 def make_groups(
-    topology: Topology, rank: int, world_size: int
+    topology: Topology, rank: int, world_size: int, skip: Collection[tuple[int, ...]] = ()
 ) -> tuple[list[Any], list[Edge], list[Any]]:
     """The process group of every distinct multi-rank edge, created in the same order on every rank.
 
@@ -175,10 +176,17 @@ def make_groups(
     rank holds a communicator only for the edges it belongs to:
     :func:`communicators_per_rank`.
 
+    Args:
+        topology: The topology.
+        rank: This rank.
+        world_size: The number of ranks.
+        skip: The sorted ranks of edges that get no group here (those that
+            :mod:`decent_dp._hierarchical` exchanges on groups of its own).
+
     Returns:
         The groups created here (to destroy on release), this rank's edge in
         each round of the period, and the group of each of those edges
-        (``None`` for an edge of one rank).
+        (``None`` for an edge of one rank or a skipped one).
     """
     groups: dict[tuple[int, ...], Any] = {}
     created: list[Any] = []
@@ -188,7 +196,7 @@ def make_groups(
         new: list[tuple[int, ...]] = []
         # in the canonical order the cross-rank digest checks, not the order the topology lists
         for key in sorted(tuple(sorted(e.ranks)) for e in edges):
-            if len(key) < 2 or key in groups:
+            if len(key) < 2 or key in groups or key in skip:
                 continue
             if key == full:
                 groups[key] = dist.group.WORLD

@@ -58,6 +58,7 @@ from ._compression import CompressionSpec, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
+from ._hierarchical import check_compression
 from ._legacy import LegacyMixin
 from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_bytes  # noqa: F401
 from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
@@ -235,6 +236,7 @@ class DecentralizedDataParallel(
                 f"topology {self.topology!r} is built for world_size={self.topology.world_size}, "
                 f"but the process group has {self._world_size} ranks"
             )
+        check_compression(self.topology, self.compression)
         every, named = trained_parameters(self._plain, scaler)
         build_optim, trial = resolve_optim_fn(optim_fn, named)
         check_scheduler(lr_scheduler_fn, trial)

@@ -25,6 +25,7 @@ from ._builtin_topologies import (
     AlternatingExpRingTopology,
     BaseKTopology,
     CompleteTopology,
+    HierarchicalTopology,
     LocalSGDTopology,
     OnePeerExpTopology,
     RandomMatchingTopology,
@@ -44,6 +45,7 @@ __all__ = [
     "RandomMatchingTopology",
     "LocalSGDTopology",
     "BaseKTopology",
+    "HierarchicalTopology",
     "base_k_period_bound",
     "mixing_matrices",
     "spectral_gap",
@@ -72,13 +74,16 @@ def mixing_matrices(
     return TopologyReg.create(topology, world_size, local_world_size, **kwargs).mixing_matrices()
 
 
-def describe(name: str, world_size: int, local_world_size: int = 1) -> dict[str, Any]:
+def describe(
+    name: str, world_size: int, local_world_size: int = 1, **kwargs: Any
+) -> dict[str, Any]:
     """Summary row of one registered topology: period, peers, gap, contraction.
 
-    Where the size does not fit, the row has ``error`` with the reason.
+    ``kwargs`` go to the topology's constructor. Where the size does not fit,
+    the row has ``error`` with the reason.
     """
     try:
-        topo = TopologyReg.create(name, world_size, local_world_size)
+        topo = TopologyReg.create(name, world_size, local_world_size, **kwargs)
     except ValueError as exc:
         return {"name": name, "error": str(exc)}
     mats = topo.mixing_matrices()
@@ -94,11 +99,13 @@ def describe(name: str, world_size: int, local_world_size: int = 1) -> dict[str,
     }
 
 
-def _table(world_size: int, local_world_size: int) -> str:
+def _table(world_size: int, local_world_size: int, inter: str = "one-peer-exp") -> str:
     head = "| topology | period | peers/round | worst-round spectral gap | period contraction | per-step rate |"
     lines = [head, "|---|---:|---:|---:|---:|---:|"]
     for name in TopologyReg.names():
-        row = describe(name, world_size, local_world_size)
+        # hierarchical's gap is its inter topology's at n / L hosts
+        kwargs = {"inter": inter} if name == HierarchicalTopology.name else {}
+        row = describe(name, world_size, local_world_size, **kwargs)
         if "error" in row:
             lines.append(f"| {name} | n/a: {row['error']} | | | | |")
         else:
@@ -106,6 +113,11 @@ def _table(world_size: int, local_world_size: int) -> str:
                 f"| {name} | {row['period']} | {row['peers_per_round']} | "
                 f"{row['worst_gap']:.4f} | {row['contraction']:.3e} | {row['rate_per_step']:.4f} |"
             )
+    if world_size % local_world_size == 0:
+        hosts = world_size // local_world_size
+        lines.append(
+            f"\nhierarchical: {inter} over {hosts} hosts of {local_world_size} ranks (--inter NAME)"
+        )
     return "\n".join(lines)
 
 
@@ -120,7 +132,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "-l",
         type=int,
         default=8,
-        help="ranks per node (for alternating-exp-ring)",
+        help="ranks per node (for alternating-exp-ring and hierarchical)",
+    )
+    parser.add_argument(
+        "--inter",
+        default="one-peer-exp",
+        help="the topology between hosts of hierarchical (default one-peer-exp)",
     )
     args = parser.parse_args(argv)
     if args.world_size < 1 or args.local_world_size < 1:
@@ -134,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         "per-step rate = 1 - contraction^(1/period), the average shrink of the disagreement per step"
     )
-    print(_table(args.world_size, args.local_world_size))
+    print(_table(args.world_size, args.local_world_size, args.inter))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,278 @@
+"""Hierarchical gossip: an edge of whole hosts in three phases, one model per host link.
+
+An edge of the ``hierarchical`` topology over hosts ``H`` (``L`` ranks each,
+``|H| > 1``, ``L > 1``) averages the ``|H| L`` ranks of those hosts uniformly.
+A flat all-reduce over them would move each rank's model across the hosts'
+links; here every host's link carries one model per step:
+
+1. reduce-scatter (sum) inside the host: local rank ``l`` holds chunk ``l``
+   of its host's sum;
+2. local rank ``l`` all-reduces that chunk with local rank ``l`` of each
+   partner host (the group ``{h L + l : h in H}``): chunk ``l`` of the edge's sum;
+3. all-gather inside the host: every rank holds the edge's sum.
+
+The values are weighted by the edge's weight before phase 1, as the flat
+all-reduce's are, so the result is that of the flat path up to the order of
+the floating-point sums. A bucket whose element count is not a multiple of
+``L`` is padded with zeros to ``L`` equal chunks (in a scratch block, copied
+back after phase 3).
+
+The phases run asynchronously, chained as two-phase compressed exchanges
+are (:class:`decent_dp._inflight.Chained`): phase 1 starts at the launch,
+phases 2 and 3 follow on the bucket's stream, at the launch on NCCL (queued
+behind phase 1, the host goes on) and when the result is first waited for on
+other backends. Off NCCL, phase 3 runs on a host group of its own, and phases
+2 and 3 start in the order of the phase 1s (one queue per wrapper), so every
+group sees its collectives in one order on every member, whatever the order
+of the waits (the fragments of an outer optimizer mix kinds of rounds).
+
+Groups, created once by the wrapper in one order on every rank: the host
+groups (phase 1, and phase 3 on NCCL), off NCCL a second group per host
+(phase 3), and for every distinct set of hosts of a round, ``L`` groups
+across them (phase 2), made like the topology's own
+(:func:`decent_dp._setup.make_groups`: one ``split_group`` per round on
+NCCL with a bound device). The topology's own group of such an edge is not
+created.
+
+Bytes this rank sends for one bucket of ``N`` elements of ``s`` bytes, with
+``m = ceil(N / L)`` and ``k = |H|`` (the cost model of exact gossip:
+bandwidth-optimal ring collectives): inside the host ``(L - 1) m s`` for the
+reduce-scatter and as much for the all-gather, between hosts
+``2 (k - 1) / k m s`` for the all-reduce of the chunk (:func:`edge_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._builtin_topologies import HierarchicalTopology
+from ._codecs import CompressionSpec
+from ._comm_cost import exchange_bytes
+from ._inflight import Chained
+from ._setup import make_groups
+from .topo import Edge, Topology
+
+__all__ = [
+    "HostExchange",
+    "check_compression",
+    "edge_bytes",
+    "hierarchical_keys",
+    "host_size",
+    "is_hierarchical",
+    "link_bytes",
+    "make_host_groups",
+]
+
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def host_size(topology: Topology) -> int:
+    """Ranks per host of a ``hierarchical`` topology; 1 (no hierarchical edge) for any other."""
+    return topology.local_world_size if isinstance(topology, HierarchicalTopology) else 1
+
+
+def is_hierarchical(edge: Edge, local: int) -> bool:
+    """Whether ``edge`` (a union of whole hosts of ``local`` ranks) spans more than one host."""
+    return local > 1 and len(edge.ranks) > local
+
+
+def hierarchical_keys(topology: Topology) -> set[tuple[int, ...]]:
+    """The sorted ranks of every edge that runs in three phases (the flat path needs no group for them)."""
+    local = host_size(topology)
+    return {
+        tuple(sorted(e.ranks))
+        for edges in topology.rounds
+        for e in edges
+        if is_hierarchical(e, local)
+    }
+
+
+def edge_bytes(numel: int, element_size: int, edge: Edge, local: int) -> tuple[float, float]:
+    """Bytes one rank sends for one bucket on a hierarchical edge: (inside its host, between hosts)."""
+    m = -(-numel // local)
+    k = len(edge.ranks) // local
+    return 2.0 * (local - 1) * m * element_size, 2.0 * (k - 1) / k * m * element_size
+
+
+def check_compression(topology: Topology, compression: CompressionSpec) -> None:
+    """Refuse compressed gossip on a topology with three-phase edges (one line, before any group)."""
+    if compression.name != "none" and hierarchical_keys(topology):
+        raise ValueError(
+            f"compression={compression.name!r} is not supported with topology='hierarchical' "
+            "across hosts (only the exchange between hosts would be compressed, which is not "
+            "implemented); use compression=None, or local_world_size=1 for flat compressed gossip"
+        )
+
+
+class _Phases(Topology):
+    """The groups of the phases as rounds: the hosts, then each round's groups across hosts."""
+
+    def __init__(self, rounds: list[list[Edge]], world_size: int):
+        self._given = rounds
+        super().__init__(world_size, 1)
+
+    def _get_topo_edges(self) -> list[list[Edge]]:
+        return self._given
+
+
+@dataclass
+class HostExchange:
+    """This rank's side of the three-phase exchanges, and the scratch blocks of its buckets.
+
+    Attributes:
+        local: Ranks per host ``L``.
+        position: This rank's index inside its host, the chunk it carries between hosts.
+        host: The host's process group (phase 1, and phase 3 on NCCL).
+        gather: The group of phase 3 (the host's second group off NCCL).
+        inter: For each round of the period, the group across the round's hosts
+            (phase 2), or ``None`` where this rank's edge is not hierarchical.
+        queue: The phases 2 and 3 not yet started, in launch order (off NCCL).
+    """
+
+    local: int
+    position: int
+    host: Any
+    gather: Any
+    inter: list[Any]
+    queue: list[Any] | None
+    chunks: dict[int, torch.Tensor] = field(default_factory=dict)
+    padded: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def launch(self, bucket: Any, round_index: int, stream: Any) -> Any:
+        """Start the exchange of ``bucket.comm`` (weighted already); its sum lands in ``bucket.comm``."""
+        comm, local = bucket.comm, self.local
+        n = comm.numel()
+        m = -(-n // local)
+        chunk = self.chunks.get(bucket.index)
+        if chunk is None or chunk.numel() != m:
+            chunk = self.chunks[bucket.index] = torch.empty(m, dtype=comm.dtype, device=comm.device)
+        full = comm
+        if m * local != n:  # L equal chunks: the tail is zero padding
+            full = self.padded.get(bucket.index)
+            if full is None or full.numel() != m * local:
+                full = torch.zeros(m * local, dtype=comm.dtype, device=comm.device)
+                self.padded[bucket.index] = full
+            full[:n].copy_(comm)
+        inter, gather = self.inter[round_index], self.gather
+        first = _reduce_scatter(chunk, full, group=self.host, async_op=True)
+
+        def then() -> Any:
+            reduced: Any = dist.all_reduce(chunk, group=inter, async_op=True)
+            reduced.wait()  # on NCCL this orders the bucket's stream, not the host
+            last: Any = _all_gather(full, chunk, group=gather, async_op=True)
+            if full is not comm:
+                last.wait()
+                comm.copy_(full[:n])
+            return last
+
+        work = Chained(first, then, stream, self.queue)
+        if dist.get_backend(self.host) == "nccl":
+            work.start_second()  # queued behind the first on the streams; the host goes on
+        return work
+
+    def nbytes(self, bucket: Any) -> int:
+        """The bytes of the chunk that crosses the hosts' links (what an emulated link times)."""
+        return -(-bucket.numel // self.local) * bucket.comm.element_size()
+
+    def release(self) -> None:
+        self.chunks.clear()
+        self.padded.clear()
+        if self.queue is not None:
+            self.queue.clear()
+
+
+def make_host_groups(
+    topology: Topology, rank: int, world_size: int
+) -> tuple[list[Any], HostExchange | None]:
+    """The groups of the three phases, created in the same order on every rank.
+
+    Returns:
+        The groups created (to destroy on release), and this rank's exchange,
+        or ``None`` where the topology has no hierarchical edge.
+    """
+    local = host_size(topology)
+    if not hierarchical_keys(topology):
+        return [], None
+    hosts = world_size // local
+    rounds = [[Edge(range(h * local, (h + 1) * local), 1.0 / local) for h in range(hosts)]]
+    for edges in topology.rounds:
+        phase2: list[Edge] = []
+        for e in sorted(edges, key=lambda e: sorted(e.ranks)):
+            ranks = sorted(e.ranks)
+            if not is_hierarchical(e, local):
+                phase2 += [Edge([r], 1.0) for r in ranks]
+                continue
+            over = sorted({r // local for r in ranks})
+            phase2 += [Edge([h * local + i for h in over], 1.0 / len(over)) for i in range(local)]
+        rounds.append(phase2)
+    created, _, groups = make_groups(_Phases(rounds, world_size), rank, world_size)
+    host, inter = groups[0], groups[1:]
+    gather: Any = host
+    queue: list[Any] | None = None
+    if dist.get_backend() != "nccl":
+        # phase 3 starts when a result is waited for: on a group of its own, in launch order
+        seconds = [dist.new_group(list(range(h * local, (h + 1) * local))) for h in range(hosts)]
+        created += seconds
+        gather, queue = seconds[rank // local], []
+    mine = [topology.get_edge(r, rank) for r in range(topology.period)]
+    inter = [g if is_hierarchical(e, local) else None for g, e in zip(inter, mine)]
+    return created, HostExchange(local, rank % local, host, gather, inter, queue)
+
+
+def link_bytes(
+    edges: list[Edge],
+    numels: list[int],
+    element_size: int,
+    local: int,
+    three_phase: bool,
+    gossip: CompressionSpec,
+    outer: Any = None,
+) -> list[tuple[float, float]]:
+    """Bytes this rank sends at each step of the schedule: (inside its host, between hosts).
+
+    The steps are ``t = 1 .. period`` (``lcm(period, H)`` with an outer
+    optimizer, whose rounds, all-reduces of the world, replace the topology's
+    per fragment). A three-phase edge counts its phases (:func:`edge_bytes`);
+    any other group counts the cost model of
+    :func:`decent_dp._compression.exchange_bytes`, inside the host when its
+    ranks are on one host of ``local`` ranks, else between hosts.
+
+    Args:
+        edges: This rank's edge in each round of the topology's period.
+        numels: The element count of each bucket.
+        element_size: Bytes per element of the buckets.
+        local: Ranks per host.
+        three_phase: Whether edges of several hosts run in three phases (a
+            ``hierarchical`` topology).
+        gossip: The gossip's compressor.
+        outer: The outer optimizer, or ``None``.
+    """
+    period = len(edges)
+    span = math.lcm(period, outer.every) if outer is not None else period
+    steps = []
+    for t in range(1, span + 1):
+        intra = inter = 0.0
+        for b, n in enumerate(numels):
+            if outer is not None and outer.due(t, b):
+                edge, spec, phases = outer.edge, CompressionSpec(outer.compression), False
+            else:
+                shift = outer.shift(b) if outer is not None else 0
+                edge, spec = edges[(t - shift - 1) % period], gossip
+                phases = three_phase and is_hierarchical(edge, local)
+            if phases:
+                a, c = edge_bytes(n, element_size, edge, local)
+                intra, inter = intra + a, inter + c
+            elif len(edge.ranks) > 1:
+                sent = exchange_bytes(spec, n, element_size, len(edge.ranks))
+                if len({r // local for r in edge.ranks}) == 1:
+                    intra += sent
+                else:
+                    inter += sent
+        steps.append((intra, inter))
+    return steps
