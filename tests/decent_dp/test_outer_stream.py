@@ -440,3 +440,16 @@ def test_compressed_outer_rounds_of_parameters_apart_from_the_buckets() -> None:
             assert torch.equal(res[c]["outer"], results[0][c]["outer"])
         exact = replay({**cfg, "outer_compression": None}, 4, results[0][c]["layout"])
         assert (exact[0] - results[0][c]["params"]).abs().max() > 1e-6  # compression mattered
+
+
+def test_second_phases_keep_the_launch_order_when_a_backward_fails() -> None:
+    """Rank 1's backward of step 4 (an outer round, int8 in two phases) fails before ``l1``;
+    the ``branch`` used from step 3 on is the last bucket but completes among the first. Its
+    recovery steps the complete buckets in the order they completed, and the others at the
+    end in bucket order: the second phases on the world's second group must still start in
+    the order the first phases were launched, as on the ranks that did not fail."""
+    cfg = {"fragments": 1, "every": 4, "steps": 7, "topology": "local-sgd", **NESTEROV}
+    cfg = {**cfg, "outer_compression": "int8", "kind": "late", "fail_at": (4, 1)}
+    results = check_runs([cfg])
+    for res in results[1:]:
+        assert torch.equal(res[0]["outer"], results[0][0]["outer"])
