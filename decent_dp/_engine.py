@@ -200,6 +200,8 @@ class Engine:
             self.topology if gossip else None, self.world_size, edges, groups, with_world
         )
         self._res.groups.extend(made)
+        # waits can come out of launch order: a failed backward's recovery steps the complete
+        # buckets in the order they completed, not in bucket order; the queue restores it
         queues: dict[Any, list[Any]] = {}
         return {g: (s, queues.setdefault(s, [])) for g, s in seconds.items()}
 

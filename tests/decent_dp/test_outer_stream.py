@@ -8,8 +8,8 @@ steps it mixes with the topology's round ``(t - s - 1) mod period``. Step 1
 mixes nothing (no gossip precedes it). One bucket per parameter, so that the
 six parameters of the test MLP are six buckets. Compressed outer rounds
 (``outer_compression``) replace ``xbar`` by the mean of the decoded
-compressed ``Delta_i`` (:func:`mean_delta`), computed with the library's own
-encoders.
+compressed ``Delta_i`` (:func:`mean_delta`), decoded with the re-derived
+compressors of :mod:`tests.support.codecs`, not with the library's.
 """
 
 from __future__ import annotations
@@ -24,14 +24,9 @@ from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp._bucket import aligned_offsets
-from decent_dp._compression import (
-    bf16_decode,
-    bf16_encode,
-    chunk_len,
-    int8_decode,
-    int8_encode,
-)
+from decent_dp._compression import chunk_len
 from decent_dp.topo import LocalSGDTopology
+from tests.support.codecs import bf16_value, int8_value
 from tests.support.ddp_cases import (
     batch,
     flat,
@@ -71,7 +66,8 @@ def wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParall
         model,
         optim_fn=make_optim(cfg),
         topology=topology(cfg, dist.get_world_size()),
-        bucket_size_in_mb=0,  # one bucket per parameter
+        bucket_size_in_mb=cfg.get("bucket_mb", 0),  # 0: one bucket per parameter
+        param_as_bucket_view=cfg.get("view", True),
         stable_param_storage=cfg.get("stable", False),
         outer_optim_fn=outer_fn(cfg) if cfg["fragments"] else None,
         outer_every=cfg["every"] if cfg["fragments"] else None,
@@ -85,7 +81,7 @@ def runs_worker(rank: int, world: int, cfgs: list[dict[str, Any]]) -> list[dict[
     """Train one wrapper per cfg in the same process group; return each one's result."""
     out = []
     for cfg in cfgs:
-        ddp = wrap(make_model("mlp", seed=rank), cfg)
+        ddp = wrap(make_model(cfg.get("kind", "mlp"), seed=rank), cfg)
         train_steps(ddp, rank, cfg, 1, cfg["steps"])
         out.append(
             {
@@ -121,9 +117,8 @@ def unblock(values: torch.Tensor, xs: list[torch.Tensor]) -> None:
 
 
 def quantized(name: str, v: torch.Tensor) -> torch.Tensor:
-    """What the compressor's payload of ``v`` decodes to."""
-    enc, dec = (int8_encode, int8_decode) if name == "int8" else (bf16_encode, bf16_decode)
-    return dec(enc(v), v.numel(), v.dtype)
+    """What the compressor's payload of ``v`` decodes to (the documented format)."""
+    return int8_value(v) if name == "int8" else bf16_value(v)
 
 
 def mean_delta(name: str, deltas: list[torch.Tensor]) -> torch.Tensor:
@@ -151,7 +146,9 @@ def replay(cfg: dict[str, Any], world: int, layout: list[list[str]]) -> list[tor
     With ``cfg["plain"]`` an outer round is the plain average ``xbar(t-1)`` (no
     outer optimizer): shifted local-sgd or gossip with shifted global averages.
     With ``cfg["outer_compression"]`` the outer gradient is :func:`mean_delta` of
-    the workers' ``x_outer - x_i(t-1)`` over each bucket's block.
+    the workers' ``x_outer - x_i(t-1)`` over each bucket's block. With
+    ``cfg["fail_at"] = (t, i)`` worker ``i``'s backward of step ``t`` stops before
+    ``l1``: those buckets take no update then (the wrapper's recovery).
     """
     every, frags = cfg["every"], cfg["fragments"]
     mats, start, models, optims = replay_workers(topology(cfg, world), world, cfg)
@@ -162,7 +159,9 @@ def replay(cfg: dict[str, Any], world: int, layout: list[list[str]]) -> list[tor
         old = [{n: p.detach().clone() for n, p in m.named_parameters()} for m in models]
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
-            loss_of(m, i, t).backward()
+            loss_of(m, i, t, 0, cfg.get("kind", "mlp")).backward()
+            if cfg.get("fail_at") == (t, i):
+                m.l1.weight.grad = m.l1.bias.grad = None
             opt.step()
         params = [dict(m.named_parameters()) for m in models]
         for b, names in enumerate(layout):
@@ -422,3 +421,35 @@ def test_bytes_count_the_compressed_outer_rounds_the_collectives_move() -> None:
     # int8 of float64 values: 1/8 of the exact all-reduce's bytes, plus a float32 scale per
     # chunk, which in these buckets of 32 or 64 elements cut in four is one per 8 or 16
     assert 1 / 8 * mine[1]["mean"] < mine[0]["mean"] < 1.5 / 8 * mine[1]["mean"]
+
+
+def test_compressed_outer_rounds_of_parameters_apart_from_the_buckets() -> None:
+    """DiLoCo with ``param_as_bucket_view=False``: each rank's ``Delta`` is gathered from the
+    parameters themselves into the bucket's block, zero between and after them (int8's chunk
+    scale reads the padding too): one bucket per parameter, one bucket of all, fragments."""
+    base = {"fragments": 1, "every": 4, "steps": 10, "topology": "local-sgd", "view": False}
+    base = {**base, "outer_compression": "int8", **NESTEROV}
+    cfgs = [
+        base,
+        {**base, "bucket_mb": 25},
+        {**base, "outer_compression": "bf16", "fragments": 2},
+    ]
+    results = check_runs(cfgs)
+    for c, cfg in enumerate(cfgs):
+        for res in results[1:]:
+            assert torch.equal(res[c]["outer"], results[0][c]["outer"])
+        exact = replay({**cfg, "outer_compression": None}, 4, results[0][c]["layout"])
+        assert (exact[0] - results[0][c]["params"]).abs().max() > 1e-6  # compression mattered
+
+
+def test_second_phases_keep_the_launch_order_when_a_backward_fails() -> None:
+    """Rank 1's backward of step 4 (an outer round, int8 in two phases) fails before ``l1``;
+    the ``branch`` used from step 3 on is the last bucket but completes among the first. Its
+    recovery steps the complete buckets in the order they completed, and the others at the
+    end in bucket order: the second phases on the world's second group must still start in
+    the order the first phases were launched, as on the ranks that did not fail."""
+    cfg = {"fragments": 1, "every": 4, "steps": 7, "topology": "local-sgd", **NESTEROV}
+    cfg = {**cfg, "outer_compression": "int8", "kind": "late", "fail_at": (4, 1)}
+    results = check_runs([cfg])
+    for res in results[1:]:
+        assert torch.equal(res[0]["outer"], results[0][0]["outer"])

@@ -3,8 +3,10 @@
 One ``train.py`` sweep (world size 1, a few steps, a checkpoint at the end) is run once
 for the module, over three folders: a nanoGPT character folder (``meta.pkl``), a folder
 of ``prepare_tokens`` (its BPE), and ids with a ``meta.json`` that gives the vocabulary
-but no tokenizer, which has no decoder. The two-rank averaged model is in
-``tests/e2e/test_sample.py`` (slow).
+but no tokenizer, which has no decoder. The average over ranks is checked on a checkpoint
+of three gloo ranks whose models differ; a trained two-rank run is in
+``tests/e2e/test_sample.py`` (slow). ``generate`` is checked on models whose logits are
+known: the context it crops, and the distribution at a temperature.
 """
 
 from __future__ import annotations
@@ -207,3 +209,85 @@ def test_checkpoint_folder_is_the_trainer_s():
     from experiments.train.trainer import CHECKPOINT_DIR
 
     assert sample.CHECKPOINT_DIR == CHECKPOINT_DIR
+
+
+def _save_worker(rank: int, world: int, root: str, states: list[dict[str, torch.Tensor]]) -> int:
+    """Each gloo rank saves its own model as its shard of one checkpoint."""
+    save_checkpoint(root, 8, {"model": states[rank]}, {"topology": "ring"})
+    return rank
+
+
+def test_the_average_of_three_ranks_is_the_mean_of_their_shards(runs, tmp_path):
+    """A checkpoint of three ranks whose models differ: the sampled model is their mean."""
+    from tests.support.dist_harness import ok_values, run_distributed
+
+    run = tmp_path / "run"
+    shutil.copytree(runs["char"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    model = load_sampler(runs["char"]).model
+    g = torch.Generator().manual_seed(0)
+    states = []
+    for _ in range(3):  # moved by parameter, so that tied weights stay tied
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    base = states[0]
+    ok_values(run_distributed(_save_worker, 3, str(run / "checkpoints"), states))
+    info = latest_checkpoint(run / "checkpoints")
+    assert info is not None and info.world_size == 3
+    mean = {k: torch.stack([s[k].double() for s in states]).mean(0).float() for k in base}
+    loaded = load_sampler(run).model.state_dict()
+    for key, value in mean.items():
+        torch.testing.assert_close(loaded[key], value, msg=key)
+        torch.testing.assert_close(model_state(info)[key], value, msg=key)
+    for r in range(3):  # --rank R is that rank's own shard, not the mean
+        own = load_sampler(run, rank=r).model.state_dict()
+        assert all(torch.equal(own[k], states[r][k]) for k in base)
+        assert not all(torch.equal(loaded[k], states[r][k]) for k in base)
+
+
+class _Counter(torch.nn.Module):
+    """Certain to write the id after the last one it sees; remembers what it was shown."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.p = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[list[int]] = []
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        self.seen.append(idx[0].tolist())
+        logits = torch.full((*idx.shape, self.vocab), -1e4)
+        logits[0, -1, (int(idx[0, -1]) + 1) % self.vocab] = 0.0
+        return logits
+
+
+def test_generate_crops_the_context_to_its_last_tokens():
+    model = _Counter(vocab=50)
+    prompt = list(range(10))
+    ids = generate(model, prompt, 6, context=4, generator=torch.Generator().manual_seed(0))
+    assert ids == list(range(16))  # each new id follows the true last one
+    for i, seen in enumerate(model.seen):
+        assert seen == ids[: 10 + i][-4:], (i, seen)
+
+
+class _Fixed(torch.nn.Module):
+    """The same logits at every position: 0, 1, 2, 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return torch.arange(4.0).expand(*idx.shape, 4)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_generate_draws_from_the_softmax_of_logits_over_temperature(temperature: float):
+    n = 4000
+    gen = torch.Generator().manual_seed(1)
+    ids = generate(_Fixed(), [0], n, context=2, temperature=temperature, generator=gen)
+    counts = torch.bincount(torch.tensor(ids[1:]), minlength=4).double() / n
+    expected = torch.softmax(torch.arange(4.0, dtype=torch.float64) / temperature, dim=0)
+    # four standard deviations of a frequency over 4000 draws are under 0.032
+    torch.testing.assert_close(counts, expected, rtol=0, atol=0.032)

@@ -196,11 +196,13 @@ def replay_workers(
 
     Returns:
         ``(mats, start, models, optims)``: one mixing matrix per round of ``topo``, the
-        initial model (rank 0's, broadcast), the workers' copies of it and their optimizers.
+        initial model (rank 0's, broadcast, of ``cfg["kind"]``), the workers' copies of it
+        and their optimizers.
     """
     mats = mixing_matrices(topo, world, 1)
-    start = make_model("mlp", seed=0)
-    models = [make_model("mlp", seed=0) for _ in range(world)]
+    kind = cfg.get("kind", "mlp")
+    start = make_model(kind, seed=0)
+    models = [make_model(kind, seed=0) for _ in range(world)]
     for m in models:
         set_flat(m, flat(start))
     optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
