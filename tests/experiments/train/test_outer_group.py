@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ import torch
 from experiments.schema import ConfigError
 from experiments.train.outer import outer_every, outer_kwargs
 from experiments.train.run import validate
-from tests.support.launch import QUIET, compose_config, torchrun
+from tests.support.launch import QUIET, compose_config
+from tests.support.train_jobs import read_metrics, read_summary, train_job
 
 
 def test_diloco_on_local_sgd_takes_the_topology_period() -> None:
@@ -104,8 +104,9 @@ def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> Non
 
 @pytest.mark.slow
 def test_diloco_under_torchrun(tmp_path: Path) -> None:
-    proc = torchrun(
+    train_job(
         2,
+        tmp_path,
         *QUIET,
         "outer=diloco",
         "topology=local-sgd",
@@ -113,13 +114,10 @@ def test_diloco_under_torchrun(tmp_path: Path) -> None:
         "train.max_steps=16",
         "log.every=4",
         "log.consensus_every=0",
-        f"hydra.run.dir={tmp_path}",
-        timeout=240,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = read_summary(tmp_path)
     assert summary["outer"] == "diloco" and summary["outer_every"] == 4
     assert summary["eval/acc"] > 0.3  # 16 steps of digits learn something
-    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path)
     norms = [line["outer/delta_norm"] for line in lines if "outer/delta_norm" in line]
     assert len(norms) == 4 and all(n > 0 for n in norms)
