@@ -76,7 +76,7 @@ def test_unknown_key_fails_at_compose_time() -> None:
 
 
 def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> None:
-    """A DiLoCo job stopped at step 7 (outer steps at 4, 8, ...) resumes bit for bit."""
+    """A DiLoCo job stopped at step 6 (outer steps at 4, 8, ...) resumes bit for bit."""
     from experiments.train.checkpoint import latest_checkpoint, load_shard
     from experiments.train.run import run
 
@@ -88,13 +88,14 @@ def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> Non
         "train.batch_size=128",
         "scheduler=step",  # a schedule that does not depend on train.max_steps
         "scheduler.step_size_epochs=0.5",
-        "log.every=4",
+        "log.every=2",  # train/loss is the mean since the last line: one ends at step 6
         "checkpoint.every_steps=3",
     ]
-    straight = run(compose_config(*common, "train.max_steps=12"), run_dir=tmp_path / "a")
-    run(compose_config(*common, "train.max_steps=7"), run_dir=tmp_path / "b")
-    resumed = run(compose_config(*common, "train.max_steps=12"), run_dir=tmp_path / "b")
-    assert resumed["resumed_from_step"] == 7 and resumed["outer"] == "diloco"
+    # resumed at 6, between the outer rounds of steps 4 and 8
+    straight = run(compose_config(*common, "train.max_steps=8"), run_dir=tmp_path / "a")
+    run(compose_config(*common, "train.max_steps=6"), run_dir=tmp_path / "b")
+    resumed = run(compose_config(*common, "train.max_steps=8"), run_dir=tmp_path / "b")
+    assert resumed["resumed_from_step"] == 6 and resumed["outer"] == "diloco"
     for key in ("eval/acc", "eval/loss", "train/loss"):
         assert resumed[key] == straight[key], key
     shards = [load_shard(latest_checkpoint(tmp_path / d / "checkpoints"), 0) for d in "ab"]
