@@ -232,7 +232,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def _setup(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[str, Any]]:
     """The step function of one implementation, its wrapper (if any) and the row's fixed fields."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     if args.impl != "torch-ddp":
         _check_import(args.impl, args.impl_file)
     model_name = getattr(args, "model", "mlp")
@@ -266,15 +266,7 @@ def _setup(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[s
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-    row: dict[str, Any] = {
-        "impl": args.impl,
-        "model": "mlp",
-        "world_size": world,
-        "topology": args.topology if args.impl != "torch-ddp" else "allreduce",
-        "batch": args.batch,
-        "params_m": bench.n_params(model) / 1e6,
-    }
-    return step, wrapper, row
+    return step, wrapper, _row(args, "mlp", bench.n_params(model))
 
 
 def _setup_gpt(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, dict[str, Any]]:
@@ -287,7 +279,7 @@ def _setup_gpt(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, di
     """
     from experiments.bench import gpt_workload as gw
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     model = gw.build()
     data = gw.token_batches(args.batch, seed=rank)
     optim_fn = gw.accum_adamw_fn()
@@ -328,16 +320,20 @@ def _setup_gpt(args: argparse.Namespace) -> tuple[Callable[[int], None], Any, di
                 sched.step()
                 opt.zero_grad(set_to_none=True)
 
-    row: dict[str, Any] = {
+    return step, wrapper, _row(args, "gpt", gw.n_params(model), bucket_mb=bucket_mb)
+
+
+def _row(args: argparse.Namespace, model: str, params: int, **extra: Any) -> dict[str, Any]:
+    """A result row's fixed fields: what ran, on how many ranks, and the model's size."""
+    return {
         "impl": args.impl,
-        "model": "gpt",
-        "world_size": world,
+        "model": model,
+        "world_size": dist.get_world_size(),
         "topology": args.topology if args.impl != "torch-ddp" else "allreduce",
         "batch": args.batch,
-        "bucket_mb": bucket_mb,
-        "params_m": gw.n_params(model) / 1e6,
+        **extra,
+        "params_m": params / 1e6,
     }
-    return step, wrapper, row
 
 
 def _drain(wrapper: Any) -> None:

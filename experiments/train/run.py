@@ -117,6 +117,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _at_least(key: str, value: Any, low: int, note: str = "") -> tuple[str, Any, bool, str]:
+    """A rule of :func:`validate`: ``value >= low``."""
+    return (key, value, value >= low, f">= {low}{note}")
+
+
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Check every value that could make the run fail later, without communicating.
 
@@ -154,32 +159,17 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ("train.grad_clip_norm", t.grad_clip_norm, t.grad_clip_norm >= 0, ">= 0 (0 disables)"),
         ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
         ("train.seed", t.seed, t.seed >= 0, ">= 0"),
-        ("log.every", cfg.log.every, cfg.log.every >= 1, ">= 1"),
-        (
-            "log.consensus_every",
-            cfg.log.consensus_every,
-            cfg.log.consensus_every >= 0,
-            ">= 0 (0 = only at evaluations)",
-        ),
+        _at_least("log.every", cfg.log.every, 1),
+        _at_least("log.consensus_every", cfg.log.consensus_every, 0, " (0 = only at evaluations)"),
         (
             "log.consensus_sketch",
             cfg.log.consensus_sketch,
             _is_int(cfg.log.consensus_sketch) and cfg.log.consensus_sketch >= 0,
             "an integer >= 0 (0 = no sketch)",
         ),
-        (
-            "checkpoint.every_steps",
-            cfg.checkpoint.every_steps,
-            cfg.checkpoint.every_steps >= 0,
-            ">= 0 (0 = off)",
-        ),
-        ("checkpoint.keep", cfg.checkpoint.keep, cfg.checkpoint.keep >= 1, ">= 1"),
-        (
-            "checkpoint.signal_check_every",
-            cfg.checkpoint.signal_check_every,
-            cfg.checkpoint.signal_check_every >= 1,
-            ">= 1",
-        ),
+        _at_least("checkpoint.every_steps", cfg.checkpoint.every_steps, 0, " (0 = off)"),
+        _at_least("checkpoint.keep", cfg.checkpoint.keep, 1),
+        _at_least("checkpoint.signal_check_every", cfg.checkpoint.signal_check_every, 1),
         (
             "dist.backend",
             cfg.dist.backend,

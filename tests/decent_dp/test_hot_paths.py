@@ -110,7 +110,15 @@ def test_groups_are_created_in_one_order_whatever_order_a_topology_lists() -> No
         assert_close(got["params"], exp, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("how", ["forward", "model", "wrapper"])
+# the paper's scripts compile the forward; the other two ways run in the slow suite
+@pytest.mark.parametrize(
+    "how",
+    [
+        "forward",
+        pytest.param("module", marks=pytest.mark.slow),
+        pytest.param("wrapper", marks=pytest.mark.slow),
+    ],
+)
 def test_resume_is_bit_exact_under_each_way_of_compiling(how: str, tmp_path) -> None:
     """``model.forward = torch.compile(...)``, ``torch.compile(model)`` and ``torch.compile(wrapper)``."""
     cfg = {"topology": "ring", "steps": 6, "resume_at": 3, "compile": how}

@@ -22,6 +22,7 @@ from experiments.data.prepare_tokens import (
     unigram_entropy,
 )
 from experiments.data.tokens import build_tokens
+from tests.support.cli import bad_command_lines, refusal
 from tests.support.launch import clean_env, launch
 
 PHRASES = (
@@ -211,21 +212,17 @@ def test_gpt2_tokenizer_loads_local_vocab_and_merges(
     assert train.size == meta["train_tokens"] and train.max() < meta["vocab_size"]
 
 
-@pytest.mark.parametrize(
-    ("extra", "needle"),
-    [
-        (["--vocab-size", "70000"], "65536"),
-        (["--val-fraction", "1.0"], "--val-fraction=1.0"),
-        (["--max-bytes", "0"], "--max-bytes=0"),
-    ],
+@bad_command_lines(
+    (["--vocab-size", "70000"], "65536"),
+    (["--val-fraction", "1.0"], "--val-fraction=1.0"),
+    (["--max-bytes", "0"], "--max-bytes=0"),
 )
 def test_bad_arguments_are_one_line_errors(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
 ) -> None:
     write_corpus(tmp_path / "corpus")
-    args = ["--input", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), *extra]
-    assert main(args) == 1
-    one_error_line(capsys.readouterr().err, needle)
+    args = ["--input", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"), *argv]
+    one_error_line(refusal(main, args, capsys, status=1), needle)
 
 
 def test_missing_or_single_input_is_a_one_line_error(

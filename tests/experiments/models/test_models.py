@@ -22,6 +22,11 @@ CASES = {
 }
 
 
+def _with_slow(names: dict, slow: str) -> list:
+    """The names, ``slow`` marked for the slow suite."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n == slow else n for n in names]
+
+
 def _forward_backward(model: nn.Module, x: torch.Tensor, num_classes: int) -> torch.Tensor:
     model.train()
     logits = model(x)
@@ -53,7 +58,9 @@ def test_gpt_through_build_model_takes_the_data_vocabulary() -> None:
         build_model({"name": "gpt", "n_embd": 100, "n_head": 3}, vocab_size=50)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# ResNet-50 (25M parameters) builds and trains a step with a 1-channel stem in
+# test_other_channel_counts_and_sizes; with its own stem it runs in the slow suite
+@pytest.mark.parametrize("name", _with_slow(CASES, "resnet50"))
 def test_forward_backward_shapes(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     torch.manual_seed(0)
@@ -135,7 +142,8 @@ def test_vit_depends_on_every_patch() -> None:
     assert (per_patch > 0).all()
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# build_model converts every model the same way: ResNet-18's blocks cover ResNet-50's
+@pytest.mark.parametrize("name", _with_slow(CASES, "resnet50"))
 def test_channels_last(name: str) -> None:
     cfg, channels, size, batch = CASES[name]
     model = build_model(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,8 @@ import torch
 from experiments.schema import ConfigError
 from experiments.train.outer import outer_every, outer_kwargs
 from experiments.train.run import validate
-from tests.support.launch import QUIET, compose_config, torchrun
+from tests.support.launch import QUIET, compose_config
+from tests.support.train_jobs import read_metrics, read_summary, train_job
 
 
 def test_diloco_on_local_sgd_takes_the_topology_period() -> None:
@@ -76,7 +76,7 @@ def test_unknown_key_fails_at_compose_time() -> None:
 
 
 def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> None:
-    """A DiLoCo job stopped at step 7 (outer steps at 4, 8, ...) resumes bit for bit."""
+    """A DiLoCo job stopped at step 6 (outer steps at 4, 8, ...) resumes bit for bit."""
     from experiments.train.checkpoint import latest_checkpoint, load_shard
     from experiments.train.run import run
 
@@ -88,13 +88,14 @@ def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> Non
         "train.batch_size=128",
         "scheduler=step",  # a schedule that does not depend on train.max_steps
         "scheduler.step_size_epochs=0.5",
-        "log.every=4",
+        "log.every=2",  # train/loss is the mean since the last line: one ends at step 6
         "checkpoint.every_steps=3",
     ]
-    straight = run(compose_config(*common, "train.max_steps=12"), run_dir=tmp_path / "a")
-    run(compose_config(*common, "train.max_steps=7"), run_dir=tmp_path / "b")
-    resumed = run(compose_config(*common, "train.max_steps=12"), run_dir=tmp_path / "b")
-    assert resumed["resumed_from_step"] == 7 and resumed["outer"] == "diloco"
+    # resumed at 6, between the outer rounds of steps 4 and 8
+    straight = run(compose_config(*common, "train.max_steps=8"), run_dir=tmp_path / "a")
+    run(compose_config(*common, "train.max_steps=6"), run_dir=tmp_path / "b")
+    resumed = run(compose_config(*common, "train.max_steps=8"), run_dir=tmp_path / "b")
+    assert resumed["resumed_from_step"] == 6 and resumed["outer"] == "diloco"
     for key in ("eval/acc", "eval/loss", "train/loss"):
         assert resumed[key] == straight[key], key
     shards = [load_shard(latest_checkpoint(tmp_path / d / "checkpoints"), 0) for d in "ab"]
@@ -104,8 +105,9 @@ def test_resume_mid_period_in_process(tmp_path: Path, world_of_one: None) -> Non
 
 @pytest.mark.slow
 def test_diloco_under_torchrun(tmp_path: Path) -> None:
-    proc = torchrun(
+    train_job(
         2,
+        tmp_path,
         *QUIET,
         "outer=diloco",
         "topology=local-sgd",
@@ -113,13 +115,10 @@ def test_diloco_under_torchrun(tmp_path: Path) -> None:
         "train.max_steps=16",
         "log.every=4",
         "log.consensus_every=0",
-        f"hydra.run.dir={tmp_path}",
-        timeout=240,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = read_summary(tmp_path)
     assert summary["outer"] == "diloco" and summary["outer_every"] == 4
     assert summary["eval/acc"] > 0.3  # 16 steps of digits learn something
-    lines = [json.loads(s) for s in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path)
     norms = [line["outer/delta_norm"] for line in lines if "outer/delta_norm" in line]
     assert len(norms) == 4 and all(n > 0 for n in norms)

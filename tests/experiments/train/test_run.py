@@ -25,6 +25,7 @@ from experiments.train.run import (
     validate,
 )
 from tests.support.launch import compose_config, launch, torchrun
+from tests.support.train_jobs import train_job
 
 QUICK = ["logger=none", "log.progress=false", "log.every=4", "log.consensus_every=4"]
 TRAIN_KEYS = {
@@ -494,21 +495,21 @@ def _mean(lines: list[dict], key: str) -> float:
 @pytest.mark.slow
 def test_torchrun_multirun_skips_a_bad_job_and_runs_the_others(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = torchrun(
+    # alternating-exp-ring needs two nodes: every rank rejects it before communicating,
+    # prints nothing but rank 0's one line, and the sweep goes on; the exit status says it failed
+    proc = train_job(
         2,
-        "-m",
+        sweep,
         "topology=ring,alternating-exp-ring,allreduce",
         "train.max_steps=12",
         "log.progress=false",
         "log.every=4",
         "logger=wandb",
         "dataset.partition=dirichlet",
-        f"hydra.sweep.dir={sweep}",
+        sweep=True,
+        status=1,
         timeout=180,
     )
-    # alternating-exp-ring needs two nodes: every rank rejects it before communicating,
-    # prints nothing but rank 0's one line, and the sweep goes on; the exit status says it failed
-    assert proc.returncode == 1, proc.stderr[-4000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
     assert len(errors) == 1
     assert "ConfigError: topology=alternating-exp-ring with world size 2" in errors[0]
