@@ -54,7 +54,7 @@ from ._builtin_topologies import HierarchicalTopology
 from ._codecs import CompressionSpec
 from ._comm_cost import exchange_bytes
 from ._inflight import Chained
-from ._setup import make_groups
+from ._setup import default_group_timeout, make_groups
 from .topo import Edge, Topology
 
 __all__ = [
@@ -217,7 +217,11 @@ def make_host_groups(
     queue: list[Any] | None = None
     if dist.get_backend() != "nccl":
         # phase 3 starts when a result is waited for: on a group of its own, in launch order
-        seconds = [dist.new_group(list(range(h * local, (h + 1) * local))) for h in range(hosts)]
+        timeout = default_group_timeout()
+        seconds = [
+            dist.new_group(list(range(h * local, (h + 1) * local)), timeout=timeout)
+            for h in range(hosts)
+        ]
         created += seconds
         gather, queue = seconds[rank // local], []
     mine = [topology.get_edge(r, rank) for r in range(topology.period)]

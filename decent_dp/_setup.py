@@ -9,6 +9,7 @@ fails on its rank before any process can wait on a collective.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 from collections.abc import Collection
 from typing import Any
@@ -24,6 +25,7 @@ __all__ = [
     "check_ranks_agree",
     "check_wrapper_args",
     "communicators_per_rank",
+    "default_group_timeout",
     "make_groups",
     "make_second_groups",
     "plan_buckets",
@@ -160,6 +162,22 @@ def _can_split() -> bool:
     return getattr(default, "bound_device_id", None) is not None
 
 
+def default_group_timeout() -> datetime.timedelta | None:
+    """The default group's timeout (``init_process_group(timeout=...)``), or ``None`` if unknown.
+
+    torch gives a group made by ``new_group`` or ``split_group`` without a
+    ``timeout`` torch's own default (30 min, 10 on NCCL), not the default
+    group's: a lost peer of a gossip group would then block for that long.
+    """
+    default = dist.distributed_c10d._get_default_group()
+    for device in getattr(default, "_device_types", []):
+        try:
+            return default._get_backend(device).options._timeout
+        except (AttributeError, RuntimeError):
+            continue
+    return None
+
+
 def make_groups(
     topology: Topology, rank: int, world_size: int, skip: Collection[tuple[int, ...]] = ()
 ) -> tuple[list[Any], list[Edge], list[Any]]:
@@ -175,6 +193,8 @@ def make_groups(
     from scratch; otherwise one ``new_group`` per distinct edge. Either way a
     rank holds a communicator only for the edges it belongs to:
     :func:`communicators_per_rank`.
+
+    Every group gets the default group's timeout (:func:`default_group_timeout`).
 
     Args:
         topology: The topology.
@@ -192,6 +212,7 @@ def make_groups(
     created: list[Any] = []
     full = tuple(range(world_size))
     split = _can_split()
+    timeout = default_group_timeout()
     for edges in topology.rounds:
         new: list[tuple[int, ...]] = []
         # in the canonical order the cross-rank digest checks, not the order the topology lists
@@ -206,14 +227,14 @@ def make_groups(
         if not new:
             continue
         if split:
-            group = dist.split_group(split_ranks=[list(k) for k in new])
+            group = dist.split_group(split_ranks=[list(k) for k in new], timeout=timeout)
             mine = [k for k in new if rank in k]
             if mine:
                 groups[mine[0]] = group
                 created.append(group)
         else:
             for key in new:
-                groups[key] = dist.new_group(list(key))
+                groups[key] = dist.new_group(list(key), timeout=timeout)
                 created.append(groups[key])
     my_edges = [topology.get_edge(r, rank) for r in range(topology.period)]
     # kept beside the edges: the user's Topology object is not modified
@@ -255,7 +276,8 @@ def make_second_groups(
         keys.update(tuple(sorted(e.ranks)) for e in round_edges if len(e.ranks) > 2)
     if with_world and world_size > 2:
         keys.add(full)
-    made = {key: dist.new_group(list(key)) for key in sorted(keys)}
+    timeout = default_group_timeout()
+    made = {key: dist.new_group(list(key), timeout=timeout) for key in sorted(keys)}
     seconds: dict[Any, Any] = {}
     for edge, group in zip(edges, groups):
         key = tuple(sorted(edge.ranks))

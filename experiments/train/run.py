@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, chec
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
+from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.task import task_for
 from experiments.train.trainer import Trainer, per_worker_batch
 
@@ -260,6 +262,7 @@ class _Job:
     group: str | None
     config_hash: str
     config: dict[str, Any]
+    hosts: list[str]  # each rank's host, to name the ones lost
 
 
 def _hydra_view() -> dict[str, Any]:
@@ -279,6 +282,12 @@ def _hydra_view() -> dict[str, Any]:
     }
 
 
+def host_label() -> str:
+    """This process's host: the testbed's ``host <i>`` (its hosts share a hostname), else the hostname."""
+    testbed = os.environ.get("TESTBED_HOST")
+    return f"host {testbed}" if testbed is not None else socket.gethostname()
+
+
 def _agree_on_job(cfg: DictConfig, run_dir: str | os.PathLike[str] | None, world_size: int) -> _Job:
     """One collective: check the config hash and adopt rank 0's directories and names."""
     view = _hydra_view()
@@ -288,6 +297,7 @@ def _agree_on_job(cfg: DictConfig, run_dir: str | os.PathLike[str] | None, world
         "sweep_dir": view.get("sweep_dir"),
         "overrides": view.get("overrides"),
         "now": time.strftime("%Y-%m-%d/%H-%M-%S"),
+        "host": host_label(),
     }
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, mine)
@@ -304,7 +314,7 @@ def _agree_on_job(cfg: DictConfig, run_dir: str | os.PathLike[str] | None, world
     name = run_name_from_overrides(chosen["overrides"]) if chosen["overrides"] is not None else None
     config = plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     config.pop("hydra", None)
-    return _Job(folder, name, group, chosen["hash"], config)
+    return _Job(folder, name, group, chosen["hash"], config, [g["host"] for g in gathered])
 
 
 # ------------------------------------------------------------------ the run
@@ -384,7 +394,16 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
             group=job.group,
         )
         trainer.metrics.open(sink)
-        summary = trainer.fit()
+        try:
+            summary = trainer.fit()
+        except PeerLostError as exc:
+            raise exc.on_hosts(job.hosts, rank) from exc
+        except RuntimeError as exc:  # a collective of every rank (metrics, evaluation, saving)
+            reason = comm_failure(exc)
+            if reason is None:
+                raise
+            others = [r for r in range(world_size) if r != rank]
+            raise PeerLostError(trainer.step, others, reason, job.hosts, rank) from exc
         ok = True
         return summary
     finally:

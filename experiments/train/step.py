@@ -51,6 +51,7 @@ from decent_dp.optim import optimizer_kernels, prefer_fused_kernels
 from decent_dp.utils import unwrap_compiled
 from experiments.train.config import ALLREDUCE
 from experiments.train.metrics import TrainWindow
+from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.task import ImageClassification, Task
 
 __all__ = ["TrainStep", "NanPolicy", "amp_setup"]
@@ -310,7 +311,20 @@ class TrainStep:
         return x
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, number: int) -> None:
-        """Train on one batch; ``number`` is the step's 1-based number (for the NaN record)."""
+        """Train on one batch; ``number`` is the step's 1-based number (for the NaN record).
+
+        Raises:
+            PeerLostError: The step's collective failed because a peer stopped answering.
+        """
+        try:
+            self._step(x, y, number)
+        except RuntimeError as exc:
+            reason = comm_failure(exc)
+            if reason is None:
+                raise
+            raise PeerLostError(number, self.peers_at(number), reason) from exc
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, number: int) -> None:
         x = self.prepare(x)
         with self.autocast():
             loss, correct, count = self.task.forward(self.model, x, y)
@@ -320,6 +334,22 @@ class TrainStep:
         backward_loss.backward()  # the wrapper steps and gossips inside backward
         if not self.decentralized:
             self._allreduce_step()
+
+    def peers_at(self, number: int) -> list[int]:
+        """The other ranks of the group step ``number`` waits on (all of them under ``allreduce``).
+
+        Step ``t`` mixes in the gossip of the topology's round ``(t - 1) mod period``;
+        where this rank is alone in that round, the gossip it launches for the next.
+        """
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if self.decentralized:
+            topology = self.ddp.topology
+            for r in (number - 1, number):
+                peers = sorted(set(topology.get_edge(r, rank).ranks) - {rank})
+                if peers:
+                    return peers
+        return [r for r in range(world) if r != rank]
 
     def _allreduce_step(self) -> None:
         clip = self.grad_clip_norm
