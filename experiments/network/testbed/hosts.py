@@ -380,6 +380,12 @@ def current(prefix: str = PREFIX) -> Spec:
     return spec
 
 
+def netns_pids(ns: str) -> list[int]:
+    """The processes running in namespace ``ns`` (none if it does not exist)."""
+    out = _sh("ip", "netns", "pids", ns, check=False).stdout
+    return [int(x) for x in out.split()]
+
+
 def link_stats(spec: Spec) -> list[dict[str, int]]:
     """Each host's link counters: bytes and packets sent and received, and the drops of both caps."""
     out = []

@@ -24,9 +24,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .hosts import IFACE, Spec, TestbedError, address, host_ns, link_stats
+from .hosts import IFACE, Spec, TestbedError, address, host_ns, link_stats, netns_pids
 
-__all__ = ["WIRE_IFNAME_ENV", "host_command", "launch", "wire_summary"]
+__all__ = ["WIRE_IFNAME_ENV", "host_command", "launch", "threads_per_process", "wire_summary"]
 
 WIRE_IFNAME_ENV = "DECENT_DP_WIRE_IFNAME"
 """The interface whose counters the trainer reads into ``wire/*`` metrics."""
@@ -43,7 +43,19 @@ def host_command(
     torchrun_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
-    """The command that starts host ``i``'s launcher: ``torchrun ARGS`` inside its namespace."""
+    """The command that starts host ``i``'s launcher: ``torchrun ARGS`` inside its namespace.
+
+    A ``--rdzv_conf`` among ``torchrun_args`` is merged with the testbed's own ``is_host``.
+    """
+    # the rendezvous cannot tell by name which namespace owns the address
+    conf = [f"is_host={int(i == 0)}"]
+    rest = []
+    for arg in torchrun_args:
+        key, sep, value = arg.partition("=")
+        if sep and key in ("--rdzv_conf", "--rdzv-conf"):
+            conf += [kv for kv in value.split(",") if kv and not kv.startswith("is_host=")]
+        else:
+            rest.append(arg)
     return [
         "ip", "netns", "exec", host_ns(i, spec.prefix),
         python, "-m", "torch.distributed.run",
@@ -52,11 +64,10 @@ def host_command(
         "--rdzv_backend=c10d",
         f"--rdzv_endpoint={address(0)}:{port}",
         f"--rdzv_id={run_id}",
-        # the rendezvous cannot tell by name which namespace owns the address
-        f"--rdzv_conf=is_host={int(i == 0)}",
+        f"--rdzv_conf={','.join(conf)}",
         # every namespace shares the machine's hostname, which resolves to loopback
         f"--local_addr={address(i)}",
-        *torchrun_args,
+        *rest,
         *args,
     ]  # fmt: skip
 
@@ -65,7 +76,7 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
                   "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
 
 
-def _host_env(i: int, extra: dict[str, str] | None) -> dict[str, str]:
+def _host_env(i: int, spec: Spec, extra: dict[str, str] | None) -> dict[str, str]:
     # a launcher's variables from the caller's own job would confuse the hosts' torchrun
     env = {
         k: v
@@ -80,19 +91,38 @@ def _host_env(i: int, extra: dict[str, str] | None) -> dict[str, str]:
         TESTBED_HOST=str(i),
     )
     env[WIRE_IFNAME_ENV] = IFACE
+    # the hosts share this machine's cores: torchrun leaves one process per host its
+    # default thread count, and oversubscribed OpenMP threads would slow every step
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_process(spec)))
     env.update(extra or {})
     return env
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for sig, wait in ((signal.SIGTERM, _GRACE_S), (signal.SIGKILL, 5.0)):
-        live = [p for p in procs if p.poll() is None]
-        for p in live:
+def threads_per_process(spec: Spec) -> int:
+    """This machine's cores shared among every process of every host, at least one each."""
+    return max(1, (os.cpu_count() or 1) // (spec.hosts * spec.procs_per_host))
+
+
+def _stop(procs: list[subprocess.Popen[bytes]], spec: Spec) -> None:
+    """SIGTERM every launcher's process group, then SIGKILL whatever runs in the hosts.
+
+    torchrun starts each worker in a session of its own, so the last resort
+    kills every process in the hosts' namespaces, not only the launchers' groups.
+    """
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + _GRACE_S
+    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for i in range(spec.hosts):
+        for pid in netns_pids(host_ns(i, spec.prefix)):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
-        deadline = time.monotonic() + wait
-        while any(p.poll() is None for p in live) and time.monotonic() < deadline:
-            time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _delta(before: list[dict[str, int]], after: list[dict[str, int]]) -> list[dict[str, int]]:
@@ -182,11 +212,11 @@ def launch(
             with open(logs / f"host{i}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     env=_host_env(i, env), start_new_session=True)
+                                     env=_host_env(i, spec, env), start_new_session=True)
                 )  # fmt: skip
-        failed = _wait(procs, logs, start, timeout_s, quiet)
+        failed = _wait(procs, spec, logs, start, timeout_s, quiet)
     except BaseException:
-        _stop(procs)
+        _stop(procs, spec)
         raise
     elapsed = time.monotonic() - start
     per_host = _delta(before, link_stats(spec))
@@ -219,6 +249,7 @@ def _last_line(path: Path) -> str:
 
 def _wait(
     procs: list[subprocess.Popen[bytes]],
+    spec: Spec,
     logs: Path,
     start: float,
     timeout_s: float | None,
@@ -230,14 +261,14 @@ def _wait(
         codes = [p.poll() for p in procs]
         bad = [i for i, c in enumerate(codes) if c not in (None, 0)]
         if bad:
-            _stop(procs)
+            _stop(procs, spec)
             i = bad[0]
             return f"host {i} exited with {codes[i]}: {_last_line(logs / f'host{i}.log')}"
         if all(c == 0 for c in codes):
             return None
         now = time.monotonic()
         if timeout_s is not None and now - start > timeout_s:
-            _stop(procs)
+            _stop(procs, spec)
             return f"the job ran past its {timeout_s:.0f} s limit; every host was stopped"
         if not quiet and now >= next_note:
             done = sum(c == 0 for c in codes)

@@ -86,6 +86,22 @@ def test_spec_names_and_addresses():
     assert tb.Spec(hosts=1, rate_bps=10**6).burst_bytes == 3028
 
 
+def test_host_command_merges_a_users_rdzv_conf_with_is_host():
+    from experiments.network.testbed.launch import host_command
+
+    spec = tb.Spec(hosts=2, prefix="abc")
+    args = ["--rdzv_conf=read_timeout=120,is_host=1", "--max-restarts=1"]
+    for i in range(2):
+        cmd = host_command(spec, i, ["train.py"], port=1, run_id="r", torchrun_args=args)
+        assert cmd[:4] == ["ip", "netns", "exec", f"abc-h{i}"]
+        confs = [a for a in cmd if a.startswith("--rdzv_conf")]
+        assert confs == [f"--rdzv_conf=is_host={int(i == 0)},read_timeout=120"]
+        assert f"--local_addr={tb.address(i)}" in cmd and cmd[-2:] == [
+            "--max-restarts=1",
+            "train.py",
+        ]
+
+
 def test_wire_counter_is_off_without_an_interface(monkeypatch):
     monkeypatch.delenv("DECENT_DP_WIRE_IFNAME", raising=False)
     counter = WireCounter.from_env()
