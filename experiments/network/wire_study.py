@@ -1,0 +1,168 @@
+"""Every topology's speed measured on the testbed's wire, beside the emulator's and the simulator's.
+
+``python -m experiments.network.wire_study run`` trains each arm on the testbed
+(:mod:`experiments.network.testbed`) for every link rate, then the same
+configuration on loopback under the emulator (``network=custom`` at the same
+rate), and once more without communication (the compute time the simulator
+needs). It keeps each run's small files under ``--out`` (default
+``docs/results/network/runs``). ``python -m experiments.network.wire_study table``
+turns them into ``README.md``, ``table.json`` and the plots beside them.
+
+Example (as root; the sweep script is ``experiments/sweeps/network.sh``)::
+
+    python -m experiments.network.wire_study run --model digits --hosts 4 \\
+        --rates 10mbit 100mbit 1gbit --arms allreduce ring one-peer-exp
+    python -m experiments.network.wire_study table
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from experiments.network import testbed as tb
+from experiments.network.wire_table import write_table
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "docs" / "results" / "network"
+QUIET = ["logger=none", "log.progress=false", "log.consensus_sketch=0", "log.consensus_every=0"]
+VETH_LATENCY_MS = 0.05  # one way, measured with ping between two testbed hosts: no added delay
+
+MODELS: dict[str, list[str]] = {
+    "digits": ["train.max_steps=60", "log.every=10"],
+    "lm_quick": ["experiment=lm_quick", "train.max_steps=40", "log.every=10"],
+}
+ARMS: dict[str, list[str]] = {
+    "allreduce": ["topology=allreduce"],
+    "complete": ["topology=complete"],
+    "ring": ["topology=ring"],
+    "one-peer-exp": ["topology=one-peer-exp"],
+    "alternating-exp-ring": ["topology=alternating-exp-ring"],
+    "local-sgd": ["topology=local-sgd", "topology.kwargs.period=8"],
+    "diloco": ["topology=local-sgd", "topology.kwargs.period=8", "outer=diloco"],
+    "streaming-diloco": [
+        "topology=local-sgd", "topology.kwargs.period=8", "outer=diloco", "outer.fragments=4",
+        "topology.bucket_size_in_mb=0.05",
+    ],
+    "ring-int8": ["topology=ring", "compression=int8"],
+    "ring-bf16": ["topology=ring", "compression=bf16"],
+}  # fmt: skip
+SMALL_FILES = ("summary.json", "metrics.jsonl", "testbed.json")
+
+
+def cell_dir(out: Path, model: str, hosts: int, pph: int, rate: str) -> Path:
+    """Where one (model, hosts x procs, rate) cell's runs go."""
+    return out / "runs" / model / f"{hosts}x{pph}" / rate
+
+
+def _keep(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in SMALL_FILES:
+        if (src / name).exists():
+            shutil.copy2(src / name, dst / name)
+
+
+def _emulated(
+    n: int, overrides: Sequence[str], rate_bps: int, run_dir: Path, timeout: float
+) -> None:
+    gbps = rate_bps / 1e9
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "train.py", *overrides, "network=custom", f"network.bandwidth_gbps={gbps}",
+           f"network.latency_ms={VETH_LATENCY_MS}", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"emulated run failed: {proc.stderr.strip().splitlines()[-1:]}")
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Every arm at every rate on the testbed, then emulated, then once without communication."""
+    out = Path(ns.out)
+    base = [*QUIET, *MODELS[ns.model], *ns.extra]
+    if ns.procs_per_host > 1:
+        base.append(f"topology.local_world_size={ns.procs_per_host}")
+    jobs = [(rate, arm) for rate in ns.rates for arm in ns.arms]
+    bar = tqdm(jobs, desc="wire study", unit="run")
+    tmp = Path(tempfile.mkdtemp(prefix="wire-study-"))
+    try:
+        for rate, arm in bar:
+            bar.set_postfix_str(f"{rate} {arm}")
+            spec = tb.Spec(ns.hosts, ns.procs_per_host, tb.parse_rate(rate), ns.queue_ms, ns.prefix)
+            dst = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, rate) / arm
+            if (dst / "wire" / "summary.json").exists() and not ns.again:
+                continue
+            tb.up(spec)
+            run_dir = tmp / f"{rate}-{arm}"
+            try:
+                tb.launch(spec, ["train.py", *base, *ARMS[arm]], run_dir, timeout_s=ns.timeout_s,
+                          quiet=True)  # fmt: skip
+            except tb.TestbedError as exc:
+                tqdm.write(f"{rate} {arm}: on the wire: {exc}")
+            _keep(run_dir, dst / "wire")
+            if not ns.no_emulated:
+                emu = tmp / f"{rate}-{arm}-emulated"
+                try:
+                    _emulated(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm]], spec.rate_bps,
+                              emu, ns.timeout_s)  # fmt: skip
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    tqdm.write(f"{rate} {arm}: emulated: {exc}")
+                _keep(emu, dst / "emulated")
+        compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
+        if not (compute / "summary.json").exists() or ns.again:
+            # no communication: local-sgd whose period is longer than the run
+            overrides = [*base, "topology=local-sgd", "topology.kwargs.period=1000000"]
+            _emulated_free(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
+            _keep(tmp / "compute", compute)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tb.down(ns.prefix)
+    return 0
+
+
+def _emulated_free(n: int, overrides: Sequence[str], run_dir: Path, timeout: float) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+           "train.py", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments.network.wire_study")
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train every arm on the testbed, emulated, and compute-only")
+    r.add_argument("--model", choices=sorted(MODELS), default="digits")
+    r.add_argument("--hosts", type=int, default=4)
+    r.add_argument("--procs-per-host", type=int, default=1)
+    r.add_argument("--rates", nargs="+", default=["10mbit", "100mbit", "1gbit"])
+    r.add_argument("--arms", nargs="+", default=list(ARMS), choices=sorted(ARMS))
+    r.add_argument("--queue-ms", type=float, default=50.0)
+    r.add_argument("--prefix", default="ddpws", help="the testbed's name prefix (default ddpws)")
+    r.add_argument("--timeout-s", type=float, default=900.0)
+    r.add_argument("--no-emulated", action="store_true", help="skip the emulated runs")
+    r.add_argument("--again", action="store_true", help="rerun cells whose runs exist")
+    r.add_argument("--out", default=str(OUT))
+    r.add_argument("extra", nargs="*", help="more train.py overrides, after --")
+    t = sub.add_parser("table", help="README.md, table.json and plots from the runs")
+    t.add_argument("--out", default=str(OUT))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    if ns.command == "run":
+        why = tb.missing()
+        if why is not None:
+            print(f"wire_study: {why}", file=sys.stderr)
+            return 1
+        return run(ns)
+    write_table(Path(ns.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The measured table of :mod:`experiments.network.wire_study`: the wire beside both models of it.
+
+For every (model, hosts x processes, link rate, arm) it shows what the testbed
+measured (median step time after the first window, samples or tokens per
+second, the link's bytes per step and host, time to a target loss) and the
+step time that the emulator (``network=custom`` on loopback at the same rate)
+and the scale simulator (:func:`experiments.network.sim_validate.predict`, fed
+the compute-only run's step time and jitter) predict, each with its ratio to
+the wire. A ratio outside [0.8, 1.25] is flagged: the model misses the wire by
+more than 20% there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from experiments.network.testbed import parse_rate
+
+__all__ = ["read_run", "rows", "write_table"]
+
+SIMULATED = ("allreduce", "complete", "ring", "one-peer-exp", "alternating-exp-ring", "local-sgd")
+TOLERANCE = 0.2
+
+
+def read_run(path: Path) -> dict[str, Any] | None:
+    """A kept run's summary, metrics lines and median step time; ``None`` if it did not finish."""
+    try:
+        summary = json.loads((path / "summary.json").read_text())
+        raw = (path / "metrics.jsonl").read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    lines = [json.loads(x) for x in raw if x]
+    steps = [x["perf/step_s"] for x in lines if "perf/step_s" in x][1:]  # the first warms up
+    return {
+        "summary": summary,
+        "lines": lines,
+        "step_s": statistics.median(steps) if steps else None,
+        "step_cv": statistics.pstdev(steps) / statistics.mean(steps) if len(steps) > 1 else 0.0,
+    }
+
+
+def loss_curve(run: dict[str, Any]) -> list[tuple[float, float]]:
+    """(training seconds, train loss) at every metrics window: wall time spent in steps."""
+    out, t, last = [], 0.0, 0
+    for line in run["lines"]:
+        if "perf/step_s" in line and "train/loss" in line:
+            t += line["perf/step_s"] * (line["step"] - last)
+            last = line["step"]
+            out.append((t, line["train/loss"]))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    """The first time the curve is at or below ``target``."""
+    return next((t for t, loss in curve if loss <= target), None)
+
+
+def _simulate(arm: str, n: int, pph: int, compute: dict[str, Any], model_bytes: float,
+              rate_bps: int) -> float | None:  # fmt: skip
+    if arm not in SIMULATED or compute["step_s"] is None or pph != 1:
+        return None
+    from experiments.network import sim_validate
+
+    facts = {"model_bytes": model_bytes, "backward_frac": 0.6}
+    return sim_validate.predict(arm, n, compute["step_s"], compute["step_cv"], facts,
+                                rate_bps / 1e9, 0.05, 25.0, steps=200)  # fmt: skip
+
+
+def rows(out: Path) -> list[dict[str, Any]]:
+    """One row per kept run, with the emulator's and the simulator's predictions beside it."""
+    result: list[dict[str, Any]] = []
+    for shape in sorted((out / "runs").glob("*/*")):
+        model, (hosts, pph) = shape.parent.name, map(int, shape.name.split("x"))
+        compute = read_run(shape / "compute")
+        for rate_dir in sorted(p for p in shape.iterdir() if p.name != "compute"):
+            rate_bps = parse_rate(rate_dir.name)
+            runs = {a.name: read_run(a / "wire") for a in sorted(rate_dir.iterdir())}
+            model_bytes = max((r["summary"]["comm/peak_bytes_per_step"] for a, r in runs.items()
+                               if r and a in ("ring", "one-peer-exp")), default=math.nan)  # fmt: skip
+            curves = {a: loss_curve(r) for a, r in runs.items() if r}
+            target = max((min(loss for _, loss in c) for c in curves.values() if c), default=None)
+            for arm, run in runs.items():
+                row: dict[str, Any] = {"model": model, "hosts": hosts, "procs_per_host": pph,
+                                       "rate": rate_dir.name, "rate_bps": rate_bps, "arm": arm}  # fmt: skip
+                if run is None:
+                    result.append({**row, "failed": True})
+                    continue
+                s, wire = run["summary"], run["summary"].get("wire", {})
+                row.update(
+                    step_s=run["step_s"],
+                    samples_per_s=s.get("perf/samples_per_s"),
+                    tokens_per_s=s.get("perf/tokens_per_s"),
+                    wire_bytes_per_step=wire.get("tx_bytes_per_step"),
+                    lib_bytes_per_step=s.get("comm/bytes_per_step"),
+                    drops=wire.get("drops"),
+                    target_loss=target,
+                    time_to_target_s=None if target is None else time_to(curves[arm], target),
+                    final_loss=s.get("train/loss"),
+                )
+                emu = read_run(rate_dir / arm / "emulated")
+                row["emulated_step_s"] = emu["step_s"] if emu else None
+                if compute is not None:
+                    row["simulated_step_s"] = _simulate(arm, hosts * pph, pph, compute,
+                                                        model_bytes, rate_bps)  # fmt: skip
+                for k in ("emulated", "simulated"):
+                    pred, meas = row.get(f"{k}_step_s"), row["step_s"]
+                    row[f"{k}_ratio"] = pred / meas if pred and meas else None
+                result.append(row)
+    return result
+
+
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _ratio(v: float | None) -> str:
+    if v is None:
+        return "–"
+    flag = "" if 1 / (1 + TOLERANCE) <= v <= 1 + TOLERANCE else " **miss**"
+    return f"{v:.2f}{flag}"
+
+
+def markdown(table: list[dict[str, Any]]) -> str:
+    """The table as markdown, one section per model and shape."""
+    lines = ["# Measured on the wire", "",
+             "Generated by `python -m experiments.network.wire_study table` from `runs/`.",
+             "Step time: median `perf/step_s` after the first window. Wire bytes: what each host's "
+             "link sent per training step (kernel counters), beside the library's `comm/bytes_per_step`. "
+             "Predictions: emulator (`network=custom` on loopback, same rate) and simulator; "
+             f"ratio = predicted / measured step time, **miss** outside ±{TOLERANCE:.0%}.", ""]  # fmt: skip
+    keys = sorted({(r["model"], r["hosts"], r["procs_per_host"]) for r in table})
+    for model, hosts, pph in keys:
+        lines += [f"## {model}, {hosts} hosts x {pph} process{'es' if pph > 1 else ''}", "",
+                  "| rate | arm | step s | samples/s | wire B/step | lib B/step | drops | "
+                  "time to loss | emulated s (ratio) | simulated s (ratio) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for r in sorted((r for r in table if (r["model"], r["hosts"], r["procs_per_host"]) == (model, hosts, pph)),
+                        key=lambda r: (r["rate_bps"], r["arm"])):  # fmt: skip
+            if r.get("failed"):
+                lines.append(f"| {r['rate']} | {r['arm']} | failed | | | | | | | |")
+                continue
+            ttl = (f"{_fmt(r['time_to_target_s'], '.1f')} s to {r['target_loss']:.3f}"
+                   if r["target_loss"] is not None else "–")  # fmt: skip
+            lines.append(
+                f"| {r['rate']} | {r['arm']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'], '.0f')} | "
+                f"{_fmt(r['wire_bytes_per_step'], ',.0f')} | {_fmt(r['lib_bytes_per_step'], ',.0f')} | "
+                f"{_fmt(r['drops'], 'd')} | {ttl} | {_fmt(r['emulated_step_s'])} ({_ratio(r['emulated_ratio'])}) | "
+                f"{_fmt(r.get('simulated_step_s'))} ({_ratio(r.get('simulated_ratio'))}) |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(table: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Step time against link rate per arm (log-log), one figure per model and shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for model, hosts, pph in sorted({(r["model"], r["hosts"], r["procs_per_host"]) for r in table}):
+        mine = [r for r in table if (r["model"], r["hosts"], r["procs_per_host"]) == (model, hosts, pph)
+                and r.get("step_s")]  # fmt: skip
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for arm in sorted({r["arm"] for r in mine}):
+            pts = sorted((r["rate_bps"] / 1e6, r["step_s"]) for r in mine if r["arm"] == arm)
+            ax.plot(*zip(*pts), marker="o", label=arm)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link rate (Mb/s)")
+        ax.set_ylabel("step time on the wire (s)")
+        ax.set_title(f"{model}, {hosts} hosts x {pph}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        path = out / f"step_time_{model}_{hosts}x{pph}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
+def write_table(out: Path) -> list[dict[str, Any]]:
+    """``README.md``, ``table.json`` and the plots into ``out`` from ``out/runs``."""
+    table = rows(out)
+    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    (out / "README.md").write_text(markdown(table) + "\n")
+    plot(table, out)
+    return table
