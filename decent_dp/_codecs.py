@@ -3,13 +3,16 @@
 Compressors (``compression=`` of the wrapper; :func:`parse_compression`):
 
 * ``bf16``: ``v`` rounded to bfloat16 (round to nearest even); 2 bytes per
-  element.
+  element. torch converts float64 through float32, so float64 values are
+  rounded twice (to float32, then to bfloat16): within a half bfloat16 ulp
+  times ``1 + 2**-16``, not always the nearest bfloat16.
 * ``int8``: per chunk of :data:`INT8_CHUNK` elements, ``scale =
   max(max|v| / 127, tiny)`` as float32 and ``round(v / scale)`` (half to
   even) in ``[-127, 127]``, computed in float32 (float64 for float64 values);
   ``1 + 4 / INT8_CHUNK`` bytes per element (the element bytes padded to a
-  multiple of 4). The decoding error is at most ``scale / 2`` per element,
-  in every dtype.
+  multiple of 4). The decoding error is at most ``scale / 2`` per element
+  in the arithmetic's dtype; decoded into a 16-bit dtype the value is
+  rounded once more, to that dtype's precision.
 * ``randk:<ratio>``: ``K = ceil(ratio * numel)`` coordinates, one drawn in
   each of ``K`` equal strata of the bucket, the same on every member of the
   group (the seed is a function of the step and the bucket); the selected
