@@ -84,9 +84,13 @@ class NetworkProfile:
         name: Profile name, used in logs and reports.
         latency_ms: One-way latency of one message, in milliseconds (> 0).
         bandwidth_gbps: Link bandwidth in gigabits per second (> 0).
+        efficiency: The share of the line rate a collective's payload gets, in
+            ``(0, 1]``: framing, acknowledgements and the transport's own pauses
+            take the rest (measured on the testbed: see
+            ``docs/results/network/README.md``).
 
     Raises:
-        ValueError: A value is not a positive finite number.
+        ValueError: A value is not a positive finite number, or ``efficiency > 1``.
 
     Example::
 
@@ -97,8 +101,15 @@ class NetworkProfile:
     name: str
     latency_ms: float
     bandwidth_gbps: float
+    efficiency: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
+            raise ValueError(
+                f"network profile '{self.name}': efficiency={self.efficiency!r} is invalid; "
+                "it must be a number in (0, 1]"
+            )
+        object.__setattr__(self, "efficiency", float(self.efficiency))
         for key in ("latency_ms", "bandwidth_gbps"):
             value = getattr(self, key)
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -116,8 +127,8 @@ class NetworkProfile:
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
-        """Bandwidth in bytes per second (``gbps * 1e9 / 8``)."""
-        return self.bandwidth_gbps * 1e9 / 8.0
+        """Payload bandwidth in bytes per second (``efficiency * gbps * 1e9 / 8``)."""
+        return self.efficiency * self.bandwidth_gbps * 1e9 / 8.0
 
     def as_dict(self) -> dict[str, Any]:
         """``{"network": name, "latency_ms": ..., "bandwidth_gbps": ...}``."""
@@ -125,6 +136,7 @@ class NetworkProfile:
             "network": self.name,
             "latency_ms": self.latency_ms,
             "bandwidth_gbps": self.bandwidth_gbps,
+            "efficiency": self.efficiency,
         }
 
 
@@ -184,7 +196,13 @@ def profile_from_cfg(net_cfg: Any) -> NetworkProfile | None:
         for key, value in (("latency_ms", latency), ("bandwidth_gbps", bandwidth)):
             if value is None:
                 raise ValueError(f"network 'custom' needs {key} (a number > 0); it is missing")
-        return NetworkProfile(_CUSTOM, latency_ms=latency, bandwidth_gbps=bandwidth)
+        efficiency = _cfg_get(net_cfg, "efficiency")
+        return NetworkProfile(
+            _CUSTOM,
+            latency_ms=latency,
+            bandwidth_gbps=bandwidth,
+            efficiency=1.0 if efficiency is None else efficiency,
+        )
     preset = PROFILES[name]
     for key, value in (("latency_ms", latency), ("bandwidth_gbps", bandwidth)):
         if value is not None and float(value) != getattr(preset, key):

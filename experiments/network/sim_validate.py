@@ -129,8 +129,13 @@ def predict(
     latency_ms: float,
     bucket_mb: float,
     steps: int = 400,
+    efficiency: float = 1.0,
 ) -> float:
-    """Simulated step time of ``method`` on ``n`` emulated workers."""
+    """Simulated step time of ``method`` on ``n`` emulated workers.
+
+    ``efficiency`` is the share of the line rate a collective's payload gets
+    (1 for the emulator's link; what the testbed measured for a real one).
+    """
     from decent_dp.topo import TopologyReg
     from experiments.network.sim_model import (
         Cluster,
@@ -142,7 +147,7 @@ def predict(
         simulate_gossip,
     )
 
-    link = Link("emulated", bandwidth_gbps, latency_ms)
+    link = Link("emulated", bandwidth_gbps, latency_ms, efficiency=efficiency)
     cluster = Cluster(n, 1, link, link, collective_start="own")
     # the training loop gives torch DDP an explicit bucket_cap_mb: no small first bucket
     work = Workload(facts["model_bytes"], compute_s, facts["backward_frac"], bucket_mb, None)

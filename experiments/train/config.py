@@ -289,12 +289,14 @@ class NetworkConfig:
     """``network`` group: emulated interconnect (``none`` = no emulation).
 
     ``latency_ms`` and ``bandwidth_gbps`` are required for ``custom``; the
-    named profiles carry their values for reference.
+    named profiles carry their values for reference. ``efficiency`` (``custom``
+    only) is the share of the line rate a collective's payload gets.
     """
 
     name: NetworkName = MISSING  # type: ignore[valid-type]
     latency_ms: float | None = None
     bandwidth_gbps: float | None = None
+    efficiency: float | None = None
 
 
 @dataclass

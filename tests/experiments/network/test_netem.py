@@ -90,6 +90,20 @@ def test_profile_from_cfg_presets_and_none() -> None:
     assert netem.profile_from_cfg(same) is netem.PROFILES["infiniband_100g"]
 
 
+def test_efficiency_scales_the_payload_bandwidth() -> None:
+    full = NetworkProfile("a", latency_ms=0.1, bandwidth_gbps=0.01)
+    half = NetworkProfile("a", latency_ms=0.1, bandwidth_gbps=0.01, efficiency=0.5)
+    assert half.bandwidth_bytes_per_s == full.bandwidth_bytes_per_s / 2
+    pair = netem.gossip_time(1e6, 2, half)
+    assert pair == pytest.approx(1e6 / (0.5 * 0.01e9 / 8) + 2 * 1e-4)
+    got = netem.profile_from_cfg({"name": "custom", "latency_ms": 0.1, "bandwidth_gbps": 1.0,
+                                  "efficiency": 0.8})  # fmt: skip
+    assert got is not None and got.efficiency == 0.8
+    for bad in (0, 1.5, -0.1):
+        with pytest.raises(ValueError, match=f"efficiency={bad!r} is invalid"):
+            NetworkProfile("a", latency_ms=0.1, bandwidth_gbps=1.0, efficiency=bad)
+
+
 def test_profile_from_cfg_custom() -> None:
     cfg = OmegaConf.create({"name": "custom", "latency_ms": 0.5, "bandwidth_gbps": 10})
     prof = netem.profile_from_cfg(cfg)
@@ -206,7 +220,7 @@ def _torch_ddp_worker(rank: int, world_size: int, port: int) -> None:
         applied = DistributedDataParallel(_model())
         info = netem.apply_network(SLOW, applied, world_size)
         assert info == {"network": "custom", "latency_ms": 5.0, "bandwidth_gbps": 0.01,
-                        "emulated": True}  # fmt: skip
+                        "efficiency": 1.0, "emulated": True}  # fmt: skip
         with pytest.raises(RuntimeError):
             applied.register_comm_hook(world_size, _plain_allreduce_hook)
 
