@@ -45,6 +45,7 @@ ARMS: dict[str, list[str]] = {
     "ring": ["topology=ring"],
     "one-peer-exp": ["topology=one-peer-exp"],
     "alternating-exp-ring": ["topology=alternating-exp-ring"],
+    "hierarchical": ["topology=hierarchical"],
     "local-sgd": ["topology=local-sgd", "topology.kwargs.period=8"],
     "diloco": ["topology=local-sgd", "topology.kwargs.period=8", "outer=diloco"],
     "streaming-diloco": [

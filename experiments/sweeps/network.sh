@@ -25,7 +25,10 @@ case "$PART" in all|digits8)
   study --model digits --hosts 8 --rates $RATES --arms allreduce ring one-peer-exp ;; esac
 case "$PART" in all|digits4x2)
   study --model digits --hosts 4 --procs-per-host 2 --rates $RATES \
-    --arms allreduce one-peer-exp alternating-exp-ring ;; esac
+    --arms allreduce one-peer-exp alternating-exp-ring hierarchical ;; esac
+case "$PART" in all|digits2x4)
+  study --model digits --hosts 2 --procs-per-host 4 --rates $RATES \
+    --arms allreduce one-peer-exp alternating-exp-ring hierarchical ;; esac
 case "$PART" in all|lm4)
   [ -f data/stdlib-bpe/train.bin ] || .venv/bin/python -m experiments.data.prepare_tokens \
     --stdlib --out data/stdlib-bpe --max-bytes 2000000 --vocab-size 1024
