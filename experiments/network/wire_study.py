@@ -6,7 +6,7 @@ configuration on loopback under the emulator (``network=custom`` at the same
 rate), and once more without communication (the compute time the simulator
 needs). It keeps each run's small files under ``--out`` (default
 ``docs/results/network/runs``). ``python -m experiments.network.wire_study table``
-turns them into ``README.md``, ``table.json`` and the plots beside them.
+turns them into ``table.md``, ``table.json`` and the plots beside them.
 
 Example (as root; the sweep script is ``experiments/sweeps/network.sh``)::
 
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--again", action="store_true", help="rerun cells whose runs exist")
     r.add_argument("--out", default=str(OUT))
     r.add_argument("extra", nargs="*", help="more train.py overrides, after --")
-    t = sub.add_parser("table", help="README.md, table.json and plots from the runs")
+    t = sub.add_parser("table", help="table.md, table.json and plots from the runs")
     t.add_argument("--out", default=str(OUT))
     return parser
 

@@ -186,9 +186,9 @@ def plot(table: list[dict[str, Any]], out: Path) -> list[Path]:
 
 
 def write_table(out: Path) -> list[dict[str, Any]]:
-    """``README.md``, ``table.json`` and the plots into ``out`` from ``out/runs``."""
+    """``table.md``, ``table.json`` and the plots into ``out`` from ``out/runs``."""
     table = rows(out)
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
-    (out / "README.md").write_text(markdown(table) + "\n")
+    (out / "table.md").write_text(markdown(table) + "\n")
     plot(table, out)
     return table

@@ -19,10 +19,17 @@ def _spec(ns: argparse.Namespace) -> Spec:
         rate_bps=parse_rate(ns.rate),
         queue_ms=ns.queue_ms,
         prefix=ns.prefix,
+        nic_queue_ms=ns.nic_queue_ms,
     )
 
 
 def _add_shape(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument(
+        "--nic-queue-ms",
+        type=float,
+        default=None,
+        help="a host interface's queue in ms at the line rate (default: a NIC's 1000 frames)",
+    )
     p.add_argument("--hosts", type=int, required=required, default=None, help="number of hosts")
     p.add_argument("--procs-per-host", type=int, default=1, help="processes per host (default 1)")
     p.add_argument(

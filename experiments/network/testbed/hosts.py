@@ -85,6 +85,9 @@ class Spec:
             dropped (``tbf``'s ``latency``): the switch's buffer, in time. A host's
             own interface queues 1000 frames, as a NIC does.
         prefix: Start of every name the testbed makes (namespaces, state file).
+        nic_queue_ms: Give each host's own interface a queue of this many ms at
+            the line rate instead of a NIC's 1000 frames (``None``). A short one
+            drops the host's own packets, as a shaper on the sending host does.
     """
 
     hosts: int
@@ -92,6 +95,7 @@ class Spec:
     rate_bps: int = 100_000_000
     queue_ms: float = 50.0
     prefix: str = PREFIX
+    nic_queue_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= MAX_HOSTS:
@@ -104,6 +108,8 @@ class Spec:
             raise TestbedError(f"rate_bps={self.rate_bps} is invalid; it must be >= 8000 (8 kbit)")
         if not self.queue_ms > 0:
             raise TestbedError(f"queue_ms={self.queue_ms} is invalid; it must be > 0")
+        if self.nic_queue_ms is not None and not self.nic_queue_ms > 0:
+            raise TestbedError(f"nic_queue_ms={self.nic_queue_ms} is invalid; it must be > 0")
         if not re.fullmatch(r"[a-z][a-z0-9]{1,7}", self.prefix):
             raise TestbedError(
                 f"prefix={self.prefix!r} is invalid; it must be 2-8 lowercase letters or digits"
@@ -246,7 +252,10 @@ def _cap(ns: str, dev: str, spec: Spec, *, nic: bool) -> None:
     rather than drop its own packets. A switch port drops what waits longer than
     ``queue_ms``, as a switch's buffer does when senders converge on one port.
     """
-    queue = ["limit", str(_NIC_QUEUE_BYTES)] if nic else ["latency", f"{spec.queue_ms}ms"]
+    if nic and spec.nic_queue_ms is None:
+        queue = ["limit", str(_NIC_QUEUE_BYTES)]
+    else:
+        queue = ["latency", f"{spec.nic_queue_ms if nic else spec.queue_ms}ms"]
     _sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf",
         "rate", f"{spec.rate_bps}bit", "burst", str(spec.burst_bytes), *queue)  # fmt: skip
 

@@ -69,6 +69,7 @@ def test_parse_rate_refuses_with_one_line(text):
     [({"hosts": 0}, "hosts=0"), ({"hosts": 251}, "hosts=251"),
      ({"hosts": 2, "procs_per_host": 0}, "procs_per_host=0"),
      ({"hosts": 2, "rate_bps": 10}, "rate_bps=10"), ({"hosts": 2, "queue_ms": 0}, "queue_ms=0"),
+     ({"hosts": 2, "nic_queue_ms": -1}, "nic_queue_ms=-1"),
      ({"hosts": 2, "prefix": "Bad-Name"}, "prefix='Bad-Name'")],
 )  # fmt: skip
 def test_spec_refuses_bad_values_with_one_line(kwargs, word):
@@ -175,7 +176,8 @@ def test_up_is_safe_idempotent_and_down_removes_everything(bed2):
         assert _in(ns, "ip", "route", "show", "default").strip() == ""  # nothing can leave
         assert _in(ns, "sysctl", "-n", "net.ipv4.ip_forward").strip() == "0"
         assert f"inet {tb.address(i)}/24" in _in(ns, "ip", "-4", "addr", "show", "eth0")
-        assert "rate 20Mbit" in _in(ns, "tc", "qdisc", "show", "dev", "eth0")
+        nic = _in(ns, "tc", "qdisc", "show", "dev", "eth0")
+        assert "rate 20Mbit" in nic and "lat 604ms" in nic  # 1000 frames at 20 Mb/s
     # the root namespace got no interface of the testbed's
     assert "198.18." not in subprocess.run(["ip", "addr"], capture_output=True, text=True).stdout
     removed = tb.down(PREFIX)
