@@ -3,7 +3,7 @@
 # links capped by tbf (experiments/network/testbed), real TCP, one torchrun per host. For each
 # shape and link rate, each arm trains on the testbed, then the same configuration runs on
 # loopback under the emulator (network=custom at the same rate), and once without communication
-# (the simulator's compute time). Writes docs/results/network/ (README.md, table.json, plots,
+# (the simulator's compute time). Writes docs/results/network/ (table.md, table.json, plots,
 # and each run's summary, metrics and link counters under runs/). A cell whose runs exist is
 # skipped, so an interrupted sweep resumes; AGAIN=1 reruns them. About 2 hours on 2 cores
 # for the whole grid; PART picks one piece:
