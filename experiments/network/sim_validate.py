@@ -130,6 +130,7 @@ def predict(
     bucket_mb: float,
     steps: int = 400,
     efficiency: float = 1.0,
+    topology_kwargs: dict[str, Any] | None = None,
 ) -> float:
     """Simulated step time of ``method`` on ``n`` emulated workers.
 
@@ -154,7 +155,7 @@ def predict(
     mc = MonteCarlo(Jitter("lognormal", cv), steps=steps)
     if method == "allreduce":
         return simulate_allreduce(work, cluster, mc).t_iter_s
-    rounds = TopologyReg.create(method, n, 1).rounds
+    rounds = TopologyReg.create(method, n, 1, **(topology_kwargs or {})).rounds
     return simulate_gossip(rounds, work, cluster, mc).t_iter_s
 
 

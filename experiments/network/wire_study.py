@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from experiments.network import testbed as tb
-from experiments.network.wire_table import write_table
+from experiments.network.wire_table import LOCAL_SGD_PERIOD, write_table
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "network"
@@ -46,10 +46,10 @@ ARMS: dict[str, list[str]] = {
     "one-peer-exp": ["topology=one-peer-exp"],
     "alternating-exp-ring": ["topology=alternating-exp-ring"],
     "hierarchical": ["topology=hierarchical"],
-    "local-sgd": ["topology=local-sgd", "topology.kwargs.period=8"],
-    "diloco": ["topology=local-sgd", "topology.kwargs.period=8", "outer=diloco"],
+    "local-sgd": ["topology=local-sgd", f"topology.kwargs.period={LOCAL_SGD_PERIOD}"],
+    "diloco": ["topology=local-sgd", f"topology.kwargs.period={LOCAL_SGD_PERIOD}", "outer=diloco"],
     "streaming-diloco": [
-        "topology=local-sgd", "topology.kwargs.period=8", "outer=diloco", "outer.fragments=4",
+        "topology=local-sgd", f"topology.kwargs.period={LOCAL_SGD_PERIOD}", "outer=diloco", "outer.fragments=4",
         "topology.bucket_size_in_mb=0.05",
     ],
     "ring-int8": ["topology=ring", "compression=int8"],

@@ -24,6 +24,7 @@ __all__ = ["read_run", "rows", "write_table"]
 
 SIMULATED = ("allreduce", "complete", "ring", "one-peer-exp", "alternating-exp-ring", "local-sgd")
 TOLERANCE = 0.2
+LOCAL_SGD_PERIOD = 8  # the wire study's local-sgd arm
 
 
 def read_run(path: Path) -> dict[str, Any] | None:
@@ -66,8 +67,10 @@ def _simulate(arm: str, n: int, pph: int, compute: dict[str, Any], model_bytes: 
     from experiments.network import sim_validate
 
     facts = {"model_bytes": model_bytes, "backward_frac": 0.6}
+    kwargs = {"period": LOCAL_SGD_PERIOD} if arm == "local-sgd" else None
     return sim_validate.predict(arm, n, compute["step_s"], compute["step_cv"], facts,
-                                rate_bps / 1e9, 0.05, 25.0, steps=200)  # fmt: skip
+                                rate_bps / 1e9, 0.05, 25.0, steps=200,
+                                topology_kwargs=kwargs)  # fmt: skip
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
