@@ -4,6 +4,10 @@
   save that step's checkpoint, exit with status 143; a relaunch resumes from that
   checkpoint (not the older periodic one) and ends bit for bit where an
   uninterrupted run ends, and counts ``SLURM_RESTART_COUNT`` in ``restarts``.
+* ``SIGTERM`` to every process of a two-rank job whose loaders read with worker
+  processes, as SLURM signals a job step: the loader workers ignore it, the ranks
+  save the checkpoint of an agreed step and exit with status 143, and no worker
+  outlives them.
 * ``SIGUSR2`` under the submitit launcher (run locally, time limit): submitit's
   own handler requeues the job after the checkpoint, and the requeued job resumes (slow).
 
@@ -16,17 +20,29 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from experiments.train.checkpoint import latest_checkpoint
 from experiments.train.preempt import EXIT_CODE
 from tests.support.checkpoints import assert_same_models
-from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, launch, torchrun
-from tests.support.procs import wait_for, worker_pids
+from tests.support.dist_harness import free_port
+from tests.support.launch import (
+    QUIET,
+    ROOT,
+    clean_env,
+    finish,
+    launch,
+    rank_env,
+    started,
+    torchrun,
+    torchrun_args,
+)
+from tests.support.procs import alive, descendants, wait_for, wait_until, worker_pids
 
 EVERY, CHECK, STEPS = 100, 5, 400
 JOB = [
@@ -62,23 +78,11 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_relaunch_is_exact(
     clean_run: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    agent = subprocess.Popen(
-        [*TORCHRUN, "--nproc_per_node=2", "train.py", *JOB, f"hydra.run.dir={run_dir}"],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    with started(torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}")) as agent:
         # right after the first periodic checkpoint, so the signal's is a newer one
         wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
         os.kill(worker_pids(agent.pid, 2)[1], signal.SIGTERM)
-        output, _ = agent.communicate(timeout=120)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
+        output = finish(agent, 120)
     assert agent.returncode != 0, output[-4000:]
     assert _exit_codes(output) == {0: EXIT_CODE, 1: EXIT_CODE}, output[-4000:]
     stopped = latest_checkpoint(run_dir / "checkpoints")
@@ -106,6 +110,59 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_relaunch_is_exact(
     resumes = [line for line in lines if "resume/step" in line]
     assert resumes == [resumes[0]] and resumes[0]["resume/step"] == stopped.step
     assert resumes[0]["restarts"] == 1
+
+
+def _stopped_at(run_dir: Path, output: str, signame: str) -> int:
+    """The step both ranks stopped at on ``signame``, whose complete checkpoint is the newest."""
+    stops = {int(m) for m in re.findall(rf"stopping at step (\d+) on {signame}", output)}
+    assert output.count(f"on {signame};") == 2 and len(stops) == 1, output[-4000:]
+    (step,) = stops
+    stopped = latest_checkpoint(run_dir / "checkpoints")
+    assert stopped is not None and stopped.world_size == 2 and stopped.step == step, output[-4000:]
+    assert step > EVERY and step % CHECK == 0, step
+    assert "train.py: error" not in output and not (run_dir / "summary.json").exists()
+    return step
+
+
+# ----------------------------------------------------------------- loader workers
+
+
+def _image_folder(root: Path) -> Path:
+    """A tiny ``dataset=imagenet`` folder: 8x8 PNGs, 40 training and 8 test images per class."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 40), ("val", 8)):
+        for cls in ("ant", "bee"):
+            (root / split / cls).mkdir(parents=True)
+            for k in range(count):
+                pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / cls / f"{k:02d}.png")
+    return root
+
+
+def test_sigterm_to_every_process_of_a_step_with_loader_workers_saves_and_exits(
+    tmp_path: Path,
+) -> None:
+    # each rank is one SLURM task, as under the submitit launcher, and SLURM signals
+    # every process of the step: the ranks and their loaders' worker processes
+    run_dir, port = tmp_path / "run", free_port()
+    job = [*JOB, f"hydra.run.dir={run_dir}", "dataset=imagenet", "model=small_cnn"]
+    job += [f"dataset.root={_image_folder(tmp_path / 'images')}", "dataset.image_size=8"]
+    job += ["dataset.num_workers=2", "train.batch_size=4", "train.max_steps=100000"]
+    args = [sys.executable, "train.py", *job]
+    with (
+        started(args, env=rank_env(0, 2, port)) as rank0,
+        started(args, env=rank_env(1, 2, port), group=rank0.pid) as rank1,
+    ):
+        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, rank0, 240)
+        loader_workers = descendants(rank0.pid) + descendants(rank1.pid)
+        assert len(loader_workers) >= 4, loader_workers  # 2 per rank, more once evaluated
+        os.killpg(rank0.pid, signal.SIGTERM)
+        output = finish(rank0, 120) + finish(rank1, 120)
+    assert (rank0.returncode, rank1.returncode) == (EXIT_CODE, EXIT_CODE), output[-4000:]
+    assert "DataLoader worker" not in output, output[-4000:]
+    _stopped_at(run_dir, output, "SIGTERM")
+    # the loaders shut their workers down as the ranks left
+    wait_until(lambda: not any(alive(pid) for pid in loader_workers), 30, "end of the workers")
 
 
 @pytest.mark.slow
