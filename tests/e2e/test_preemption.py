@@ -8,6 +8,9 @@
   processes, as SLURM signals a job step: the loader workers ignore it, the ranks
   save the checkpoint of an agreed step and exit with status 143, and no worker
   outlives them.
+* ``SIGUSR2`` to torchrun's agent: with ``PET_SIGNALS_TO_HANDLE`` naming it the
+  agent forwards it and the ranks save and exit; without, the agent dies of it and
+  leaves its workers training on, unsaved.
 * ``SIGUSR2`` under the submitit launcher (run locally, time limit): submitit's
   own handler requeues the job after the checkpoint, and the requeued job resumes (slow).
 
@@ -27,7 +30,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.train.checkpoint import latest_checkpoint
+from experiments.train.checkpoint import latest_checkpoint, list_checkpoints
 from experiments.train.preempt import EXIT_CODE
 from tests.support.checkpoints import assert_same_models
 from tests.support.dist_harness import free_port
@@ -42,7 +45,7 @@ from tests.support.launch import (
     torchrun,
     torchrun_args,
 )
-from tests.support.procs import alive, descendants, wait_for, wait_until, worker_pids
+from tests.support.procs import alive, descendants, last_step, wait_for, wait_until, worker_pids
 
 EVERY, CHECK, STEPS = 100, 5, 400
 JOB = [
@@ -163,6 +166,53 @@ def test_sigterm_to_every_process_of_a_step_with_loader_workers_saves_and_exits(
     _stopped_at(run_dir, output, "SIGTERM")
     # the loaders shut their workers down as the ranks left
     wait_until(lambda: not any(alive(pid) for pid in loader_workers), 30, "end of the workers")
+
+
+# ----------------------------------------------------------------- SIGUSR2 and torchrun
+
+# what torchrun's agent handles by default, and the pre-emption signal: PET_ for torch
+# with --signals-to-handle (2.8 on), TORCHELASTIC_ for older torch
+FORWARD = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
+FORWARD_ENV = {"PET_SIGNALS_TO_HANDLE": FORWARD, "TORCHELASTIC_SIGNALS_TO_HANDLE": FORWARD}
+
+
+def test_sigusr2_to_torchruns_agent_stops_the_ranks_once_the_agent_forwards_it(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}", "train.max_steps=100000")
+    with started(args, env=clean_env(**FORWARD_ENV)) as agent:
+        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        workers = worker_pids(agent.pid, 2)
+        os.kill(agent.pid, signal.SIGUSR2)  # as sbatch --signal=B:USR2@... does
+        output = finish(agent, 120)
+    assert "closing signal SIGUSR2" in output, output[-4000:]
+    _stopped_at(run_dir, output, "SIGUSR2")
+    # the ranks left within the agent's grace period: it had no need to kill them
+    assert "forcefully" not in output and not any(alive(pid) for pid in workers.values())
+
+
+def test_sigusr2_kills_torchruns_agent_and_orphans_its_ranks_by_default(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}", "train.max_steps=100000")
+    with started(args) as agent:
+        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        workers = worker_pids(agent.pid, 2)
+        try:
+            os.kill(agent.pid, signal.SIGUSR2)
+            # only the agent: its orphans keep its output open
+            assert agent.wait(timeout=60) == -signal.SIGUSR2
+            # the ranks never heard of it: they train on past several agreements, and
+            # under SLURM would be killed at the time limit with nothing saved
+            metrics = run_dir / "metrics.jsonl"
+            at_kill = last_step(metrics)
+            wait_until(lambda: last_step(metrics) >= at_kill + 4 * CHECK, 120, "steps")
+            assert all(alive(pid) for pid in workers.values())
+            steps = [info.step for info in list_checkpoints(run_dir / "checkpoints")]
+            assert all(step % EVERY == 0 for step in steps), steps  # periodic ones only
+        finally:
+            for pid in workers.values():
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
