@@ -35,9 +35,9 @@ is killed and resumes from the checkpoint before.
 
 torchrun's agent forwards only the signals it handles: ``SIGTERM``, ``SIGINT``,
 ``SIGHUP`` and ``SIGQUIT`` unless ``--signals-to-handle`` (``PET_SIGNALS_TO_HANDLE``;
-``TORCHELASTIC_SIGNALS_TO_HANDLE`` on torch before 2.8) names more. Any other
-signal, ``SIGUSR2`` included, ends the agent and leaves its workers running without
-it. :meth:`StopRequest.install` warns once when a SLURM job's rank runs under an
+``TORCHELASTIC_SIGNALS_TO_HANDLE`` on a torch without that option) names more.
+Any other signal, ``SIGUSR2`` included, ends the agent and leaves its workers
+running without it. :meth:`StopRequest.install` warns once when a SLURM job's rank runs under an
 agent that would not forward the pre-emption signal.
 """
 
@@ -110,7 +110,8 @@ def unforwarded_signal(environ: Mapping[str, str] | None = None) -> signal.Signa
     """The pre-emption signal, when a torchrun agent in a SLURM job would not forward it.
 
     The agent sets ``TORCHELASTIC_SIGNALS_TO_HANDLE`` in its workers' environment to
-    the signals it handles (torch before 2.8 passes on the user's, if any).
+    the signals it handles (a torch without ``--signals-to-handle`` passes on the
+    user's, if any).
 
     Args:
         environ: The environment to read; ``os.environ`` by default.

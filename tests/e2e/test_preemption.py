@@ -171,7 +171,7 @@ def test_sigterm_to_every_process_of_a_step_with_loader_workers_saves_and_exits(
 # ----------------------------------------------------------------- SIGUSR2 and torchrun
 
 # what torchrun's agent handles by default, and the pre-emption signal: PET_ for torch
-# with --signals-to-handle (2.8 on), TORCHELASTIC_ for older torch
+# with --signals-to-handle, TORCHELASTIC_ for an older one
 FORWARD = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 FORWARD_ENV = {"PET_SIGNALS_TO_HANDLE": FORWARD, "TORCHELASTIC_SIGNALS_TO_HANDLE": FORWARD}
 

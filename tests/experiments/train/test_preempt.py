@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from experiments.schema import ConfigError
+from experiments.train import preempt
 from experiments.train.preempt import (
     EXIT_CODE,
     StopRequest,
@@ -148,6 +149,22 @@ def test_a_preemption_signal_that_torchruns_agent_would_not_forward(
     env: dict[str, str], expected: signal.Signals | None
 ) -> None:
     assert unforwarded_signal(env) is expected
+
+
+def test_rank_0_warns_once_under_an_agent_that_would_not_forward_the_signal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(preempt, "_warned_unforwarded", False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE", raising=False)
+    for _ in range(2):  # two jobs of a multirun
+        stop = StopRequest(1, True, rank=0, world_size=1)
+        stop.install()
+        stop.restore()
+    warnings = [r.getMessage() for r in caplog.records if r.name == preempt.__name__]
+    assert len(warnings) == 1, warnings
+    assert "SIGUSR2" in warnings[0] and "PET_SIGNALS_TO_HANDLE=" in warnings[0]
 
 
 # ----------------------------------------------------------------- one process
