@@ -23,6 +23,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,6 +72,17 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+def _past_the_first_checkpoint(run_dir: Path, proc: subprocess.Popen, limit_s: float) -> None:
+    """Wait until the run has logged a step after its first periodic checkpoint.
+
+    A signal from then on is agreed on after that checkpoint's step, so the checkpoint
+    saved on it is a newer one.
+    """
+    wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, proc, limit_s)
+    metrics = run_dir / "metrics.jsonl"
+    wait_until(lambda: last_step(metrics) > EVERY, limit_s, f"a step after {EVERY}", proc)
+
+
 def _exit_codes(report: str) -> dict[int, int]:
     """``rank -> exit code`` from torchrun's failure report."""
     found = re.findall(r"rank\s*:\s*(\d+) \(local_rank.*\n\s*exitcode\s*:\s*(-?\d+)", report)
@@ -82,8 +94,7 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_relaunch_is_exact(
 ) -> None:
     run_dir = tmp_path / "run"
     with started(torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}")) as agent:
-        # right after the first periodic checkpoint, so the signal's is a newer one
-        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        _past_the_first_checkpoint(run_dir, agent, 120)
         os.kill(worker_pids(agent.pid, 2)[1], signal.SIGTERM)
         output = finish(agent, 120)
     assert agent.returncode != 0, output[-4000:]
@@ -156,7 +167,7 @@ def test_sigterm_to_every_process_of_a_step_with_loader_workers_saves_and_exits(
         started(args, env=rank_env(0, 2, port)) as rank0,
         started(args, env=rank_env(1, 2, port), group=rank0.pid) as rank1,
     ):
-        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, rank0, 240)
+        _past_the_first_checkpoint(run_dir, rank0, 240)
         loader_workers = descendants(rank0.pid) + descendants(rank1.pid)
         assert len(loader_workers) >= 4, loader_workers  # 2 per rank, more once evaluated
         os.killpg(rank0.pid, signal.SIGTERM)
@@ -182,7 +193,7 @@ def test_sigusr2_to_torchruns_agent_stops_the_ranks_once_the_agent_forwards_it(
     run_dir = tmp_path / "run"
     args = torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}", "train.max_steps=100000")
     with started(args, env=clean_env(**FORWARD_ENV)) as agent:
-        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        _past_the_first_checkpoint(run_dir, agent, 120)
         workers = worker_pids(agent.pid, 2)
         os.kill(agent.pid, signal.SIGUSR2)  # as sbatch --signal=B:USR2@... does
         output = finish(agent, 120)
@@ -196,7 +207,7 @@ def test_sigusr2_kills_torchruns_agent_and_orphans_its_ranks_by_default(tmp_path
     run_dir = tmp_path / "run"
     args = torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}", "train.max_steps=100000")
     with started(args) as agent:
-        wait_for(f"checkpoints/step_{EVERY:09d}/index.json", run_dir, agent, 120)
+        _past_the_first_checkpoint(run_dir, agent, 120)
         workers = worker_pids(agent.pid, 2)
         try:
             os.kill(agent.pid, signal.SIGUSR2)
