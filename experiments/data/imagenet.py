@@ -33,6 +33,7 @@ from experiments.data.loaders import (
     ShardLoader,
     in_format,
     plan_shard,
+    worker_init,
 )
 from experiments.data.partition import eval_range
 
@@ -113,6 +114,7 @@ class _Reader:
             collate_fn=functools.partial(_collate, memory_format),
             pin_memory=self._device.type == "cuda",
             persistent_workers=self._num_workers > 0,
+            worker_init_fn=worker_init(),  # the training process alone handles the stop signals
             # The loader draws its worker base seed from this generator instead of the global
             # RNG; the samples themselves are seeded by their keys.
             generator=torch.Generator().manual_seed(0),

@@ -17,12 +17,18 @@ the device, so producing a batch neither copies from host memory nor reads a val
 offsets of all its augmented batches are drawn on the host when the epoch starts, from the
 same per-batch generators as ever, and copied to the device in one go from pinned memory.
 Pinning is used only when the device is CUDA.
+
+Worker processes of a ``DataLoader`` (:func:`worker_init`) ignore the stop signals: SLURM
+signals every process of a job step, and a worker ended by its ``SIGTERM`` would end the
+training process's loop before the ranks could save the checkpoint of an agreed step.
 """
 
 from __future__ import annotations
 
+import functools
+import signal
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +59,7 @@ __all__ = [
     "build_in_memory",
     "in_format",
     "set_memory_format",
+    "worker_init",
 ]
 
 MIN_EVAL_BATCH = 256
@@ -114,6 +121,34 @@ def set_memory_format(data: Any, memory_format: torch.memory_format) -> None:
     for loader in (data.train, data.test):
         if isinstance(loader, (ShardLoader, EvalLoader)):
             loader.memory_format = memory_format
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
+"""The signals that :func:`worker_init` has ``DataLoader`` workers ignore."""
+
+
+def _ignore_stop_signals(then: Callable[[int], None] | None, worker_id: int) -> None:
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
+
+
+def worker_init(then: Callable[[int], None] | None = None) -> Callable[[int], None]:
+    """A ``DataLoader`` ``worker_init_fn`` under which workers ignore ``SIGTERM`` and ``SIGUSR2``.
+
+    The training process handles those signals (``experiments.train.preempt``) and stops
+    its loaders itself; a worker that died of one would end the loop first. The workers
+    still end with the training process: the loader shuts them down as it always does,
+    and a worker whose training process died quits within seconds (torch's watchdog).
+
+    Args:
+        then: A ``worker_init_fn`` to call afterwards with the worker's id, if any.
+
+    Returns:
+        A picklable callable, for ``DataLoader(worker_init_fn=...)``.
+    """
+    return functools.partial(_ignore_stop_signals, then)
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:

@@ -54,6 +54,7 @@ from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
 from experiments.train.peer_loss import PeerLostError, comm_failure
+from experiments.train.preempt import preemption_signal
 from experiments.train.task import task_for
 from experiments.train.trainer import Trainer, per_worker_batch
 
@@ -231,6 +232,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"topology={topo.name} with world size {world_size}: {exc}") from None
     outer_every(cfg.get("outer"), topo)  # its own one-line errors
+    if cfg.checkpoint.on_signal:
+        preemption_signal()  # a bad SUBMITIT_PREEMPT_SIGNAL: its own one-line ConfigError
     try:
         profile_from_cfg(cfg.network)
     except ValueError as exc:

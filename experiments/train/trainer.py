@@ -216,9 +216,9 @@ class Trainer:
         self.stop = StopRequest(
             int(cfg.checkpoint.signal_check_every),
             bool(cfg.checkpoint.on_signal),
-            self.device,
             rank=rank,
             world_size=world_size,
+            timeout_s=float(cfg.dist.timeout_s),
         )
 
     def close(self) -> None:

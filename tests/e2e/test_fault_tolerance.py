@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,7 +34,17 @@ from experiments.train.checkpoint import (
 from experiments.train.run import run
 from tests.support.checkpoints import assert_same_models, models
 from tests.support.dist_harness import free_port, run_distributed
-from tests.support.launch import QUIET, ROOT, TORCHRUN, clean_env, compose_config, launch, torchrun
+from tests.support.launch import (
+    QUIET,
+    ROOT,
+    compose_config,
+    finish,
+    launch,
+    rank_env,
+    started,
+    torchrun,
+    torchrun_args,
+)
 from tests.support.procs import wait_for, worker_pids
 
 QUICK = [*QUIET, "log.every=10", "log.consensus_every=0"]
@@ -74,22 +85,11 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
 ) -> None:
     victim = 0  # the rank that also writes the indexes, the metrics and the summary
     # no hydra.run.dir: the restarted workers must find the same outputs/<date>/<time> themselves
-    agent = subprocess.Popen(
-        [*TORCHRUN, "--nproc_per_node=4", "--max-restarts=1", str(ROOT / "train.py"), *KILL_RUN],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    args = torchrun_args(4, *KILL_RUN, script=str(ROOT / "train.py"), max_restarts=1)
+    with started(args, cwd=tmp_path) as agent:
         index = wait_for("outputs/*/*/checkpoints/step_*/index.json", tmp_path, agent, 240)
         os.kill(worker_pids(agent.pid, 4)[victim], signal.SIGKILL)
-        output, _ = agent.communicate(timeout=300)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
+        output = finish(agent, 300)
     assert agent.returncode == 0, output[-4000:]
 
     run_dirs = list(tmp_path.glob("outputs/*/*"))
@@ -112,23 +112,16 @@ def test_kill9_of_a_worker_restarts_resumes_and_matches_a_clean_run(
 # ----------------------------------------------------------------- missing and dead peers
 
 
-def _lone_rank(rank: int, port: int, run_dir: Path, *overrides: str) -> subprocess.Popen:
-    env = clean_env(
-        RANK=str(rank),
-        WORLD_SIZE="2",
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+def _lone_rank(
+    rank: int, port: int, run_dir: Path, *overrides: str
+) -> contextlib.AbstractContextManager[subprocess.Popen]:
+    """Rank ``rank`` of two, started without torchrun; its stderr is its output."""
     args = [sys.executable, "train.py", *QUICK, "topology=ring", f"hydra.run.dir={run_dir}"]
-    return subprocess.Popen(
+    return started(
         [*args, *overrides],
-        cwd=ROOT,
-        env=env,
+        env=rank_env(rank, 2, port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
 
 
@@ -137,21 +130,18 @@ def test_a_missing_peer_is_an_error_within_the_timeout(tmp_path: Path) -> None:
     timeout_s = 3
     start = time.monotonic()
     # rank 0 waits for a rank 1 that never comes; another rank 1 waits for a rank 0 that never comes
-    procs = {
-        rank: _lone_rank(rank, free_port(), tmp_path / str(rank), f"dist.timeout_s={timeout_s}")
-        for rank in (0, 1)
-    }
     ended: dict[int, float] = {}
     errors: dict[int, str] = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        procs = {
+            rank: stack.enter_context(
+                _lone_rank(rank, free_port(), tmp_path / str(rank), f"dist.timeout_s={timeout_s}")
+            )
+            for rank in (0, 1)
+        }
         for rank, proc in procs.items():
-            _, errors[rank] = proc.communicate(timeout=120)
+            errors[rank] = finish(proc, 120)
             ended[rank] = time.monotonic() - start
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     for rank, proc in procs.items():
         assert proc.returncode == 1, errors[rank][-3000:]
         lines = _error_lines(errors[rank])
@@ -165,19 +155,16 @@ def test_a_missing_peer_is_an_error_within_the_timeout(tmp_path: Path) -> None:
 def test_a_peer_killed_mid_run_is_an_error_not_a_hang(tmp_path: Path) -> None:
     port, timeout_s = free_port(), 10
     common = ["train.max_steps=100000", "checkpoint.every_steps=20", f"dist.timeout_s={timeout_s}"]
-    procs = [_lone_rank(rank, port, tmp_path, *common) for rank in (0, 1)]
-    try:
-        wait_for("checkpoints/step_*/index.json", tmp_path, procs[0], 120)
-        procs[1].kill()
+    with (
+        _lone_rank(0, port, tmp_path, *common) as rank0,
+        _lone_rank(1, port, tmp_path, *common) as rank1,
+    ):
+        wait_for("checkpoints/step_*/index.json", tmp_path, rank0, 120)
+        rank1.kill()
         killed = time.monotonic()
-        _, err = procs[0].communicate(timeout=timeout_s + 60)
+        err = finish(rank0, timeout_s + 60)
         waited = time.monotonic() - killed
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    assert procs[0].returncode == 1, err[-3000:]
+    assert rank0.returncode == 1, err[-3000:]
     assert len(_error_lines(err)) == 1 and "on rank 0:" in _error_lines(err)[0], err[-3000:]
     assert waited < timeout_s + 30
 

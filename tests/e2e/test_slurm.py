@@ -17,6 +17,7 @@ tests move that to now with ``scontrol update``, which changes nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,8 @@ import pytest
 
 from experiments.train.checkpoint import latest_checkpoint
 from tests.support.checkpoints import assert_same_models
-from tests.support.launch import QUIET, ROOT, clean_env
+from tests.support.launch import QUIET, ROOT, clean_env, started
+from tests.support.procs import last_step, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -76,12 +78,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         subprocess.run(["bash", str(SCRIPT), "down"], env=env, capture_output=True, timeout=120)
 
 
-def _submit(env: dict[str, str], cwd: Path, *overrides: str) -> subprocess.Popen:
-    args = [sys.executable, str(ROOT / "train.py"), "-m", *NODE, *TRAIN, *overrides]
+@contextlib.contextmanager
+def _submitted(env: dict[str, str], cwd: Path, *overrides: str) -> Iterator[subprocess.Popen]:
+    """The sweep launcher submitting ``overrides`` from ``cwd``; killed if still running after."""
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    args = [sys.executable, str(ROOT / "train.py"), "-m", *NODE, *TRAIN, *overrides]
+    with started(args, cwd=cwd, env=env) as proc:
+        yield proc
 
 
 def _slurm(env: dict[str, str], *args: str) -> str:
@@ -113,13 +116,6 @@ def _finish(env: dict[str, str], proc: subprocess.Popen, limit_s: float) -> str:
     return proc.stdout.read() if proc.stdout else ""
 
 
-def _last_step(metrics: Path) -> int:
-    """The step of the last complete line of ``metrics.jsonl`` (0 before the first)."""
-    text = metrics.read_text() if metrics.exists() else ""
-    lines = text[: text.rfind("\n") + 1].splitlines()  # a line being written is not one yet
-    return json.loads(lines[-1])["step"] if lines else 0
-
-
 def _task_logs(job_dir: Path) -> list[str]:
     """Every task's submitit log (out and err) of the job in ``job_dir``, all attempts in each."""
     return [p.read_text() for p in sorted(job_dir.parent.glob(".submitit/*/*_log.*"))]
@@ -129,8 +125,8 @@ def _task_logs(job_dir: Path) -> list[str]:
 def sweep(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``topology=ring,complete`` through the launcher, uninterrupted."""
     cwd = tmp_path_factory.mktemp("sweep")
-    proc = _submit(slurm, cwd, "topology=ring,complete")
-    output = _finish(slurm, proc, 600)
+    with _submitted(slurm, cwd, "topology=ring,complete") as proc:
+        output = _finish(slurm, proc, 600)
     assert proc.returncode == 0, output[-4000:]
     (found,) = cwd.glob("multirun/*/*")
     return found
@@ -146,23 +142,16 @@ def test_a_two_job_sweep_runs_both_jobs_at_world_size_2(sweep: Path) -> None:
 def test_scontrol_requeue_resumes_from_the_signal_checkpoint_bit_for_bit(
     slurm: dict[str, str], sweep: Path, tmp_path: Path
 ) -> None:
-    proc = _submit(slurm, tmp_path, "topology=ring")
-    try:
-        deadline = time.monotonic() + 300
-        while not list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")) or (
-            _last_step(next(tmp_path.glob("multirun/*/*/0/metrics.jsonl"))) < 2 * EVERY
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline, "no step 400 in time"
-            time.sleep(0.05)
-        (job_dir,) = tmp_path.glob("multirun/*/*/0")
-        at_requeue = _last_step(job_dir / "metrics.jsonl")
+    with _submitted(slurm, tmp_path, "topology=ring") as proc:
+        found = wait_until(
+            lambda: list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")), 300, "metrics", proc
+        )
+        metrics = found[0]
+        wait_until(lambda: last_step(metrics) >= 2 * EVERY, 300, f"step {2 * EVERY}", proc)
+        job_dir, at_requeue = metrics.parent, last_step(metrics)
         (job,) = [job for job, state, _ in _jobs(slurm) if state == "RUNNING"]
         _slurm(slurm, "scontrol", "requeue", job)
         output = _finish(slurm, proc, 600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, output[-4000:]
     logs = _task_logs(job_dir)
     # every rank logs its stop, once, in its own task's log
@@ -194,13 +183,8 @@ def test_a_job_at_its_time_limit_is_requeued_by_submitit_and_resumes(
     # early); the job needs more than one slot, the requeued one finishes in its own
     steps = 8000
     limit = ["hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=60"]
-    proc = _submit(slurm, tmp_path, "topology=ring", f"train.max_steps={steps}", *limit)
-    try:
+    with _submitted(slurm, tmp_path, "topology=ring", f"train.max_steps={steps}", *limit) as proc:
         output = _finish(slurm, proc, 900)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, output[-4000:]
     (job_dir,) = tmp_path.glob("multirun/*/*/0")
     log = "".join(_task_logs(job_dir))

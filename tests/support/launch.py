@@ -1,13 +1,22 @@
-"""Paths, a clean environment for launching ranks, and ``torchrun`` / Hydra helpers."""
+"""Paths, a clean environment for launching ranks, and ``torchrun`` / Hydra helpers.
+
+:func:`launch` and :func:`torchrun` run a command to its end; :func:`started` runs one
+in the background (to signal or kill it meanwhile) and cleans up after it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.support.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
@@ -47,9 +56,75 @@ def torchrun(
     nproc: int, *overrides: str, timeout: float = 120, script: str = "train.py", **kwargs: Any
 ) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node=nproc script overrides...`` from the root."""
-    return launch(
-        [*TORCHRUN, f"--nproc_per_node={nproc}", script, *overrides], timeout=timeout, **kwargs
+    return launch(torchrun_args(nproc, *overrides, script=script), timeout=timeout, **kwargs)
+
+
+def torchrun_args(nproc: int, *overrides: str, script: str = "train.py", **flags: Any) -> list[str]:
+    """The command line of ``torchrun --standalone --nproc_per_node=nproc [--flag=value]... script``.
+
+    ``flags`` are torchrun's own options, ``max_restarts=1`` for ``--max-restarts=1``.
+    """
+    options = [f"--{name.replace('_', '-')}={value}" for name, value in flags.items()]
+    return [*TORCHRUN, f"--nproc_per_node={nproc}", *options, script, *overrides]
+
+
+def rank_env(rank: int, world_size: int, port: int, **extra: str) -> dict[str, str]:
+    """:func:`clean_env` of one rank started without torchrun, as SLURM's tasks are."""
+    return clean_env(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        **extra,
     )
+
+
+@contextlib.contextmanager
+def started(
+    args: Sequence[str],
+    *,
+    cwd: str | Path = ROOT,
+    env: dict[str, str] | None = None,
+    group: int | None = None,
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.STDOUT,
+) -> Iterator[subprocess.Popen]:
+    """``args`` running in the background, its output as text (by default both streams in
+    ``stdout``).
+
+    It runs in a process group of its own, or joins ``group`` (another one's pid), so
+    that the test can signal every process of it at once, as SLURM signals a job step.
+    Whatever still runs when the block ends, children included (a torchrun agent's
+    workers run in groups of their own), is killed and reaped.
+    """
+    # a group of its own (its pid), or the given one: setpgid, since a new session could
+    # not be joined by the next process
+    join = functools.partial(os.setpgid, 0, 0 if group is None else group)
+    proc = subprocess.Popen(
+        list(args),
+        cwd=cwd,
+        env=clean_env() if env is None else env,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+        preexec_fn=join,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            for pid in [*descendants(proc.pid), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    """Wait for :func:`started`'s process to end; what it wrote to the pipes it was given."""
+    out, err = proc.communicate(timeout=timeout)
+    return (out or "") + (err or "")
 
 
 def compose_config(
