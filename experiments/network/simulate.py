@@ -122,11 +122,22 @@ def _topology(name: str, n: int, local: int, cfg: Any) -> Any:
 
     ``hierarchical`` takes ``hierarchical_inter`` (default ``one-peer-exp``) between nodes,
     and its hosts are the simulator's nodes.
+
+    Raises:
+        ValueError: The topology does not fit, or it has edges across nodes while
+            ``compression_ratio`` is below 1 (the wrapper refuses compression there).
     """
-    if name == HIERARCHICAL:
-        inter = str(cfg.get("hierarchical_inter") or "one-peer-exp")
-        return TopologyReg.create(name, n, local, inter=inter)
-    return TopologyReg.create(name, n, local)
+    if name != HIERARCHICAL:
+        return TopologyReg.create(name, n, local)
+    inter = str(cfg.get("hierarchical_inter") or "one-peer-exp")
+    topo = TopologyReg.create(name, n, local, inter=inter)
+    ratio = cfg.get("compression_ratio", 1.0)
+    if ratio is not None and float(ratio) != 1.0 and hierarchical_keys(topo):
+        raise ValueError(
+            f"compression_ratio={ratio} is not supported by {name} across nodes; "
+            "use compression_ratio=1.0"
+        )
+    return topo
 
 
 def _gossip(topo: Any, profile: Profile, n: int, cfg: Any) -> SimResult:
@@ -229,10 +240,6 @@ def _spectral(name: str, n: int, local: int, max_n: int, cfg: Any) -> dict[str, 
         topo = _topology(name, n, local, cfg)
     except ValueError as exc:
         return {"error": str(exc)}
-    ratio = cfg.get("compression_ratio", 1.0)
-    if ratio is not None and float(ratio) != 1.0 and hierarchical_keys(topo):
-        # as the wrapper, which refuses compression with edges across hosts
-        return {"error": f"compression_ratio={ratio} is not supported by {name} across nodes"}
     out: dict[str, Any] = {"topo": topo, "period": topo.period}
     if n <= max_n:
         contraction = period_contraction(topo.mixing_matrices())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from decent_dp.topo import TopologyReg
 from experiments.network import simulate as sim
+from experiments.network.sim_config import profiles
 from experiments.network.sim_model import (
     Cluster,
     Link,
@@ -104,6 +106,10 @@ def test_inter_topology_and_refusals() -> None:
     assert not _row(rows, "hierarchical", 4)["fits"]
     assert "compression_ratio=0.5" in _row(rows, "hierarchical", 4)["reason"]
     assert _row(rows, "hierarchical", 2)["fits"]
+    point = {"profile": "ethernet_25g", "n": 4, "method": "hierarchical", "measured_ms": 40.0}
+    with pytest.raises(ValueError, match="compression_ratio=0.5"):
+        cfg = OmegaConf.create(_cfg(compression_ratio=0.5, calibration=[point]))
+        sim.calibrate(cfg, profiles(cfg))
 
 
 def test_appears_in_the_default_topology_list() -> None:
