@@ -264,9 +264,9 @@ def simulate_gossip(
         rounds: The topology's rounds (one list of :class:`Edge` per step of the period).
         outer: The outer optimizer's rounds, or ``None``.
         three_phase: A ``hierarchical`` topology: an edge of several nodes runs in three
-            phases (:func:`experiments.network.sim_links.hierarchical_s`) and holds the
-            NICs only during the exchange between nodes (with ``collective_start="own"``,
-            all three).
+            phases (:func:`experiments.network.sim_links.hierarchical_s`), of which only the
+            exchange between nodes is compressed and holds the NICs (with
+            ``collective_start="own"``, all three hold them).
 
     Returns:
         :class:`SimResult`; ``comm_s`` is the mean over the schedule (the period, or
@@ -278,7 +278,7 @@ def simulate_gossip(
     ready_frac = np.diff(np.concatenate([[0.0], np.cumsum(sizes) / sum(sizes)]))
     full = list(sizes)
     sizes = [s * work.gossip_ratio for s in sizes]  # each bucket's compressed payload
-    prepared = [prepare_round(edges, sizes, cluster, three_phase) for edges in rounds]
+    prepared = [prepare_round(edges, sizes, cluster, three_phase, full) for edges in rounds]
     world = None
     if outer is not None:  # an outer round: the world's all-reduce of the bucket's payload
         world = prepare_round([Edge(range(n), 1.0 / n)], [s * outer.ratio for s in full], cluster)

@@ -93,7 +93,11 @@ class Round:
 
 
 def prepare_round(
-    edges: Sequence[Edge], sizes: Sequence[float], cluster: Cluster, three_phase: bool = False
+    edges: Sequence[Edge],
+    sizes: Sequence[float],
+    cluster: Cluster,
+    three_phase: bool = False,
+    exact_sizes: Sequence[float] | None = None,
 ) -> Round:
     """One round's groups as index arrays, with each bucket's cost per group.
 
@@ -104,6 +108,8 @@ def prepare_round(
         three_phase: Whether an edge of several whole nodes runs in the three phases of a
             ``hierarchical`` topology (:func:`experiments.network.sim_links.hierarchical_s`);
             its ``cost`` is then the sum of the phases and ``phases`` holds them apart.
+        exact_sizes: Each bucket's uncompressed bytes, which the phases inside the nodes
+            move (only phase 2 is compressed); ``sizes`` when ``None``.
     """
     local = cluster.local_world_size
     order = np.concatenate([np.asarray(e.ranks, dtype=np.int64) for e in edges])
@@ -129,7 +135,13 @@ def prepare_round(
     for g, (edge, x) in enumerate(zip(edges, nodes)):
         key = (len(edge.ranks), len(x), max((flows.get(node, 1) for node in x), default=1))
         if phases is not None and split[g]:
-            parts = hierarchical_s(nbytes, len(x), local, cluster.network, cluster.intra, key[2])
+            exact = nbytes if exact_sizes is None else np.asarray(exact_sizes, dtype=float)
+            parts = hierarchical_s(exact, len(x), local, cluster.network, cluster.intra, key[2])
+            if exact_sizes is not None:  # phase 2 moves the compressed chunk
+                across = hierarchical_s(
+                    nbytes, len(x), local, cluster.network, cluster.intra, key[2]
+                )
+                parts = (parts[0], across[1], parts[2])
             for mine, part in zip(phases, parts):
                 mine[:, g] = part
             cost[:, g] = parts[0] + parts[1] + parts[2]

@@ -124,18 +124,20 @@ def _topology(name: str, n: int, local: int, cfg: Any) -> Any:
     and its hosts are the simulator's nodes.
 
     Raises:
-        ValueError: The topology does not fit, or it has edges across nodes while
-            ``compression_ratio`` is below 1 (the wrapper refuses compression there).
+        ValueError: The topology does not fit, or it has edges of more than two nodes
+            while ``compression_ratio`` is below 1 (the wrapper refuses compression there).
     """
     if name != HIERARCHICAL:
         return TopologyReg.create(name, n, local)
     inter = str(cfg.get("hierarchical_inter") or "one-peer-exp")
     topo = TopologyReg.create(name, n, local, inter=inter)
     ratio = cfg.get("compression_ratio", 1.0)
-    if ratio is not None and float(ratio) != 1.0 and hierarchical_keys(topo):
+    wide = [key for key in hierarchical_keys(topo) if len(key) != 2 * local]
+    if ratio is not None and float(ratio) != 1.0 and wide:
+        # the wrapper compresses the exchange between two nodes only
         raise ValueError(
-            f"compression_ratio={ratio} is not supported by {name} across nodes; "
-            "use compression_ratio=1.0"
+            f"compression_ratio={ratio} is not supported by {name} with edges of "
+            f"{len(wide[0]) // local} nodes; only edges of 2 nodes are compressed"
         )
     return topo
 

@@ -101,14 +101,18 @@ def test_inter_topology_and_refusals() -> None:
     assert _row(ope, "hierarchical", 16)["period"] == 3  # one-peer-exp over 8 nodes
     with pytest.raises(ValueError, match="hierarchical_inter='nope'"):
         sim.simulate(_cfg(hierarchical_inter="nope"))
-    # the wrapper refuses compression across hosts; inside one node it is flat gossip
-    rows = sim.simulate(_cfg(world_sizes=[2, 4], compression_ratio=0.5))
-    assert not _row(rows, "hierarchical", 4)["fits"]
-    assert "compression_ratio=0.5" in _row(rows, "hierarchical", 4)["reason"]
-    assert _row(rows, "hierarchical", 2)["fits"]
-    point = {"profile": "ethernet_25g", "n": 4, "method": "hierarchical", "measured_ms": 40.0}
+    # compressed: only phase 2 shrinks; edges of more than two nodes are refused, as the
+    # wrapper refuses them
+    rows = sim.simulate(_cfg(compression_ratio=0.5))
+    side = FAST_HOP + 0.5 * S / FAST_B
+    across = 2 * ETH_HOP + 0.5 * S / ETH_B
+    assert _row(rows, "hierarchical", 4)["t_iter_s"] == pytest.approx(2 * side + across, rel=1e-12)
+    wide = _cfg(world_sizes=[8], compression_ratio=0.5, hierarchical_inter="complete")
+    row = _row(sim.simulate(wide), "hierarchical", 8)
+    assert not row["fits"] and "edges of 4 nodes" in row["reason"]
+    point = {"profile": "ethernet_25g", "n": 8, "method": "hierarchical", "measured_ms": 40.0}
     with pytest.raises(ValueError, match="compression_ratio=0.5"):
-        cfg = OmegaConf.create(_cfg(compression_ratio=0.5, calibration=[point]))
+        cfg = OmegaConf.create({**wide, "calibration": [point]})
         sim.calibrate(cfg, profiles(cfg))
 
 
