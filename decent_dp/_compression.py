@@ -214,6 +214,8 @@ class GossipCompressor:
     scratch: dict[tuple[torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict)
     inflight: dict[int, InFlight] = field(default_factory=dict)
     seconds: dict[Any, tuple[Any, list[Chained]]] = field(default_factory=dict)
+    # a hierarchical topology's references of this rank's chunk, keyed ("host", round, bucket)
+    host_refs: dict[Any, torch.Tensor] = field(default_factory=dict)
 
     def _ref(self, round_index: int, bucket: Any) -> torch.Tensor:
         key = (round_index, bucket.index)
@@ -319,7 +321,10 @@ class GossipCompressor:
 
         ``comm`` is the bucket's flat communication block; its padding stays zero.
         """
-        fl = self.inflight.pop(bucket.index)
+        fl: Any = self.inflight.pop(bucket.index)
+        if hasattr(fl, "finish"):  # a three-phase exchange (decent_dp._hierarchical)
+            fl.finish(bucket)
+            return
         ref = self._ref(fl.round_index, bucket)
         comm = bucket.comm
         if fl.idx is not None:
@@ -370,11 +375,16 @@ class GossipCompressor:
     # ---------------------------------------------------------- checkpoints
     def state(self) -> dict[str, Any]:
         """The references (the only state that outlives a step), keyed ``"round:bucket"``."""
-        return {
+        out: dict[str, Any] = {
             "name": self.spec.name,
             "ratio": self.spec.ratio,
             "refs": {f"{r}:{b}": t.clone() for (r, b), t in sorted(self.refs.items())},
         }
+        if self.host_refs:  # a hierarchical topology's chunk references
+            out["host_refs"] = {
+                f"{r}:{b}": t.clone() for (_, r, b), t in sorted(self.host_refs.items())
+            }
+        return out
 
     def load_state(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state`; ``None`` (an older checkpoint) starts the references afresh.
@@ -384,6 +394,7 @@ class GossipCompressor:
         """
         self.inflight.clear()
         self.refs.clear()
+        self.host_refs.clear()
         if state is None:
             return
         if state.get("name") != self.spec.name or float(state.get("ratio", 1.0)) != self.spec.ratio:
@@ -395,6 +406,9 @@ class GossipCompressor:
         for key, t in state["refs"].items():
             r, b = (int(s) for s in key.split(":"))
             self.refs[(r, b)] = t.clone()
+        for key, t in (state.get("host_refs") or {}).items():
+            r, b = (int(s) for s in key.split(":"))
+            self.host_refs[("host", r, b)] = t.clone()
 
     def place(self, buckets: list[Any]) -> None:
         """Move loaded references to their buckets' device and dtype."""
@@ -406,3 +420,11 @@ class GossipCompressor:
                     f"the saved compression reference {r}:{b} does not fit this model's buckets"
                 )
             self.refs[(r, b)] = t.to(bucket.device, bucket.dtype)
+        for key, t in list(self.host_refs.items()):
+            bucket = by_index.get(key[2])
+            if bucket is None or t.numel() > bucket.numel:  # a chunk of the bucket
+                raise ValueError(
+                    f"the saved compression reference {key[1]}:{key[2]} (host chunk) does not "
+                    "fit this model's buckets"
+                )
+            self.host_refs[key] = t.to(bucket.device, bucket.dtype)

@@ -178,6 +178,15 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     if state.compressor is not None and not outer_round:  # the gossip's compressor skips them
         bucket.pending = (edge, edge.self_weight, peer_w)
         comp = state.compressor
+        hosts = state.hosts
+        if hosts is not None and hosts.inter[round_index] is not None:  # phase 2 compressed
+            _start_clock(state, bucket, hosts.nbytes(bucket, comp.spec), k // hosts.local)
+            bucket.work, fl = hosts.launch_compressed(
+                bucket, round_index, comp.host_refs, comp.spec.name, peer_w, state.stream
+            )
+            comp.inflight[bucket.index] = fl  # type: ignore[assignment]
+            state.timers.add("comm/mix_s", t0, state.timers.mark())
+            return
         # the emulated transfer starts once the payload is encoded, as a real one would
         bucket.work = comp.launch(
             bucket,

@@ -34,6 +34,11 @@ across them (phase 2), made like the topology's own
 NCCL with a bound device). The topology's own group of such an edge is not
 created.
 
+Compressed gossip (``bf16``, ``int8``) on an edge of two hosts compresses
+phase 2 only (:meth:`HostExchange.launch_compressed`); the step's correction
+is taken in :class:`decent_dp._compression.GossipCompressor`, whose
+``host_refs`` hold this rank's chunk references.
+
 Bytes this rank sends for one bucket of ``N`` elements of ``s`` bytes, with
 ``m = ceil(N / L)`` and ``k = |H|`` (the cost model of exact gossip:
 bandwidth-optimal ring collectives): inside the host ``(L - 1) m s`` for the
@@ -51,7 +56,7 @@ import torch
 import torch.distributed as dist
 
 from ._builtin_topologies import HierarchicalTopology
-from ._codecs import CompressionSpec
+from ._codecs import ENCODERS, CompressionSpec, exchange_nbytes
 from ._comm_cost import exchange_bytes
 from ._inflight import Chained
 from ._setup import default_group_timeout, make_groups
@@ -93,20 +98,44 @@ def hierarchical_keys(topology: Topology) -> set[tuple[int, ...]]:
     }
 
 
-def edge_bytes(numel: int, element_size: int, edge: Edge, local: int) -> tuple[float, float]:
-    """Bytes one rank sends for one bucket on a hierarchical edge: (inside its host, between hosts)."""
+def edge_bytes(
+    numel: int, element_size: int, edge: Edge, local: int, spec: CompressionSpec | None = None
+) -> tuple[float, float]:
+    """Bytes one rank sends for one bucket on a hierarchical edge: (inside its host, between hosts).
+
+    With a compressor (``spec``), the chunk's exchange between hosts is compressed
+    (:func:`decent_dp._compression.exchange_bytes` of the chunk); the phases inside
+    the host stay exact.
+    """
     m = -(-numel // local)
     k = len(edge.ranks) // local
-    return 2.0 * (local - 1) * m * element_size, 2.0 * (k - 1) / k * m * element_size
+    inside = 2.0 * (local - 1) * m * element_size
+    if spec is not None and spec.name != "none":
+        return inside, exchange_bytes(spec, m, element_size, k)
+    return inside, 2.0 * (k - 1) / k * m * element_size
 
 
 def check_compression(topology: Topology, compression: CompressionSpec) -> None:
-    """Refuse compressed gossip on a topology with three-phase edges (one line, before any group)."""
-    if compression.name != "none" and hierarchical_keys(topology):
+    """Refuse what compressed three-phase edges do not support (one line, before any group).
+
+    Between hosts, ``bf16`` and ``int8`` compress the chunk's exchange of an edge
+    of two hosts; ``randk`` and edges of more hosts are refused.
+    """
+    keys = hierarchical_keys(topology) if compression.name != "none" else set()
+    if not keys:
+        return
+    if compression.name not in ENCODERS:
         raise ValueError(
             f"compression={compression.name!r} is not supported with topology='hierarchical' "
-            "across hosts (only the exchange between hosts would be compressed, which is not "
-            "implemented); use compression=None, or local_world_size=1 for flat compressed gossip"
+            "across hosts; allowed there: none, bf16, int8"
+        )
+    local = host_size(topology)
+    wide = sorted(len(key) // local for key in keys if len(key) != 2 * local)
+    if wide:
+        raise ValueError(
+            f"compression={compression.name!r} with topology='hierarchical' compresses edges of "
+            f"2 hosts only; this inter topology has edges of {wide[-1]} hosts (use compression=None "
+            "or an inter topology of pairs, such as one-peer-exp or ring)"
         )
 
 
@@ -144,8 +173,12 @@ class HostExchange:
     chunks: dict[int, torch.Tensor] = field(default_factory=dict)
     padded: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def launch(self, bucket: Any, round_index: int, stream: Any) -> Any:
-        """Start the exchange of ``bucket.comm`` (weighted already); its sum lands in ``bucket.comm``."""
+    def launch(self, bucket: Any, round_index: int, stream: Any, between: Any = None) -> Any:
+        """Start the exchange of ``bucket.comm`` (weighted already); its sum lands in ``bucket.comm``.
+
+        ``between``, if given, replaces phase 2: it turns the chunk of the host's sum
+        in place into what phase 3 gathers.
+        """
         comm, local = bucket.comm, self.local
         n = comm.numel()
         m = -(-n // local)
@@ -163,8 +196,11 @@ class HostExchange:
         first = _reduce_scatter(chunk, full, group=self.host, async_op=True)
 
         def then() -> Any:
-            reduced: Any = dist.all_reduce(chunk, group=inter, async_op=True)
-            reduced.wait()  # on NCCL this orders the bucket's stream, not the host
+            if between is not None:
+                between(chunk)
+            else:
+                reduced: Any = dist.all_reduce(chunk, group=inter, async_op=True)
+                reduced.wait()  # on NCCL this orders the bucket's stream, not the host
             last: Any = _all_gather(full, chunk, group=gather, async_op=True)
             if full is not comm:
                 last.wait()
@@ -176,15 +212,79 @@ class HostExchange:
             work.start_second()  # queued behind the first on the streams; the host goes on
         return work
 
-    def nbytes(self, bucket: Any) -> int:
+    def nbytes(self, bucket: Any, spec: CompressionSpec | None = None) -> int:
         """The bytes of the chunk that crosses the hosts' links (what an emulated link times)."""
-        return -(-bucket.numel // self.local) * bucket.comm.element_size()
+        m = -(-bucket.numel // self.local)
+        if spec is not None and spec.name != "none":
+            return exchange_nbytes(spec, m, bucket.comm.element_size(), 2)
+        return m * bucket.comm.element_size()
+
+    def launch_compressed(
+        self,
+        bucket: Any,
+        round_index: int,
+        refs: dict[Any, torch.Tensor],
+        name: str,
+        weight: float,
+        stream: Any,
+    ) -> tuple[Any, _HostCorrection]:
+        """The three phases with phase 2 compressed (``bf16``/``int8``, an edge of two hosts).
+
+        Phase 1 sums ``weight x`` inside the host: local rank ``l`` holds chunk ``y``
+        of its host's weighted sum. Phase 2 is compressed gossip of that chunk in
+        the group of local rank ``l`` of the ``k = 2`` hosts, as
+        :mod:`decent_dp._compression` does for a model: ``q = C(y - ref)`` is sent,
+        ``S`` is the sum of the decoded ``q`` in host order, the chunk becomes
+        ``R = k y + S - k q`` (``sum_h y_h`` when ``C`` is the identity, and the
+        hosts' ``R`` add up to ``k sum_h y_h`` for any ``C``), and ``ref += S / k``
+        (identical on both members). Phase 3 gathers ``R`` inside the host; the
+        step's correction is ``R - x`` (:class:`_HostCorrection`), so the edge's
+        sum of the models is that of exact gossip.
+        """
+        comm = bucket.comm
+        for c, v in zip(bucket.comm_views, bucket.values()):
+            torch.mul(v, weight, out=c)
+        n, local = comm.numel(), self.local
+        m = -(-n // local)
+        key = ("host", round_index, bucket.index)
+        ref = refs.get(key)
+        if ref is None or ref.numel() != m:
+            ref = refs[key] = torch.zeros(m, dtype=comm.dtype, device=comm.device)
+        encode, decode = ENCODERS[name]
+        inter = self.inter[round_index]
+        k = dist.get_world_size(inter)
+
+        def between(chunk: torch.Tensor) -> None:
+            own = encode(chunk - ref, None)
+            recv = torch.empty(k * own.numel(), dtype=own.dtype, device=own.device)
+            gathered: Any = _all_gather(recv, own, group=inter, async_op=True)
+            gathered.wait()
+            rows = recv.view(k, -1)
+            total = decode(rows[0], m, chunk.dtype)
+            for j in range(1, k):  # host order: the same sum on every member
+                total.add_(decode(rows[j], m, chunk.dtype))
+            mine = decode(own, m, chunk.dtype)
+            chunk.mul_(k).add_(total).sub_(mine.mul_(k))
+            ref.add_(total, alpha=1.0 / k)
+
+        return self.launch(bucket, round_index, stream, between), _HostCorrection(round_index)
 
     def release(self) -> None:
         self.chunks.clear()
         self.padded.clear()
         if self.queue is not None:
             self.queue.clear()
+
+
+@dataclass
+class _HostCorrection:
+    """A compressed three-phase exchange in flight: at the step, ``comm := R - x``."""
+
+    round_index: int
+
+    def finish(self, bucket: Any) -> None:
+        for c, v in zip(bucket.comm_views, bucket.values()):
+            c.sub_(v)
 
 
 def make_host_groups(
@@ -270,7 +370,7 @@ def link_bytes(
                 edge, spec = edges[(t - shift - 1) % period], gossip
                 phases = three_phase and is_hierarchical(edge, local)
             if phases:
-                a, c = edge_bytes(n, element_size, edge, local)
+                a, c = edge_bytes(n, element_size, edge, local, spec)
                 intra, inter = intra + a, inter + c
             elif len(edge.ranks) > 1:
                 sent = exchange_bytes(spec, n, element_size, len(edge.ranks))

@@ -9,6 +9,10 @@ a group spanning nodes uses the network, and its ring crosses each spanned
 node's NIC once. One NIC per node is shared: ``f`` node-spanning groups on one
 NIC in the same round each get ``B / f`` (the ``share`` of :func:`collective_s`).
 
+An edge of the ``hierarchical`` topology runs in three phases instead
+(:func:`hierarchical_s`): a reduce-scatter inside each node, an all-reduce of
+each ``1/L`` chunk across the nodes, an all-gather inside each node.
+
 The steps that use these costs are in :mod:`experiments.network.sim_model`.
 """
 
@@ -18,7 +22,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MB", "Link", "Cluster", "collective_s", "bucket_sizes", "check_positive"]
+__all__ = [
+    "MB",
+    "Link",
+    "Cluster",
+    "collective_s",
+    "hierarchical_s",
+    "bucket_sizes",
+    "check_positive",
+]
 
 MB = 1024 * 1024  # torch DDP and the wrapper count bucket sizes in MiB
 START_RULES = ("all", "own")
@@ -85,6 +97,18 @@ class Link:
         wire = hops / members * nbytes * share / self.bytes_per_s
         return (self.collective_ms + hops * self.latency_ms) * 1e-3 + wire
 
+    def half_ring_s(self, nbytes: Any, members: int) -> Any:
+        """Seconds of a ring reduce-scatter (or all-gather) of ``nbytes`` over ``members``.
+
+        Half an all-reduce's hops and bytes, one call:
+        ``collective_ms + (k-1) latency_ms + (k-1)/k * nbytes / B``.
+        """
+        if members <= 1:
+            return 0.0 * nbytes
+        hops = members - 1
+        wire = hops / members * nbytes / self.bytes_per_s
+        return (self.collective_ms + hops * self.latency_ms) * 1e-3 + wire
+
     def with_efficiency(self, efficiency: float) -> Link:
         """A copy with another efficiency."""
         return Link(self.name, self.bandwidth_gbps, self.latency_ms, efficiency, self.collective_ms)
@@ -121,6 +145,29 @@ def collective_s(
     latency = network.collective_ms + net_hops * network.latency_ms
     latency += (hops - net_hops) * intra.latency_ms
     return latency * 1e-3 + hops / members * nbytes * share / network.bytes_per_s
+
+
+def hierarchical_s(
+    nbytes: Any, hosts: int, local: int, network: Link, intra: Link, share: int = 1
+) -> tuple[Any, Any, Any]:
+    """Seconds of the three phases of a ``hierarchical`` edge over ``hosts`` nodes of ``local`` ranks.
+
+    1. a reduce-scatter of ``nbytes`` inside the node (:meth:`Link.half_ring_s` on ``intra``);
+    2. every local rank all-reduces its ``nbytes / local`` chunk with the same local rank
+       of the partner nodes: ``local`` rings over ``hosts`` nodes share each NIC at once,
+       so the NIC carries ``local`` chunks of ``1/local``, one model's worth
+       (:func:`collective_s` with ``share * local``);
+    3. an all-gather of ``nbytes`` inside the node.
+
+    Args:
+        share: Node-spanning edges on the busiest NIC of the edge in the same round.
+
+    Returns:
+        ``(phase 1, phase 2, phase 3)`` seconds, in order; only phase 2 uses the NIC.
+    """
+    side = intra.half_ring_s(nbytes, local)
+    across = collective_s(nbytes / local, hosts, hosts, network, intra, share * local)
+    return side, across, side
 
 
 def bucket_sizes(nbytes: float, bucket_mb: float, first_mb: float | None = None) -> list[float]:

@@ -253,6 +253,7 @@ def simulate_gossip(
     cluster: Cluster,
     mc: MonteCarlo = MonteCarlo(),
     outer: OuterRounds | None = None,
+    three_phase: bool = False,
 ) -> SimResult:
     """Mean step time of the wrapper: per-bucket gossip overlapping the next step.
 
@@ -262,6 +263,10 @@ def simulate_gossip(
     Args:
         rounds: The topology's rounds (one list of :class:`Edge` per step of the period).
         outer: The outer optimizer's rounds, or ``None``.
+        three_phase: A ``hierarchical`` topology: an edge of several nodes runs in three
+            phases (:func:`experiments.network.sim_links.hierarchical_s`), of which only the
+            exchange between nodes is compressed and holds the NICs (with
+            ``collective_start="own"``, all three hold them).
 
     Returns:
         :class:`SimResult`; ``comm_s`` is the mean over the schedule (the period, or
@@ -273,7 +278,7 @@ def simulate_gossip(
     ready_frac = np.diff(np.concatenate([[0.0], np.cumsum(sizes) / sum(sizes)]))
     full = list(sizes)
     sizes = [s * work.gossip_ratio for s in sizes]  # each bucket's compressed payload
-    prepared = [prepare_round(edges, sizes, cluster) for edges in rounds]
+    prepared = [prepare_round(edges, sizes, cluster, three_phase, full) for edges in rounds]
     world = None
     if outer is not None:  # an outer round: the world's all-reduce of the bucket's payload
         world = prepare_round([Edge(range(n), 1.0 / n)], [s * outer.ratio for s in full], cluster)
@@ -291,6 +296,11 @@ def simulate_gossip(
             x = np.maximum(x + bwd[t] * frac, waits[j])  # the previous gossip of this bucket
             ready = np.maximum.reduceat(x[rnd.order], rnd.starts)  # last member to launch
             cost = rnd.cost[j]
+            post = None
+            if rnd.phases is not None and not own:
+                # phase 1 inside the nodes first; phase 3 after the NICs are free again
+                ready = ready + rnd.phases[0][j]
+                cost, post = rnd.phases[1][j], rnd.phases[2][j]
             if own:
                 link = rnd.cross[rnd.group_of]  # only node-spanning transfers use the link
                 begin = np.where(link, np.maximum(x, nic_free), x)
@@ -308,6 +318,8 @@ def simulate_gossip(
             if rnd.node_order.size:
                 last = np.maximum.reduceat(end[rnd.node_group][rnd.nic_sort], rnd.nic_starts)
                 nic_free[rnd.nic_nodes] = np.maximum(nic_free[rnd.nic_nodes], last)
+            if post is not None:
+                end = end + post
             waits[j] = end[rnd.group_of]
         ends.append(x.mean())
     per_step = comm_per_step(prepared, world, outer, n)

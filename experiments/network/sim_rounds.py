@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from decent_dp.topo import Edge
-from experiments.network.sim_links import Cluster, check_positive, collective_s
+from experiments.network.sim_links import Cluster, check_positive, collective_s, hierarchical_s
 
 __all__ = ["OuterRounds", "Round", "prepare_round", "bucket_rounds", "comm_per_step"]
 
@@ -88,9 +88,29 @@ class Round:
     nic_starts: np.ndarray  # first position of each node in the sorted order
     nic_nodes: np.ndarray  # the nodes whose NIC this round uses
     cost: np.ndarray  # (buckets, groups) seconds
+    # three-phase edges: (before, on the NIC, after), each (buckets, groups); None without
+    phases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
-def prepare_round(edges: Sequence[Edge], sizes: Sequence[float], cluster: Cluster) -> Round:
+def prepare_round(
+    edges: Sequence[Edge],
+    sizes: Sequence[float],
+    cluster: Cluster,
+    three_phase: bool = False,
+    exact_sizes: Sequence[float] | None = None,
+) -> Round:
+    """One round's groups as index arrays, with each bucket's cost per group.
+
+    Args:
+        edges: The round's groups.
+        sizes: Each bucket's bytes.
+        cluster: The workers, nodes and links.
+        three_phase: Whether an edge of several whole nodes runs in the three phases of a
+            ``hierarchical`` topology (:func:`experiments.network.sim_links.hierarchical_s`);
+            its ``cost`` is then the sum of the phases and ``phases`` holds them apart.
+        exact_sizes: Each bucket's uncompressed bytes, which the phases inside the nodes
+            move (only phase 2 is compressed); ``sizes`` when ``None``.
+    """
     local = cluster.local_world_size
     order = np.concatenate([np.asarray(e.ranks, dtype=np.int64) for e in edges])
     lens = np.array([len(e.ranks) for e in edges])
@@ -107,14 +127,34 @@ def prepare_round(edges: Sequence[Edge], sizes: Sequence[float], cluster: Cluste
     cost = np.zeros((len(sizes), len(edges)))
     by_shape: dict[tuple[int, int, int], np.ndarray] = {}  # groups of one shape cost the same
     nbytes = np.asarray(sizes, dtype=float)
+    # an edge of several whole nodes (of L > 1 ranks) runs in three phases
+    split = [three_phase and local > 1 and len(x) > 1 for x in nodes]
+    phases = None
+    if any(split):
+        phases = (np.zeros_like(cost), np.zeros_like(cost), np.zeros_like(cost))
     for g, (edge, x) in enumerate(zip(edges, nodes)):
         key = (len(edge.ranks), len(x), max((flows.get(node, 1) for node in x), default=1))
+        if phases is not None and split[g]:
+            exact = nbytes if exact_sizes is None else np.asarray(exact_sizes, dtype=float)
+            parts = hierarchical_s(exact, len(x), local, cluster.network, cluster.intra, key[2])
+            if exact_sizes is not None:  # phase 2 moves the compressed chunk
+                across = hierarchical_s(
+                    nbytes, len(x), local, cluster.network, cluster.intra, key[2]
+                )
+                parts = (parts[0], across[1], parts[2])
+            for mine, part in zip(phases, parts):
+                mine[:, g] = part
+            cost[:, g] = parts[0] + parts[1] + parts[2]
+            continue
         if key not in by_shape:
             by_shape[key] = np.broadcast_to(
                 collective_s(nbytes, key[0], key[1], cluster.network, cluster.intra, key[2]),
                 nbytes.shape,
             )
         cost[:, g] = by_shape[key]
+    if phases is not None:  # any other group's whole cost is its one phase
+        flat = ~np.asarray(split)
+        phases[1][:, flat] = cost[:, flat]
     cross_ids = np.flatnonzero(cross)
     node_lists = [np.asarray(nodes[g], dtype=np.int64) for g in cross_ids]
     node_order = np.concatenate(node_lists) if node_lists else np.zeros(0, dtype=np.int64)
@@ -136,6 +176,7 @@ def prepare_round(edges: Sequence[Edge], sizes: Sequence[float], cluster: Cluste
         nic_starts,
         nic_nodes,
         cost,
+        phases,
     )
 
 

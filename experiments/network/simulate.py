@@ -35,6 +35,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from decent_dp._hierarchical import hierarchical_keys, host_size
 from decent_dp.topo import TopologyReg, period_contraction
 from experiments.network.sim_config import (
     ALLREDUCE,
@@ -64,6 +65,7 @@ __all__ = [
 ]
 
 EXACT_CONTRACTION = 1e-12
+HIERARCHICAL = "hierarchical"  # the topology that takes ``hierarchical_inter``
 
 
 # --- consensus and measurement -------------------------------------------------------------
@@ -115,12 +117,38 @@ def measure_compute(cfg: Any) -> tuple[float, int]:
 # --- calibration ---------------------------------------------------------------------------
 
 
+def _topology(name: str, n: int, local: int, cfg: Any) -> Any:
+    """The registered topology ``name`` on ``n`` workers, ``local`` per node.
+
+    ``hierarchical`` takes ``hierarchical_inter`` (default ``one-peer-exp``) between nodes,
+    and its hosts are the simulator's nodes.
+
+    Raises:
+        ValueError: The topology does not fit, or it has edges of more than two nodes
+            while ``compression_ratio`` is below 1 (the wrapper refuses compression there).
+    """
+    if name != HIERARCHICAL:
+        return TopologyReg.create(name, n, local)
+    inter = str(cfg.get("hierarchical_inter") or "one-peer-exp")
+    topo = TopologyReg.create(name, n, local, inter=inter)
+    ratio = cfg.get("compression_ratio", 1.0)
+    wide = [key for key in hierarchical_keys(topo) if len(key) != 2 * local]
+    if ratio is not None and float(ratio) != 1.0 and wide:
+        # the wrapper compresses the exchange between two nodes only
+        raise ValueError(
+            f"compression_ratio={ratio} is not supported by {name} with edges of "
+            f"{len(wide[0]) // local} nodes; only edges of 2 nodes are compressed"
+        )
+    return topo
+
+
 def _gossip(topo: Any, profile: Profile, n: int, cfg: Any) -> SimResult:
     """The wrapper on ``topo``, with the config's outer rounds (over whole schedules)."""
     outer = outer_rounds(cfg)
     span = topo.period if outer is None else math.lcm(topo.period, outer.every)
     mc = monte_carlo(cfg, profile.jitter, span)
-    return simulate_gossip(topo.rounds, profile.workload, profile.cluster(n), mc, outer)
+    three = host_size(topo) > 1  # hierarchical: edges of several nodes run in three phases
+    return simulate_gossip(topo.rounds, profile.workload, profile.cluster(n), mc, outer, three)
 
 
 def _method_result(profile: Profile, method: str, n: int, cfg: Any) -> SimResult:
@@ -128,7 +156,7 @@ def _method_result(profile: Profile, method: str, n: int, cfg: Any) -> SimResult
     if method == ALLREDUCE:
         mc = monte_carlo(cfg, profile.jitter)
         return simulate_allreduce(profile.workload, profile.cluster(n), mc)
-    return _gossip(TopologyReg.create(method, n, profile.local_world_size), profile, n, cfg)
+    return _gossip(_topology(method, n, profile.local_world_size, cfg), profile, n, cfg)
 
 
 def _method_time(profile: Profile, method: str, n: int, cfg: Any) -> tuple[float, float]:
@@ -209,9 +237,9 @@ def calibrate(cfg: Any, profs: list[Profile]) -> list[dict[str, Any]]:
 # --- the scale simulation ------------------------------------------------------------------
 
 
-def _spectral(name: str, n: int, local: int, max_n: int) -> dict[str, Any]:
+def _spectral(name: str, n: int, local: int, max_n: int, cfg: Any) -> dict[str, Any]:
     try:
-        topo = TopologyReg.create(name, n, local)
+        topo = _topology(name, n, local, cfg)
     except ValueError as exc:
         return {"error": str(exc)}
     out: dict[str, Any] = {"topo": topo, "period": topo.period}
@@ -234,6 +262,10 @@ def _topology_names(cfg: Any) -> list[str]:
     names = list(TopologyReg.names()) if names is None else [str(x) for x in names]
     for name in names:
         TopologyReg.get(name)  # unknown names fail here, listing the known ones
+    inter = cfg.get("hierarchical_inter")
+    if HIERARCHICAL in names and inter is not None and inter not in TopologyReg.names():
+        known = [x for x in TopologyReg.names() if x != HIERARCHICAL]
+        raise ValueError(f"hierarchical_inter={inter!r} is unknown; known: {', '.join(known)}")
     return names
 
 
@@ -311,7 +343,7 @@ def simulate(cfg: Any, profs: list[Profile] | None = None) -> list[dict[str, Any
             for name in names:
                 key = (name, n, local)
                 if key not in spectra:
-                    spectra[key] = _spectral(name, n, local, max_n)
+                    spectra[key] = _spectral(name, n, local, max_n, cfg)
                 spec = spectra[key]
                 row: dict[str, Any] = {**base, "method": name}
                 if "error" in spec:

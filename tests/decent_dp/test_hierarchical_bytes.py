@@ -63,7 +63,7 @@ def _bad_worker(rank: int, world: int, kwargs: dict[str, Any]) -> str:
             {"topology_kwargs": {"inter": "star"}},
             "inter='star' is not a known topology; known: complete",
         ),
-        ({"local_world_size": 2, "compression": "int8"}, "compression='int8'"),
+        ({"local_world_size": 2, "compression": "randk"}, "compression='randk'"),
     ],
 )
 def test_bad_arguments_raise_on_every_rank_before_any_group(
