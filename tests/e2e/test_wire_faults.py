@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from torch import nn
 
 from decent_dp.ddp import DecentralizedDataParallel
 from experiments.network import testbed as tb
-from experiments.network.testbed.launch import _host_env, host_command
+from experiments.network.testbed.launch import host_command, host_env
 from experiments.train.checkpoint import latest_checkpoint, list_checkpoints, load_shard
 from experiments.train.peer_loss import PeerLostError, comm_failure
 from tests.support.dist_harness import run_distributed
@@ -198,11 +199,25 @@ def _start(
                     cwd=ROOT,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    env=_host_env(i, env),
+                    env=host_env(i, spec, env),
                     start_new_session=True,
                 )
             )
     return procs
+
+
+@contextlib.contextmanager
+def _started(
+    spec: tb.Spec, out: Path, attempt: str, port: int, restarts: int
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """:func:`_start`'s launchers; whatever of them is left at the end is killed."""
+    procs = _start(spec, out, attempt, port, restarts)
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
 
 
 def _log(out: Path, attempt: str, i: int) -> str:
@@ -261,10 +276,9 @@ def _assert_lost_lines(lines: list[str], lost_host: int) -> list[int]:
 def test_a_pulled_cable_times_out_then_the_restart_resumes_once_it_is_back(bed, tmp_path):
     """Host 1's switch port goes down for 60 s: both sides fail in time, then resume."""
     out = tmp_path / "run"
-    procs = _start(bed, out, "a", port=29441, restarts=1)
     port = f"p{1}"  # host 1's cable, at the switch
     switch = f"{PREFIX}-sw"
-    try:
+    with _started(bed, out, "a", port=29441, restarts=1) as procs:
         _wait_checkpoint(out, 2 * EVERY, procs)
         subprocess.run(["ip", "-n", switch, "link", "set", port, "down"], check=True)
         cut = time.monotonic()
@@ -275,10 +289,6 @@ def test_a_pulled_cable_times_out_then_the_restart_resumes_once_it_is_back(bed, 
         subprocess.run(["ip", "-n", switch, "link", "set", port, "up"], check=True)
         for p in procs:
             p.wait(timeout=300)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
     logs = [_log(out, "a", i) for i in range(2)]
     assert all(lines.values()), logs[0][-3000:] + logs[1][-3000:]
     assert waited < TIMEOUT_S + SLACK_S, waited
@@ -295,18 +305,13 @@ def test_a_pulled_cable_times_out_then_the_restart_resumes_once_it_is_back(bed, 
 @pytest.mark.slow
 def test_a_killed_host_stops_the_others_in_time_and_a_new_start_resumes(bed, tmp_path):
     out = tmp_path / "run"
-    procs = _start(bed, out, "a", port=29442, restarts=0)
-    try:
+    with _started(bed, out, "a", port=29442, restarts=0) as procs:
         _wait_checkpoint(out, 2 * EVERY, procs)
         _kill_host(bed, 1)
         killed = time.monotonic()
         procs[0].wait(timeout=TIMEOUT_S + SLACK_S)
         waited = time.monotonic() - killed
         procs[1].wait(timeout=10)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
     log0 = _log(out, "a", 0)
     assert procs[0].returncode != 0 and waited < TIMEOUT_S + SLACK_S, (waited, log0[-3000:])
     lines = _errors(log0)
@@ -315,14 +320,9 @@ def test_a_killed_host_stops_the_others_in_time_and_a_new_start_resumes(bed, tmp
     newest = _assert_checkpoints_intact(out)
     assert all(0 <= step - newest <= EVERY for step in failed_at), (failed_at, newest)
 
-    again = _start(bed, out, "b", port=29443, restarts=0)
-    try:
+    with _started(bed, out, "b", port=29443, restarts=0) as again:
         for p in again:
             p.wait(timeout=300)
-    finally:
-        for p in again:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
     assert [p.returncode for p in again] == [0, 0], _log(out, "b", 0)[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["train/steps"] == STEPS and summary["resumed_from_step"] == newest

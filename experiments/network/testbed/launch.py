@@ -26,7 +26,14 @@ from typing import Any
 
 from .hosts import IFACE, Spec, TestbedError, address, host_ns, link_stats, netns_pids
 
-__all__ = ["WIRE_IFNAME_ENV", "host_command", "launch", "threads_per_process", "wire_summary"]
+__all__ = [
+    "WIRE_IFNAME_ENV",
+    "host_command",
+    "host_env",
+    "launch",
+    "threads_per_process",
+    "wire_summary",
+]
 
 WIRE_IFNAME_ENV = "DECENT_DP_WIRE_IFNAME"
 """The interface whose counters the trainer reads into ``wire/*`` metrics."""
@@ -76,7 +83,9 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
                   "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
 
 
-def _host_env(i: int, spec: Spec, extra: dict[str, str] | None) -> dict[str, str]:
+def host_env(i: int, spec: Spec, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Host ``i``'s launcher environment: the caller's, less its own launcher's variables,
+    with the link named for gloo, NCCL and the wire counter, and a share of the cores."""
     # a launcher's variables from the caller's own job would confuse the hosts' torchrun
     env = {
         k: v
@@ -212,7 +221,7 @@ def launch(
             with open(logs / f"host{i}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     env=_host_env(i, spec, env), start_new_session=True)
+                                     env=host_env(i, spec, env), start_new_session=True)
                 )  # fmt: skip
         failed = _wait(procs, spec, logs, start, timeout_s, quiet)
     except BaseException:
