@@ -42,8 +42,8 @@ from tests.support.launch import (
     launch,
     rank_env,
     started,
-    torchrun,
     torchrun_args,
+    uninterrupted_run,
 )
 from tests.support.procs import wait_for, worker_pids
 
@@ -73,10 +73,7 @@ KILL_RUN = [
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same 4-worker run as the killed one, uninterrupted."""
-    run_dir = tmp_path_factory.mktemp("clean") / "run"
-    proc = torchrun(4, *KILL_RUN, f"hydra.run.dir={run_dir}", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+    return uninterrupted_run(tmp_path_factory, 4, KILL_RUN, timeout=300)
 
 
 @pytest.mark.slow

@@ -45,6 +45,7 @@ from tests.support.launch import (
     started,
     torchrun,
     torchrun_args,
+    uninterrupted_run,
 )
 from tests.support.procs import alive, descendants, last_step, wait_for, wait_until, worker_pids
 
@@ -66,10 +67,7 @@ EVAL_KEYS = ("eval/acc", "eval/acc_local", "eval/loss", "train/loss")
 @pytest.fixture(scope="module")
 def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same 2-worker run, uninterrupted."""
-    run_dir = tmp_path_factory.mktemp("clean") / "run"
-    proc = torchrun(2, *JOB, f"hydra.run.dir={run_dir}", timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
+    return uninterrupted_run(tmp_path_factory, 2, JOB, timeout=240)
 
 
 def _past_the_first_checkpoint(run_dir: Path, proc: subprocess.Popen, limit_s: float) -> None:

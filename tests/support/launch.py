@@ -42,14 +42,13 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """Run a command in ``cwd`` (the repository root) with :func:`clean_env`, capturing output."""
     return subprocess.run(
-        list(args),
-        cwd=cwd,
-        env=clean_env() if env is None else env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **kwargs,
+        list(args), capture_output=True, timeout=timeout, **_where(cwd, env), **kwargs
     )
+
+
+def _where(cwd: str | Path, env: dict[str, str] | None) -> dict[str, Any]:
+    """Where and how a test's command runs: ``cwd``, :func:`clean_env` unless given, text."""
+    return {"cwd": cwd, "env": clean_env() if env is None else env, "text": True}
 
 
 def torchrun(
@@ -57,6 +56,16 @@ def torchrun(
 ) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc_per_node=nproc script overrides...`` from the root."""
     return launch(torchrun_args(nproc, *overrides, script=script), timeout=timeout, **kwargs)
+
+
+def uninterrupted_run(
+    tmp_path_factory: Any, nproc: int, overrides: Sequence[str], timeout: float
+) -> Path:
+    """The run directory of ``torchrun nproc train.py overrides`` run to its end, unharmed."""
+    run_dir = tmp_path_factory.mktemp("clean") / "run"
+    proc = torchrun(nproc, *overrides, f"hydra.run.dir={run_dir}", timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
 
 
 def torchrun_args(nproc: int, *overrides: str, script: str = "train.py", **flags: Any) -> list[str]:
@@ -103,13 +112,7 @@ def started(
     # not be joined by the next process
     join = functools.partial(os.setpgid, 0, 0 if group is None else group)
     proc = subprocess.Popen(
-        list(args),
-        cwd=cwd,
-        env=clean_env() if env is None else env,
-        stdout=stdout,
-        stderr=stderr,
-        text=True,
-        preexec_fn=join,
+        list(args), stdout=stdout, stderr=stderr, preexec_fn=join, **_where(cwd, env)
     )
     try:
         yield proc

@@ -15,6 +15,8 @@ from experiments.network.sim_model import (
     Workload,
     simulate_gossip,
 )
+from tests.experiments.network.test_simulate import _cfg as simulate_cfg
+from tests.experiments.network.test_simulate import _row
 
 S = 100e6  # bytes per exchange, one bucket
 ETH_B = 25e9 / 8  # the ethernet_25g profile at efficiency 1: 3.125e9 B/s, 20 us per hop
@@ -24,31 +26,16 @@ FAST_HOP = 1e-6
 
 
 def _cfg(**over: object) -> dict:
-    cfg = {
-        "model": "toy",
-        "model_bytes": S,
-        "compute_s": 0.005,  # far below the transfers: the step is the exchange
-        "backward_frac": 0.5,
-        "batch_size": 32,
-        "bucket_mb": 1000,  # one bucket
-        "local_world_size": 2,
-        "world_sizes": [4],
-        "profiles": ["ethernet_25g"],
-        "links": {"ethernet_25g": {"efficiency": 1.0, "collective_ms": 0.0}},
-        "intra": {"name": "fast", "latency_ms": 0.001, "bandwidth_gbps": 800.0},
-        "jitter": {"kind": "none", "cv": 0.0},
-        "topologies": ["one-peer-exp", "hierarchical"],
-        "hierarchical_inter": "one-peer-exp",
-        "spectral_max_n": 1024,
-        "mc": {"steps": 12, "warmup": 4, "seed": 0},
-    }
+    """:mod:`test_simulate`'s toy config on nodes of 2, with compute far below the transfers."""
+    cfg = simulate_cfg(
+        compute_s=0.005,  # the step is the exchange
+        local_world_size=2,
+        world_sizes=[4],
+        topologies=["one-peer-exp", "hierarchical"],
+        hierarchical_inter="one-peer-exp",
+    )
     cfg.update(over)
     return cfg
-
-
-def _row(rows: list[dict], method: str, n: int) -> dict:
-    (row,) = [r for r in rows if r["method"] == method and r["n"] == n]
-    return row
 
 
 def test_two_nodes_of_two_match_the_hand_computation() -> None:
