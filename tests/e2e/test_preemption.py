@@ -10,7 +10,7 @@
   outlives them.
 * ``SIGUSR2`` to torchrun's agent: with ``PET_SIGNALS_TO_HANDLE`` naming it the
   agent forwards it and the ranks save and exit; without, the agent dies of it and
-  leaves its workers training on, unsaved.
+  leaves its workers training on, unsaved (slow).
 * ``SIGUSR2`` under the submitit launcher (run locally, time limit): submitit's
   own handler requeues the job after the checkpoint, and the requeued job resumes (slow).
 
@@ -201,6 +201,7 @@ def test_sigusr2_to_torchruns_agent_stops_the_ranks_once_the_agent_forwards_it(
     assert "forcefully" not in output and not any(alive(pid) for pid in workers.values())
 
 
+@pytest.mark.slow  # torch's own default; the forwarding test above is the fast one
 def test_sigusr2_kills_torchruns_agent_and_orphans_its_ranks_by_default(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = torchrun_args(2, *JOB, f"hydra.run.dir={run_dir}", "train.max_steps=100000")
