@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from experiments.network import testbed as tb
+from experiments.network.sim_validate import NEVER, run_train
 from experiments.network.wire_table import LOCAL_SGD_PERIOD, write_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,18 +71,6 @@ def _keep(src: Path, dst: Path) -> None:
             shutil.copy2(src / name, dst / name)
 
 
-def _emulated(
-    n: int, overrides: Sequence[str], rate_bps: int, run_dir: Path, timeout: float
-) -> None:
-    gbps = rate_bps / 1e9
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "train.py", *overrides, "network=custom", f"network.bandwidth_gbps={gbps}",
-           f"network.latency_ms={VETH_LATENCY_MS}", f"hydra.run.dir={run_dir}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"emulated run failed: {proc.stderr.strip().splitlines()[-1:]}")
-
-
 def run(ns: argparse.Namespace) -> int:
     """Every arm at every rate on the testbed, then emulated, then once without communication."""
     out = Path(ns.out)
@@ -108,28 +97,24 @@ def run(ns: argparse.Namespace) -> int:
             _keep(run_dir, dst / "wire")
             if not ns.no_emulated:
                 emu = tmp / f"{rate}-{arm}-emulated"
+                emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
+                            f"network.latency_ms={VETH_LATENCY_MS}"]  # fmt: skip
                 try:
-                    _emulated(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm]], spec.rate_bps,
-                              emu, ns.timeout_s)  # fmt: skip
+                    run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
+                              ns.timeout_s)  # fmt: skip
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     tqdm.write(f"{rate} {arm}: emulated: {exc}")
                 _keep(emu, dst / "emulated")
         compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
         if not (compute / "summary.json").exists() or ns.again:
             # no communication: local-sgd whose period is longer than the run
-            overrides = [*base, "topology=local-sgd", "topology.kwargs.period=1000000"]
-            _emulated_free(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
+            overrides = [*base, "topology=local-sgd", f"topology.kwargs.period={NEVER}"]
+            run_train(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
             _keep(tmp / "compute", compute)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         tb.down(ns.prefix)
     return 0
-
-
-def _emulated_free(n: int, overrides: Sequence[str], run_dir: Path, timeout: float) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-           "train.py", *overrides, f"hydra.run.dir={run_dir}"]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
