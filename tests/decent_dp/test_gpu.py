@@ -496,7 +496,7 @@ def compressed_cuda_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[s
     ("topology", "comp"), [("complete", "int8"), ("ring", "bf16"), ("one-peer-exp", "randk:0.3")]
 )
 def test_gloo_with_cuda_tensors_compressed_gossip_matches_replay(topology: str, comp: str) -> None:
-    from tests.decent_dp.test_compression import compressed_replay
+    from tests.support.compression_replay import compressed_replay
 
     cfg = {"topology": topology, "steps": 5, "compression": comp, "clip": 0.5}
     values = ok_values(run_distributed(compressed_cuda_worker, 4, cfg, start_method="spawn"))

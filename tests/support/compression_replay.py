@@ -85,8 +85,10 @@ def compressed_replay(
     """The workers' models after ``cfg["steps"]`` steps of compressed gossip on ``layout``.
 
     ``cfg``: ``topology`` (a registered or test-only name), ``compression``,
-    ``steps``, optionally ``alpha`` (the mixing step), the optimizer keys of
-    :func:`tests.support.ddp_cases.make_optim`.
+    ``steps``, optionally ``alpha`` (the mixing step), ``clip`` (a global-norm
+    bound), ``outer_every`` with ``outer_fn`` (exact outer rounds), ``global_avg_at``
+    (a step after which every model is replaced by the mean), and the optimizer
+    keys of :func:`tests.support.ddp_cases.make_optim`.
     """
     name = cfg["compression"]
     local = LOCAL_TOPOLOGIES.get(cfg["topology"])
@@ -98,17 +100,33 @@ def compressed_replay(
     optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
     refs: dict[tuple[int, int, int], torch.Tensor] = {}  # (rank, round, bucket)
     a = cfg.get("alpha", 1.0)
+    every = cfg.get("outer_every")
+    x_outer = flat(start)
+    outer_opt = cfg["outer_fn"]([x_outer]) if every else None
     for t in range(1, cfg["steps"] + 1):
+        old_flat = [flat(m) for m in models]
         old = [buckets_of(m, layout) for m in models]
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
             loss_of(m, i, t).backward()
+            if cfg.get("clip"):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
             opt.step()
+        if every and t % every == 0:  # an outer round: exact, no reference moves
+            assert outer_opt is not None
+            x_outer.grad = x_outer - torch.stack(old_flat).mean(0)
+            outer_opt.step()
+            for m, o in zip(models, old_flat):
+                set_flat(m, flat(m) + a * (x_outer.detach() - o))
+            continue
         new = [buckets_of(m, layout) for m in models]
         r = (t - 1) % topo.period
         mixed = [[nb.clone() for nb in new[i]] for i in range(world)]
-        # step 1 mixes nothing: the first gossip is launched after it
-        for edge in topo.rounds[r] if t > 1 else []:
+        # step 1 mixes nothing: the first gossip is launched after it (and the models are
+        # equal); nor does the step after a global average, which drops the exchange in flight
+        # on every rank (and so moves no reference)
+        mixes = t > 1 and cfg.get("global_avg_at") != t - 1
+        for edge in topo.rounds[r] if mixes else []:
             k = len(edge.ranks)
             if k == 1:
                 continue
@@ -120,13 +138,21 @@ def compressed_replay(
                     s, corr = split_round(name, [old[j][b] - ref for j in members], w, p)
                     for j, c in zip(members, corr):
                         mixed[j][b] = new[j][b] + a * c
-                else:
-                    q = {j: compressed(name, old[j][b] - ref, t, b) for j in edge.ranks}
-                    s = sum(q[j] for j in members)
+                    ref_new = ref + s / k
                     for j in edge.ranks:
-                        mixed[j][b] = new[j][b] + a * (p * s + (w - p - 1.0) * q[j])
+                        refs[(j, r, b)] = ref_new
+                    continue
+                q = {j: compressed(name, old[j][b] - ref, t, b) for j in edge.ranks}
+                s = sum(q[j] for j in members)
                 for j in edge.ranks:
-                    refs[(j, r, b)] = ref + s / k
+                    mixed[j][b] = new[j][b] + a * (p * s + (w - p - 1.0) * q[j])
+                ref_new = ref + s / k
+                for j in edge.ranks:
+                    refs[(j, r, b)] = ref_new
         for i, m in enumerate(models):
             set_buckets(m, layout, mixed[i])
+        if cfg.get("global_avg_at") == t:
+            mean = torch.stack([flat(m) for m in models]).mean(0)
+            for m in models:
+                set_flat(m, mean)
     return [flat(m) for m in models]
