@@ -152,16 +152,12 @@ def wire_summary(per_host: list[dict[str, int]], run_dir: Path) -> dict[str, Any
         "drops": sum(h["tx_drops"] + h["rx_drops"] for h in per_host),
         "per_host": per_host,
     }
-    lines = run_dir / "metrics.jsonl"
-    if lines.exists():
-        for key in ("wire/tx_bytes_per_step", "wire/rx_bytes_per_step"):
-            values = []
-            for raw in lines.read_text().splitlines():
-                with_key = json.loads(raw)
-                if isinstance(with_key.get(key), int | float):
-                    values.append(float(with_key[key]))
-            if values:
-                out[key.split("/")[1]] = sum(values) / len(values)
+    path = run_dir / "metrics.jsonl"
+    lines = [json.loads(raw) for raw in path.read_text().splitlines()] if path.exists() else []
+    for key in ("wire/tx_bytes_per_step", "wire/rx_bytes_per_step"):
+        values = [float(x[key]) for x in lines if isinstance(x.get(key), int | float)]
+        if values:
+            out[key.split("/")[1]] = sum(values) / len(values)
     return out
 
 
