@@ -71,8 +71,12 @@ LOST = re.compile(
 # ------------------------------------------------------------------ quick: the groups' timeout
 
 
-def _stall_rank_3(rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
-    """Rank 3 takes one step and stops answering; the others train on until their gossip fails."""
+def _stall_rank_3(rank: int, world_size: int, timeout_s: float, done: str) -> dict[str, Any]:
+    """Rank 3 takes one step and stops answering; the others train on until their gossip fails.
+
+    Rank 3 stays silent until the others have failed (each leaves a file in ``done``), or
+    for ``3 timeout_s + 15`` seconds at most.
+    """
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     torch.manual_seed(0)
     model = DecentralizedDataParallel(
@@ -85,20 +89,27 @@ def _stall_rank_3(rank: int, world_size: int, timeout_s: float) -> dict[str, Any
     dist.barrier()  # every rank's groups exist and its first gossip is out
     start = time.monotonic()
     if rank == 3:
-        time.sleep(3 * timeout_s + 15)  # alive, its sockets open: silent, as behind a cut link
+        # alive, its sockets open: silent, as behind a cut link
+        while time.monotonic() - start < 3 * timeout_s + 15:
+            if len(list(Path(done).iterdir())) == 3:
+                break
+            time.sleep(0.05)
         return {"alone": True}
     try:
         for _ in range(6):
             nn.functional.mse_loss(model(x), y).backward()
     except RuntimeError as exc:
-        return {"after_s": time.monotonic() - start, "reason": comm_failure(exc)}
-    return {"after_s": None, "reason": None}
+        out = {"after_s": time.monotonic() - start, "reason": comm_failure(exc)}
+    else:
+        out = {"after_s": None, "reason": None}
+    (Path(done) / str(rank)).touch()
+    return out
 
 
-def test_gossip_groups_time_out_with_the_default_group():
+def test_gossip_groups_time_out_with_the_default_group(tmp_path: Path) -> None:
     """A silent peer of a gossip group fails the wait within ``init_process_group``'s timeout."""
     timeout_s = 4.0
-    results = run_distributed(_stall_rank_3, 4, timeout_s, init=False, timeout=120)
+    results = run_distributed(_stall_rank_3, 4, timeout_s, str(tmp_path), init=False, timeout=120)
     statuses = [status for status, _ in results]
     assert statuses == ["ok"] * 4, results
     # rank 2 waits on the silent rank 3 itself; ranks 0 and 1 on peers that failed in turn
