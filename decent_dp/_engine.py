@@ -49,7 +49,7 @@ TIMER_KEYS = ("comm/wait_s", "comm/mix_s", "comm/optim_s")
 
 
 class _Resources:
-    """What an engine must release: hooks, in-flight gossip and its own process groups.
+    """What an engine must release: hooks, in-flight gossip, its threads and its own process groups.
 
     Kept apart from the engine so that a finalizer can release it after the
     engine is gone.
@@ -60,6 +60,7 @@ class _Resources:
         self.groups: list[Any] = []
         self.buckets: list[Bucket] = []
         self.device: torch.device | None = None
+        self.driver: Any = None  # the hierarchical exchange's PhaseDriver, off NCCL
 
     def release(self) -> None:
         for handle in self.handles:
@@ -67,6 +68,8 @@ class _Resources:
         self.handles.clear()
         with device_guard(self.device or torch.device("cpu")):
             self._finish_work()
+        if self.driver is not None:  # idle now: every exchange it started was waited for
+            self.driver.close()
         for group in self.groups:
             if dist.is_initialized():
                 with contextlib.suppress(Exception):  # already gone with the default group
@@ -142,6 +145,7 @@ class Engine:
             made, hosts = make_host_groups(topology, self.rank, self.world_size)
             seconds = self._second_groups(compression, outer, edges, groups)
         self._res.groups.extend(created + made)
+        self._res.driver = hosts.driver if hosts is not None else None
         self.timers = SpanTimers(TIMER_KEYS, self.device)
         self.gossip = GossipState(
             edges, groups, Edge([self.rank], 1.0), stable_storage, self.stream, self.timers

@@ -20,11 +20,14 @@ back after phase 3).
 The phases run asynchronously, chained as two-phase compressed exchanges
 are (:class:`decent_dp._inflight.Chained`): phase 1 starts at the launch,
 phases 2 and 3 follow on the bucket's stream, at the launch on NCCL (queued
-behind phase 1, the host goes on) and when the result is first waited for on
-other backends. Off NCCL, phase 3 runs on a host group of its own, and phases
-2 and 3 start in the order of the phase 1s (one queue per wrapper), so every
-group sees its collectives in one order on every member, whatever the order
-of the waits (the fragments of an outer optimizer mix kinds of rounds).
+behind phase 1, the host goes on). Other backends start a collective only
+when the host issues it: there a thread of the wrapper's
+(:class:`decent_dp._inflight.PhaseDriver`) starts phases 2 and 3 as soon as
+phase 1 completes, so the exchange between hosts overlaps the rest of the
+backward pass and the next forward. Phase 3 then runs on a host group of its
+own, and the driver takes the exchanges in the order of their phase 1s, so
+every group sees its collectives in one order on every member, whatever the
+order of the waits (the fragments of an outer optimizer mix kinds of rounds).
 
 Groups, created once by the wrapper in one order on every rank: the host
 groups (phase 1, and phase 3 on NCCL), off NCCL a second group per host
@@ -58,7 +61,7 @@ import torch.distributed as dist
 from ._builtin_topologies import HierarchicalTopology
 from ._codecs import ENCODERS, CompressionSpec, exchange_nbytes
 from ._comm_cost import exchange_bytes
-from ._inflight import Chained
+from ._inflight import Chained, PhaseDriver
 from ._setup import default_group_timeout, make_groups
 from .topo import Edge, Topology
 
@@ -161,7 +164,8 @@ class HostExchange:
         gather: The group of phase 3 (the host's second group off NCCL).
         inter: For each round of the period, the group across the round's hosts
             (phase 2), or ``None`` where this rank's edge is not hierarchical.
-        queue: The phases 2 and 3 not yet started, in launch order (off NCCL).
+        driver: The thread that starts phases 2 and 3 in launch order (off
+            NCCL), or ``None`` (NCCL queues them at the launch).
     """
 
     local: int
@@ -169,7 +173,7 @@ class HostExchange:
     host: Any
     gather: Any
     inter: list[Any]
-    queue: list[Any] | None
+    driver: PhaseDriver | None
     chunks: dict[int, torch.Tensor] = field(default_factory=dict)
     padded: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -207,7 +211,7 @@ class HostExchange:
                 comm.copy_(full[:n])
             return last
 
-        work = Chained(first, then, stream, self.queue)
+        work = Chained(first, then, stream, driver=self.driver)
         if dist.get_backend(self.host) == "nccl":
             work.start_second()  # queued behind the first on the streams; the host goes on
         return work
@@ -272,8 +276,8 @@ class HostExchange:
     def release(self) -> None:
         self.chunks.clear()
         self.padded.clear()
-        if self.queue is not None:
-            self.queue.clear()
+        if self.driver is not None:
+            self.driver.close()
 
 
 @dataclass
@@ -314,19 +318,19 @@ def make_host_groups(
     created, _, groups = make_groups(_Phases(rounds, world_size), rank, world_size)
     host, inter = groups[0], groups[1:]
     gather: Any = host
-    queue: list[Any] | None = None
+    driver: PhaseDriver | None = None
     if dist.get_backend() != "nccl":
-        # phase 3 starts when a result is waited for: on a group of its own, in launch order
+        # the driver's thread issues phase 3: on a group of its own, in launch order
         timeout = default_group_timeout()
         seconds = [
             dist.new_group(list(range(h * local, (h + 1) * local)), timeout=timeout)
             for h in range(hosts)
         ]
         created += seconds
-        gather, queue = seconds[rank // local], []
+        gather, driver = seconds[rank // local], PhaseDriver()
     mine = [topology.get_edge(r, rank) for r in range(topology.period)]
     inter = [g if is_hierarchical(e, local) else None for g, e in zip(inter, mine)]
-    return created, HostExchange(local, rank % local, host, gather, inter, queue)
+    return created, HostExchange(local, rank % local, host, gather, inter, driver)
 
 
 def link_bytes(

@@ -33,6 +33,8 @@ chains the two phases (:class:`Chained`) and the decoding of the group's sum
 
 from __future__ import annotations
 
+import queue as _queue
+import threading
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -42,7 +44,7 @@ import torch
 
 from ._codecs import ENCODERS
 
-__all__ = ["Chained", "InFlight", "decoded_sum"]
+__all__ = ["Chained", "InFlight", "PhaseDriver", "decoded_sum"]
 
 
 class Chained:
@@ -57,7 +59,10 @@ class Chained:
     Where the second phases run on a group of their own (``queue`` given, see
     :func:`decent_dp._compression.start_exchange`), they start in the order
     their first phases did: starting one starts every earlier one of the
-    queue first.
+    queue first. With a ``driver`` instead (:class:`PhaseDriver`, off NCCL),
+    the driver's thread starts them, in launch order, as soon as each first
+    phase completes, so the second phase overlaps the computation too; a wait
+    then waits for the driver to have started it.
     """
 
     def __init__(
@@ -66,14 +71,25 @@ class Chained:
         then: Callable[[], Any],
         stream: Any,
         queue: list[Chained] | None = None,
+        driver: PhaseDriver | None = None,
     ) -> None:
         self.first, self.then, self.stream = first, then, stream
         self.second: Any = None
         self.queue = queue
+        self.error: BaseException | None = None
+        self.started: threading.Event | None = None
         if queue is not None:
             queue.append(self)
+        if driver is not None:
+            self.started = threading.Event()
+            driver.submit(self)
 
     def start_second(self) -> None:
+        if self.started is not None:  # the driver's thread starts it
+            self.started.wait()
+            if self.error is not None:
+                raise self.error
+            return
         if self.second is not None:
             return
         queue = self.queue
@@ -82,10 +98,23 @@ class Chained:
                 queue[0].start_second()  # removes itself from the queue
             if queue and queue[0] is self:
                 queue.pop(0)
+        self._run_second()
+
+    def _run_second(self) -> None:
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         with ctx:
             self.first.wait()
             self.second = self.then()
+
+    def drive(self) -> None:
+        """Start the second phase here (the driver's thread); a failure goes to the waiter."""
+        try:
+            self._run_second()
+        except BaseException as exc:  # noqa: BLE001 - re-raised where the result is waited for
+            self.error = exc
+        finally:
+            assert self.started is not None
+            self.started.set()
 
     def wait(self) -> bool:
         self.start_second()
@@ -93,7 +122,54 @@ class Chained:
         return True
 
     def is_completed(self) -> bool:
+        if self.started is not None and not self.started.is_set():
+            return False
+        if self.error is not None:
+            return True  # the wait raises it
         return self.second is not None and bool(self.second.is_completed())
+
+
+class PhaseDriver:
+    """A host thread that starts the later phases of chained exchanges, in launch order.
+
+    Off NCCL a collective starts only when issued from the host, and issuing
+    the second phase from the thread that runs the backward pass would wait
+    for the first. The driver issues it from a thread of its own as soon as
+    the first phase completes, taking the exchanges one at a time in the
+    order they were launched, which is the same on every rank: each group
+    that only the driver issues on sees its collectives in one order. The
+    thread holds the queue alone (never the wrapper) and ends at
+    :meth:`close`; it is started at the first exchange.
+    """
+
+    def __init__(self) -> None:
+        self._queue: _queue.SimpleQueue[Chained | None] = _queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, work: Chained) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=_drive, args=(self._queue,), name="decent-dp-phases", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(work)
+
+    def close(self) -> None:
+        """End the thread once the exchanges already submitted have started; idempotent."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+
+
+def _drive(works: _queue.SimpleQueue[Chained | None]) -> None:
+    while True:
+        work = works.get()
+        if work is None:
+            return
+        work.drive()
 
 
 @dataclass

@@ -9,6 +9,7 @@ and between hosts.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -19,8 +20,11 @@ from tests.decent_dp.test_outer import check as check_outer
 from tests.decent_dp.test_outer_stream import NESTEROV, check_runs
 from tests.support.ddp_cases import (
     assert_same_runs,
+    make_model,
     replay,
     resume_worker,
+    train_steps,
+    wrap,
 )
 from tests.support.dist_harness import ok_values, run_distributed
 from tests.support.hier_cases import hier_cfg, runs_worker
@@ -108,3 +112,27 @@ def test_outer_fragments_replay() -> None:
         ],
         world=8,
     )
+
+
+def unwaited_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """After the last backward, poll the in-flight exchanges without waiting for any."""
+    ddp = wrap(make_model("mlp", seed=rank), cfg)
+    train_steps(ddp, rank, cfg, 1, cfg["steps"])
+    assert ddp._engine.buckets is not None
+    works = [b.work for b in ddp._engine.buckets if b.work is not None]
+    deadline = time.monotonic() + 30.0
+    while not all(w.is_completed() for w in works) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    done = all(w.is_completed() for w in works)
+    ddp.close()
+    return {"in_flight": len(works), "done": done}
+
+
+def test_exchange_between_hosts_completes_without_a_wait() -> None:
+    """Off NCCL, phases 2 and 3 start when phase 1 completes, not when the result is waited
+    for: the exchange between hosts overlaps the computation instead of following it."""
+    cfgs = [hier_cfg(2, 2, steps=2), hier_cfg(2, 2, "ring", steps=3)]
+    for cfg in cfgs:
+        for got in ok_values(run_distributed(unwaited_worker, 4, cfg, timeout=120)):
+            assert got["in_flight"] > 1
+            assert got["done"]
