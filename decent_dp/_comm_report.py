@@ -2,22 +2,23 @@
 
 Bytes per step, mean and peak, from the schedule, the buckets and the
 compressor with the cost model of :mod:`decent_dp._comm_cost` (and
-:func:`decent_dp._outer.schedule_bytes` for outer rounds), and the layout of
+:func:`schedule_bytes` for outer rounds), and the layout of
 the buckets.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ._bucket import aligned_offsets
 from ._codecs import CompressionSpec
-from ._comm_cost import bytes_per_step
+from ._comm_cost import bytes_per_step, exchange_bytes
 from ._engine import Engine
 from ._hierarchical import link_bytes
-from ._outer import schedule_bytes
+from .topo import Edge
 
-__all__ = ["CommReportMixin"]
+__all__ = ["CommReportMixin", "schedule_bytes"]
 
 
 class CommReportMixin:
@@ -109,3 +110,42 @@ class CommReportMixin:
             {"names": list(b.names), "numel": b.numel, "dtype": str(b.dtype)}
             for b in (self._engine.buckets or [])
         ]
+
+
+def schedule_bytes(
+    outer: Any,
+    edges: list[Edge],
+    numels: list[int],
+    element_size: int,
+    gossip: CompressionSpec,
+) -> list[float]:
+    """Bytes this rank sends at each step ``t = 1 .. lcm(period, H)``, outer rounds included.
+
+    Each bucket's step is its fragment's: the all-reduce of the world at its
+    outer rounds (compressed by the outer optimizer's compression), else its
+    shifted topology round, compressed by ``gossip`` (the cost model of
+    :func:`decent_dp._comm_cost.exchange_bytes`).
+
+    Args:
+        outer: The outer optimizer (:class:`decent_dp._outer.OuterOptimizer`: its
+            schedule and fragments).
+        edges: This rank's edge in each round of the topology's period.
+        numels: The element count of each bucket, in bucket order.
+        element_size: Bytes per element of the buckets.
+        gossip: The gossip's compressor.
+    """
+    period = len(edges)
+    span = math.lcm(period, outer.every)
+    spec = CompressionSpec(outer.compression)
+    k_outer = len(outer.edge.ranks)
+    steps = []
+    for t in range(1, span + 1):
+        sent = 0.0
+        for b, n in enumerate(numels):
+            if outer.due(t, b):
+                sent += exchange_bytes(spec, n, element_size, k_outer)
+            else:
+                edge = edges[(t - outer.shift(b) - 1) % period]
+                sent += exchange_bytes(gossip, n, element_size, len(edge.ranks))
+        steps.append(sent)
+    return steps

@@ -61,6 +61,16 @@ outer gradient is approximate: ``Delta`` differs from the exact mean by the
 compressor's rounding of each ``Delta_i`` and of the chunk sums. Alone
 (one rank) nothing is sent and the round stays exact.
 
+Scaled by the inner learning rate (``scale_by_inner_lr``, SlowMo's own
+update, Wang et al. 2020, Algorithm 1): the outer gradient is ``Delta /
+gamma_t`` and the outer optimizer steps with its learning rate times
+``gamma_t``, where ``gamma_t`` is the learning rate of the bucket's inner
+optimizer (its first parameter group) for step ``t``, the step whose round
+is the outer round. With SGD and momentum ``beta`` that is ``u = beta u +
+Delta / gamma_t``, ``x_outer -= alpha gamma_t u``; under a constant inner
+rate it is the plain update, under a schedule the momentum buffer stays in
+units of a gradient as the rate decays.
+
 No error-feedback buffer is kept (the rounding of a round's ``Delta_i`` is
 not added to the next one's). Measured with
 :mod:`experiments.bench.outer_error_feedback` (4 workers, DiLoCo's outer
@@ -90,7 +100,6 @@ from torch.optim import Optimizer
 
 from ._bucket import Bucket
 from ._codecs import CompressionSpec, exchange_len, exchange_nbytes
-from ._comm_cost import exchange_bytes
 from ._compression import start_exchange
 from ._inflight import InFlight, decoded_sum
 from .topo import Edge
@@ -100,7 +109,6 @@ __all__ = [
     "OuterOptimFn",
     "OuterOptimizer",
     "check_outer_args",
-    "schedule_bytes",
 ]
 
 OUTER_COMPRESSIONS = ("none", "bf16", "int8")
@@ -132,23 +140,35 @@ def check_outer_args(
     like: torch.Tensor,
     fragments: Any = 1,
     compression: Any = None,
+    scale_by_inner_lr: Any = False,
 ) -> None:
     """Raise a one-line error unless both are given (``outer_every`` an int >= 1) or neither.
 
     ``fragments`` must be an int >= 1 that divides ``outer_every``, and
     ``compression`` one of :data:`OUTER_COMPRESSIONS`; both other than their
-    defaults (1, ``"none"``) only with an outer optimizer. A trial optimizer is
+    defaults (1, ``"none"``) only with an outer optimizer, as ``scale_by_inner_lr``
+    (a bool) ``True``. A trial optimizer is
     built over one element shaped like ``like``, so a factory that fails or
     returns something else fails here, on every rank, before any collective.
 
     Raises:
         ValueError: Only one of the two is given, ``outer_every`` is not an int >= 1,
             ``fragments`` is not an int >= 1 dividing it, ``compression`` is unknown,
-            or either is given without an outer optimizer.
+            ``scale_by_inner_lr`` is not a bool, or any of them is given without an outer
+            optimizer.
         TypeError: ``outer_optim_fn`` is not callable or does not return an optimizer.
     """
     name = outer_compression_name(compression)
+    if not isinstance(scale_by_inner_lr, bool):
+        raise ValueError(
+            f"outer_scale_by_inner_lr={scale_by_inner_lr!r} is invalid; it must be True or False"
+        )
     if outer_optim_fn is None and outer_every is None:
+        if scale_by_inner_lr:
+            raise ValueError(
+                "outer_scale_by_inner_lr=True is given without an outer optimizer; it needs "
+                "outer_optim_fn and outer_every (leave it False otherwise)"
+            )
         if not (_is_int(fragments) and fragments == 1):
             raise ValueError(
                 f"outer_fragments={fragments!r} is given without an outer optimizer; it needs "
@@ -203,6 +223,9 @@ class OuterOptimizer:
             whose schedule is shifted by ``(b % F) H / F`` steps (see the module docstring).
         compression: ``none`` (the exact all-reduce), ``bf16`` or ``int8``: what the
             outer rounds send of ``Delta`` (see the module docstring).
+        scale_by_inner_lr: Step on ``Delta / gamma_t`` with the outer learning rate
+            times ``gamma_t``, the inner optimizer's current learning rate (SlowMo's
+            update; see the module docstring).
 
     Attributes:
         edge: The outer round's group (every rank, weight ``1/n``).
@@ -219,8 +242,10 @@ class OuterOptimizer:
         world_size: int,
         fragments: int = 1,
         compression: str = "none",
+        scale_by_inner_lr: bool = False,
     ):
         self.optim_fn = optim_fn
+        self.scale_by_inner_lr = bool(scale_by_inner_lr)
         self.every = int(every)
         self.fragments = int(fragments)
         self.stride = self.every // self.fragments  # H / F: the shift between fragments
@@ -341,8 +366,13 @@ class OuterOptimizer:
         Exact rounds leave ``W x(t-1)`` there, with ``W`` the uniform average;
         it first becomes ``Delta = x_outer - xbar``. Compressed rounds give the
         sum of the decoded ``Delta_j``, which becomes their mean. Either way
-        that is the outer optimizer's gradient, and the buffer then holds the
-        new ``x_outer``.
+        that is the outer optimizer's gradient (divided by the inner learning
+        rate with ``scale_by_inner_lr``, whose step is then scaled by it), and
+        the buffer then holds the new ``x_outer``.
+
+        Raises:
+            ValueError: ``scale_by_inner_lr`` with an inner learning rate that is
+                not > 0 at this step.
         """
         i = bucket.index
         copies, opt = self.copies[i], self.optimizers[i]
@@ -357,10 +387,33 @@ class OuterOptimizer:
             x.grad = c
             sq += torch.linalg.vector_norm(c, dtype=torch.float64).square()
         self._delta_sq[i] = sq
-        opt.step()
+        if self.scale_by_inner_lr:
+            self._scaled_step(bucket, opt)
+        else:
+            opt.step()
         for x, c in zip(copies, bucket.comm_views):
             x.grad = None
             c.copy_(x)
+
+    def _scaled_step(self, bucket: Bucket, opt: Optimizer) -> None:
+        """SlowMo's step: the gradient ``Delta / gamma``, the learning rates times ``gamma``."""
+        assert bucket.optimizer is not None
+        gamma = float(bucket.optimizer.param_groups[0]["lr"])  # once per outer round
+        if not (gamma > 0 and math.isfinite(gamma)):
+            raise ValueError(
+                f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this outer "
+                "step; it must be > 0 (start the warm-up above 0, or turn the scaling off)"
+            )
+        for c in bucket.comm_views:
+            c.div_(gamma)
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * gamma
+        try:
+            opt.step()
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr
 
     def delta_norm(self) -> float | None:
         """``||Delta||`` over all buckets at the latest outer step (identical on every rank).
@@ -379,6 +432,7 @@ class OuterOptimizer:
             "every": self.every,
             "fragments": self.fragments,
             "compression": self.compression,
+            "scale_by_inner_lr": self.scale_by_inner_lr,
             "copies": [[x.detach().clone() for x in xs] for xs in self.copies],
             "optimizers": [opt.state_dict() for opt in self.optimizers],
         }
@@ -390,7 +444,8 @@ class OuterOptimizer:
         Raises:
             ValueError: The state has another ``every``, another number of fragments
                 (a state without the key has one), another compression (``none``
-                without the key), or another number of buckets or tensors.
+                without the key), another ``scale_by_inner_lr`` (off without the
+                key), or another number of buckets or tensors.
         """
         if int(state.get("every", -1)) != self.every:
             raise ValueError(
@@ -408,6 +463,12 @@ class OuterOptimizer:
                 f"{state.get('compression', 'none')!r}; this wrapper has "
                 f"outer_compression={self.compression!r}"
             )
+        if bool(state.get("scale_by_inner_lr", False)) != self.scale_by_inner_lr:
+            raise ValueError(
+                f"the outer state was saved with outer_scale_by_inner_lr="
+                f"{bool(state.get('scale_by_inner_lr', False))}; this wrapper has "
+                f"outer_scale_by_inner_lr={self.scale_by_inner_lr}"
+            )
         saved: Sequence[Sequence[torch.Tensor]] = state["copies"]
         if [len(xs) for xs in saved] != [len(xs) for xs in self.copies]:
             raise ValueError("the saved outer copies do not match this wrapper's bucket layout")
@@ -417,41 +478,3 @@ class OuterOptimizer:
         for opt, opt_state in zip(self.optimizers, state["optimizers"]):
             opt.load_state_dict(opt_state)
         self._delta_sq = [None] * len(self.copies)
-
-
-def schedule_bytes(
-    outer: OuterOptimizer,
-    edges: list[Edge],
-    numels: list[int],
-    element_size: int,
-    gossip: CompressionSpec,
-) -> list[float]:
-    """Bytes this rank sends at each step ``t = 1 .. lcm(period, H)``, outer rounds included.
-
-    Each bucket's step is its fragment's: the all-reduce of the world at its
-    outer rounds (compressed by the outer optimizer's compression), else its
-    shifted topology round, compressed by ``gossip`` (the cost model of
-    :func:`decent_dp._comm_cost.exchange_bytes`).
-
-    Args:
-        outer: The outer optimizer (its schedule and fragments).
-        edges: This rank's edge in each round of the topology's period.
-        numels: The element count of each bucket, in bucket order.
-        element_size: Bytes per element of the buckets.
-        gossip: The gossip's compressor.
-    """
-    period = len(edges)
-    span = math.lcm(period, outer.every)
-    spec = CompressionSpec(outer.compression)
-    k_outer = len(outer.edge.ranks)
-    steps = []
-    for t in range(1, span + 1):
-        sent = 0.0
-        for b, n in enumerate(numels):
-            if outer.due(t, b):
-                sent += exchange_bytes(spec, n, element_size, k_outer)
-            else:
-                edge = edges[(t - outer.shift(b) - 1) % period]
-                sent += exchange_bytes(gossip, n, element_size, len(edge.ranks))
-        steps.append(sent)
-    return steps

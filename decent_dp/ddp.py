@@ -53,14 +53,17 @@ from . import _legacy  # noqa: F401
 from ._averaging import AveragingMixin, GlobalAverager
 from ._bucket import Bucket, aligned_offsets  # noqa: F401
 from ._comm_cost import bytes_per_step  # noqa: F401
-from ._comm_report import CommReportMixin
+from ._comm_report import (
+    CommReportMixin,
+    schedule_bytes,  # noqa: F401
+)
 from ._compression import CompressionSpec, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
 from ._hierarchical import check_compression
 from ._legacy import LegacyMixin
-from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args, schedule_bytes  # noqa: F401
+from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args  # noqa: F401
 from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
 from ._state import StateDictMixin
 from .topo import Topology, TopologyReg
@@ -171,6 +174,10 @@ class DecentralizedDataParallel(
             more than two ranks) and steps ``x_outer`` on their mean, the same bits
             on every rank; the workers continue from ``x_outer + d(t)`` as without
             it. No error feedback is kept (see :mod:`decent_dp._outer`).
+        outer_scale_by_inner_lr: SlowMo's own update (``False`` by default): the outer
+            gradient is ``Delta / gamma_t`` and the outer optimizer's learning rate is
+            multiplied by ``gamma_t``, the inner optimizer's learning rate at the outer
+            step; the same as without it under a constant inner rate.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -180,8 +187,9 @@ class DecentralizedDataParallel(
             is given, model shapes that differ across ranks, or only one of
             ``outer_optim_fn`` and ``outer_every`` (or an ``outer_every`` that
             is not an int >= 1, an ``outer_fragments`` that is not an int >= 1
-            dividing it, an unknown ``outer_compression``, or either given without
-            an outer optimizer).
+            dividing it, an unknown ``outer_compression``, an
+            ``outer_scale_by_inner_lr`` that is not a bool, or any of them given
+            without an outer optimizer).
         TypeError: ``optim_fn``, ``lr_scheduler_fn`` or ``outer_optim_fn``
             returns the wrong type.
 
@@ -218,6 +226,7 @@ class DecentralizedDataParallel(
         outer_every: int | None = None,
         outer_fragments: int = 1,
         outer_compression: str | None = None,
+        outer_scale_by_inner_lr: bool = False,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -243,7 +252,12 @@ class DecentralizedDataParallel(
         self._initial_lr = float(trial.param_groups[0]["lr"])
         del trial
         check_outer_args(
-            outer_optim_fn, outer_every, named[0][1], outer_fragments, outer_compression
+            outer_optim_fn,
+            outer_every,
+            named[0][1],
+            outer_fragments,
+            outer_compression,
+            outer_scale_by_inner_lr,
         )
         outer = None
         if outer_optim_fn is not None and outer_every is not None:
@@ -253,6 +267,7 @@ class DecentralizedDataParallel(
                 self._world_size,
                 fragments=outer_fragments,
                 compression=outer_compression or "none",
+                scale_by_inner_lr=outer_scale_by_inner_lr,
             )
 
         device = check_cuda_placement(named)

@@ -14,6 +14,9 @@ are dealt to ``fragments`` groups whose schedules are shifted by
 SlowMo on a gossip topology; the wrapper's ``outer_fragments``).
 ``compression`` (``none``, ``bf16`` or ``int8``) compresses what the outer rounds
 send: each worker's ``x_outer - x_i`` (the wrapper's ``outer_compression``).
+``scale_by_inner_lr`` (off by default) takes SlowMo's own update under a
+schedule: the outer gradient divided by the inner learning rate of the outer
+step, the outer step multiplied by it (the wrapper's ``outer_scale_by_inner_lr``).
 The ``allreduce`` baseline (torch DDP) has no outer optimizer.
 """
 
@@ -60,6 +63,8 @@ class OuterConfig:
             steps; 1 takes every bucket at once.
         compression: ``none``, ``bf16`` or ``int8``: what an outer round sends of
             each worker's ``x_outer - x_i`` (``none`` the exact all-reduce).
+        scale_by_inner_lr: SlowMo's update: step on ``(x_outer - xbar) / gamma_t``
+            with ``lr * gamma_t``, ``gamma_t`` the inner learning rate then.
     """
 
     name: OuterName = OuterName["none"]  # type: ignore[valid-type]
@@ -69,6 +74,7 @@ class OuterConfig:
     nesterov: bool = False
     fragments: int = 1
     compression: str = "none"
+    scale_by_inner_lr: bool = False
 
 
 SCHEMAS: dict[str, type] = {"none": OuterConfig, "diloco": OuterConfig, "slowmo": OuterConfig}
@@ -90,14 +96,17 @@ def outer_every(section: Any, topology: Any) -> int | None:
         ConfigError: One line naming the bad key: an ``every`` that is not an integer
             >= 1, ``every: null`` on a topology other than ``local-sgd``, a negative
             ``lr`` or a ``momentum`` outside ``[0, 1)``, ``fragments`` that is not an
-            integer >= 1 dividing ``every``, an unknown ``compression`` (either other
-            than its default with ``outer=none``), or an outer optimizer with
+            integer >= 1 dividing ``every``, an unknown ``compression`` (either, or
+            ``scale_by_inner_lr``, other than its default with ``outer=none``), or an
+            outer optimizer with
             ``topology=allreduce``.
     """
     o = outer_section(section)
     if str(o.name) == "none":
         require("outer.fragments", o.fragments, o.fragments == 1, "1 with outer=none")
         require("outer.compression", o.compression, o.compression == "none", "none with outer=none")
+        scaled = o.scale_by_inner_lr
+        require("outer.scale_by_inner_lr", scaled, not scaled, "false with outer=none")
         return None
     topo = str(topology.name)
     require("outer.name", o.name, topo != _ALLREDUCE, "none with topology=allreduce (torch DDP)")
@@ -129,8 +138,8 @@ def outer_every(section: Any, topology: Any) -> int | None:
 
 
 def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
-    """The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments`` and
-    ``outer_compression``; ``{}`` for none.
+    """The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments``,
+    ``outer_compression`` and ``outer_scale_by_inner_lr``; ``{}`` for none.
 
     Example::
 
@@ -148,4 +157,5 @@ def outer_kwargs(section: Any, topology: Any) -> dict[str, Any]:
         "outer_every": every,
         "outer_fragments": int(o.fragments),
         "outer_compression": str(o.compression),
+        "outer_scale_by_inner_lr": bool(o.scale_by_inner_lr),
     }

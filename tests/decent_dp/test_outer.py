@@ -71,6 +71,7 @@ def wrap_outer(model: torch.nn.Module, cfg: dict[str, Any], scaler: Any = None) 
         outer_every=cfg.get("every"),
         outer_fragments=cfg.get("fragments", 1),
         outer_compression=cfg.get("outer_compression"),
+        outer_scale_by_inner_lr=cfg.get("scaled", False),
     )
 
 
@@ -97,8 +98,10 @@ def replay_outer(cfg: dict[str, Any], world: int) -> tuple[list[torch.Tensor], f
     every = cfg.get("every")
     outer_opt = outer_fn(cfg)([x_outer]) if every else None
     alpha, delta_norm = cfg.get("alpha", 1.0), -1.0
+    slow_u = torch.zeros_like(x_outer)  # SlowMo's momentum, written out for "scaled"
     for t in range(1, cfg["steps"] + 1):
         old = [flat(m) for m in models]
+        gamma = float(optims[0].param_groups[0]["lr"])  # the inner lr of step t
         skip = cfg.get("inf_at", (None,))[0] == t  # an inf anywhere skips every worker's update
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
@@ -115,8 +118,13 @@ def replay_outer(cfg: dict[str, Any], world: int) -> tuple[list[torch.Tensor], f
             assert outer_opt is not None
             delta = x_outer - stacked.mean(0)
             delta_norm = float(delta.norm())
-            x_outer.grad = delta
-            outer_opt.step()
+            if cfg.get("scaled"):  # Wang et al. 2020, Algorithm 1 (no Nesterov)
+                assert not cfg.get("nesterov")
+                slow_u = cfg["outer_momentum"] * slow_u + delta / gamma
+                x_outer = x_outer - cfg["outer_lr"] * gamma * slow_u
+            else:
+                x_outer.grad = delta
+                outer_opt.step()
             mixed = [x_outer.clone() for _ in range(world)]
         else:
             w = mats[(t - 1) % len(mats)]
@@ -169,6 +177,35 @@ def test_outer_step_matches_replay(cfg: dict[str, Any]) -> None:
     values = check(cfg)
     if cfg["steps"] % cfg["every"] != 0:  # the workers drift apart again after an outer step
         assert (values[0]["params"] - values[1]["params"]).abs().max() > 1e-6
+
+
+SLOWMO = {"outer": "sgd", "outer_lr": 1.0, "outer_momentum": 0.5, "nesterov": False}
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        pytest.param({**RING, **SLOWMO, "sched": True}, id="ring-every4-decaying-lr"),
+        pytest.param(
+            {**LOCAL_SGD, **SLOWMO, "optim": "adamw", "sched": True}, id="local-sgd-H3-adamw"
+        ),
+    ],
+)
+def test_slowmo_scaled_by_the_inner_lr_matches_the_papers_update(cfg: dict[str, Any]) -> None:
+    """``u = beta u + Delta / gamma_t``, ``x_outer -= alpha gamma_t u`` under a decaying inner lr."""
+    scaled = {**cfg, "scaled": True}
+    check(scaled)
+    # under the schedule the scaled update is another one: the comparison can tell them apart
+    (a, _), (b, _) = replay_outer(scaled, 4), replay_outer(cfg, 4)
+    assert (a[0] - b[0]).abs().max() > 1e-4
+
+
+def test_slowmo_scaled_by_a_constant_inner_lr_is_the_plain_update() -> None:
+    cfg = {**RING, **SLOWMO}
+    values = check({**cfg, "scaled": True})
+    plain, _ = replay_outer(cfg, 4)
+    for got, exp in zip(values, plain):
+        assert_close(got["params"], exp, rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize(
@@ -282,6 +319,7 @@ def _fragments_state_worker(rank: int, world: int) -> dict[str, Any]:
 
     message = load_message({"fragments": 4})
     packed_message = load_message({"outer_compression": "bf16"})
+    scaled_message = load_message({"scaled": True})
     old = dict(state["outer"])
     del old["fragments"]  # saved before fragments existed: one fragment
     try:
@@ -295,6 +333,7 @@ def _fragments_state_worker(rank: int, world: int) -> dict[str, Any]:
         "message": message,
         "old": old_message,
         "packed": packed_message,
+        "scaled": scaled_message,
     }
 
 
@@ -304,6 +343,8 @@ def test_fragments_and_outer_compression_are_saved_and_checked_on_load() -> None
     assert "outer_fragments=2" in value["message"] and "outer_fragments=4" in value["message"]
     assert "outer_fragments=1" in value["old"] and "\n" not in value["message"]
     assert "outer_compression='none'" in value["packed"] and "'bf16'" in value["packed"]
+    assert "saved with outer_scale_by_inner_lr=False" in value["scaled"]
+    assert "this wrapper has outer_scale_by_inner_lr=True" in value["scaled"]
 
 
 def _bad_stream_args_worker(rank: int, world: int) -> list[str]:
@@ -317,6 +358,8 @@ def _bad_stream_args_worker(rank: int, world: int) -> list[str]:
         {"outer_compression": "int8"},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": "randk"},
         {"outer_optim_fn": sgd, "outer_every": 4, "outer_compression": 8},
+        {"outer_scale_by_inner_lr": True},
+        {"outer_optim_fn": sgd, "outer_every": 4, "outer_scale_by_inner_lr": 1},
     )
     return _construct_messages(cases)
 
@@ -332,6 +375,8 @@ def test_bad_fragments_and_outer_compression_raise_one_line() -> None:
     assert "outer_compression='int8'" in messages[5] and "outer_optim_fn" in messages[5]
     assert "outer_compression='randk' is invalid" in messages[6] and "'int8'" in messages[6]
     assert "outer_compression=8 is invalid" in messages[7]
+    assert "outer_scale_by_inner_lr=True" in messages[8] and "outer_optim_fn" in messages[8]
+    assert "outer_scale_by_inner_lr=1 is invalid" in messages[9]
 
 
 def _construct_messages(cases: Sequence[dict[str, Any]]) -> list[str]:

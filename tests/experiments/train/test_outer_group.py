@@ -34,6 +34,9 @@ def test_fragments_and_compression_reach_the_wrapper() -> None:
     cfg = compose_config("outer=slowmo", "outer.compression=int8")
     kwargs = outer_kwargs(cfg.outer, cfg.topology)
     assert (kwargs["outer_compression"], kwargs["outer_fragments"]) == ("int8", 1)
+    assert kwargs["outer_scale_by_inner_lr"] is False
+    cfg = compose_config("outer=slowmo", "outer.scale_by_inner_lr=true")
+    assert outer_kwargs(cfg.outer, cfg.topology)["outer_scale_by_inner_lr"] is True
 
 
 def test_slowmo_and_none() -> None:
@@ -61,6 +64,7 @@ def test_slowmo_and_none() -> None:
         (["outer.fragments=2"], "outer.fragments=2 is invalid; it must be 1 with outer=none"),
         (["outer=slowmo", "outer.compression=fp4"], "outer.compression=fp4 is invalid"),
         (["outer.compression=int8"], "outer.compression=int8 is invalid; it must be none with"),
+        (["outer.scale_by_inner_lr=true"], "outer.scale_by_inner_lr=True is invalid; it must be"),
     ],
 )
 def test_bad_values_fail_validation_in_one_line(overrides: list[str], expected: str) -> None:
