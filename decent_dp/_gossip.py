@@ -8,11 +8,12 @@ steps; :mod:`decent_dp._engine` decides *when*.
 
 from __future__ import annotations
 
+import inspect
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ class GossipState:
         timers: Where waiting, mixing and optimizer time is summed.
         alpha: The mixing step size ``a``.
         comm_delay: The network-emulation delay, ``fn(nbytes, group_size)``
+            (or ``fn(nbytes, group_size, ranks=...)``, see :meth:`set_comm_delay`)
             seconds after launch, or ``None``.
         compressor: Compressed gossip (:mod:`decent_dp._compression`), or
             ``None`` for the exact all-reduce.
@@ -59,7 +61,8 @@ class GossipState:
     stream: Any
     timers: SpanTimers
     alpha: float = 1.0
-    comm_delay: Callable[[int, int], float] | None = None
+    comm_delay: Callable[..., float] | None = None
+    delay_takes_ranks: bool = False
     compressor: GossipCompressor | None = None
     outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
     hosts: HostExchange | None = None
@@ -69,6 +72,20 @@ class GossipState:
 
     def __post_init__(self) -> None:
         self.period = len(self.edges)
+
+    def set_comm_delay(self, fn: Callable[..., float] | None) -> None:
+        """Install the delay; one with a parameter named ``ranks`` also gets the group's ranks."""
+        self.comm_delay = fn
+        self.delay_takes_ranks = fn is not None and _takes_ranks(fn)
+
+
+def _takes_ranks(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the two-argument form
+        return False
+    p = params.get("ranks")
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
 
 
 class _StartClock:
@@ -171,7 +188,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         bucket.work = outer.launch(
             bucket,
             stream=state.stream,
-            on_encoded=lambda: _start_clock(state, bucket, outer.nbytes(bucket), k),
+            on_encoded=lambda: _start_clock(state, bucket, outer.nbytes(bucket), edge.ranks),
         )
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
@@ -180,7 +197,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         comp = state.compressor
         hosts = state.hosts
         if hosts is not None and hosts.inter[round_index] is not None:  # phase 2 compressed
-            _start_clock(state, bucket, hosts.nbytes(bucket, comp.spec), k // hosts.local)
+            _start_clock(state, bucket, hosts.nbytes(bucket, comp.spec), hosts.across(edge))
             bucket.work, fl = hosts.launch_compressed(
                 bucket, round_index, comp.host_refs, comp.spec.name, peer_w, state.stream
             )
@@ -195,7 +212,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
             group,
             for_step,
             stream=state.stream,
-            on_encoded=lambda: _start_clock(state, bucket, comp.nbytes(bucket, k), k),
+            on_encoded=lambda: _start_clock(state, bucket, comp.nbytes(bucket, k), edge.ranks),
         )
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
@@ -205,18 +222,18 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     hosts = state.hosts
     if hosts is not None and not outer_round and hosts.inter[round_index] is not None:
         # an edge of several hosts: one model per host link (the emulated link times a chunk)
-        _start_clock(state, bucket, hosts.nbytes(bucket), k // hosts.local)
+        _start_clock(state, bucket, hosts.nbytes(bucket), hosts.across(edge))
         bucket.work = hosts.launch(bucket, round_index, state.stream)
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
-    _start_clock(state, bucket, bucket.numel * bucket.comm.element_size(), k)
+    _start_clock(state, bucket, bucket.numel * bucket.comm.element_size(), edge.ranks)
     if k > 1:  # alone, an outer round's average is the copy itself
         bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
     state.timers.add("comm/mix_s", t0, state.timers.mark())
 
 
-def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, k: int) -> None:
-    """Note the launch time and, under network emulation, the delay of ``nbytes`` over ``k`` ranks.
+def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, ranks: Sequence[int]) -> None:
+    """Note the launch time and, under network emulation, the delay of ``nbytes`` over ``ranks``.
 
     On CUDA the transfer can start only when the device reaches the launch, so
     the clock starts when a host thread sees the event recorded here complete.
@@ -224,7 +241,11 @@ def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, k: int) -> Non
     bucket.launch_t = time.perf_counter()
     if state.comm_delay is None:
         return
-    bucket.delay_s = float(state.comm_delay(nbytes, k))
+    group = sorted(ranks)
+    if state.delay_takes_ranks:
+        bucket.delay_s = float(state.comm_delay(nbytes, len(group), ranks=group))
+    else:
+        bucket.delay_s = float(state.comm_delay(nbytes, len(group)))
     if state.stream is not None:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(state.stream.device))

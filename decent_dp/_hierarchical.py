@@ -216,6 +216,11 @@ class HostExchange:
             work.start_second()  # queued behind the first on the streams; the host goes on
         return work
 
+    def across(self, edge: Edge) -> list[int]:
+        """This rank's group of phase 2 on ``edge``: its local rank on each of the edge's hosts."""
+        hosts = sorted({r // self.local for r in edge.ranks})
+        return [h * self.local + self.position for h in hosts]
+
     def nbytes(self, bucket: Any, spec: CompressionSpec | None = None) -> int:
         """The bytes of the chunk that crosses the hosts' links (what an emulated link times)."""
         m = -(-bucket.numel // self.local)

@@ -80,7 +80,8 @@ __all__ = [
 
 OptimFn = Callable[[list[tuple[torch.Tensor, str]]], Optimizer]
 LRSchedulerFn = Callable[[Optimizer], Any]
-CommDelayFn = Callable[[int, int], float]
+# fn(nbytes, group_size) or fn(nbytes, group_size, ranks=...): seconds to hold a gossip
+CommDelayFn = Callable[..., float]
 # the names decent-dp 0.2.x scripts import
 OPTIM_FN_TYPE = OptimFn
 LR_SCHEDULER_FN_TYPE = LRSchedulerFn
@@ -405,9 +406,13 @@ class DecentralizedDataParallel(
     def set_comm_delay(self, fn: CommDelayFn | None) -> None:
         """Hold each gossip's completion until ``fn(nbytes, group_size)`` seconds after launch.
 
-        A network-emulation hook, off (``None``) by default and free when off.
+        A network-emulation hook, off (``None``) by default and free when off. A
+        ``fn`` with a parameter named ``ranks`` is called as
+        ``fn(nbytes, group_size, ranks=...)``, ``ranks`` the sorted global ranks
+        of the group that carries those bytes (for a ``hierarchical`` edge, this
+        rank's group across the hosts), so that it can tell the links apart.
         """
-        self._engine.gossip.comm_delay = fn
+        self._engine.gossip.set_comm_delay(fn)
 
     def extra_repr(self) -> str:
         return (

@@ -54,7 +54,7 @@ With emulation off (``network: none``) nothing is installed at all.
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -262,7 +262,8 @@ def make_gossip_delay(
     profile: NetworkProfile,
     shared_link: bool = True,
     clock: Callable[[], float] = time.perf_counter,
-) -> Callable[[int, int], float]:
+    procs_per_host: int = 1,
+) -> Callable[..., float]:
     """The delay function for ``DecentralizedDataParallel.set_comm_delay``.
 
     Args:
@@ -273,17 +274,41 @@ def make_gossip_delay(
             relies on ``fn`` being called when the gossip is launched, as the
             wrapper does. ``False`` gives every gossip its own full link.
         clock: Seconds, monotonic; only differences between calls matter.
+        procs_per_host: Ranks per emulated host (consecutive ranks, as torchrun
+            places them). A gossip whose group stays inside one host is not held
+            back: its ranks talk over the real loopback, as on a node. One that
+            crosses hosts shares the host's link with the host's other ranks,
+            which gossip across hosts in the same round: it is timed as
+            ``procs_per_host`` times its bytes (for a ``hierarchical`` edge, whose
+            ranks each send ``1/L`` of the model, one model per host link). 1:
+            every rank is a host with a link of its own.
 
     Returns:
-        ``fn(nbytes, group_size) -> seconds`` to hold the gossip after its
-        launch: :func:`gossip_time` on ``profile``, plus the time the link is
-        still busy with earlier gossips when ``shared_link``.
+        ``fn(nbytes, group_size, ranks=None) -> seconds`` to hold the gossip
+        after its launch: :func:`gossip_time` on ``profile``, plus the time the
+        link is still busy with earlier gossips when ``shared_link``. The
+        wrapper passes ``ranks``, the group's global ranks.
+
+    Raises:
+        ValueError: ``procs_per_host`` is not an integer >= 1.
     """
+    if (
+        isinstance(procs_per_host, bool)
+        or not isinstance(procs_per_host, int)
+        or procs_per_host < 1
+    ):
+        raise ValueError(
+            f"procs_per_host={procs_per_host!r} is invalid; it must be an integer >= 1"
+        )
     lock = threading.Lock()
     link_free_at = -math.inf
 
-    def delay(nbytes: int, group_size: int) -> float:
+    def delay(nbytes: int, group_size: int, ranks: Sequence[int] | None = None) -> float:
         nonlocal link_free_at
+        if procs_per_host > 1 and ranks is not None:
+            if len({r // procs_per_host for r in ranks}) == 1:
+                return 0.0  # inside one host: the loopback's own time
+            nbytes = nbytes * procs_per_host  # the host's link, shared by its ranks
         cost = gossip_time(nbytes, group_size, profile)
         if not shared_link or group_size == 1:
             return cost
@@ -382,8 +407,10 @@ def apply_network(net_cfg: Any, model: torch.nn.Module, world_size: int) -> dict
     Args:
         net_cfg: The ``network`` config section (see :func:`profile_from_cfg`).
         model: A :class:`~decent_dp.ddp.DecentralizedDataParallel` (gets
-            ``set_comm_delay``) or a :class:`torch.nn.parallel.DistributedDataParallel`
-            (gets :func:`emulated_allreduce_hook`; call before its first backward).
+            ``set_comm_delay``, with hosts of the section's ``procs_per_host``
+            ranks) or a :class:`torch.nn.parallel.DistributedDataParallel` (gets
+            :func:`emulated_allreduce_hook`, a link per rank; call before its first
+            backward).
         world_size: Number of workers.
 
     Returns:
@@ -409,5 +436,6 @@ def apply_network(net_cfg: Any, model: torch.nn.Module, world_size: int) -> dict
                 f"network emulation needs a DecentralizedDataParallel or torch "
                 f"DistributedDataParallel model, got {type(model).__name__}"
             )
-        model.set_comm_delay(make_gossip_delay(profile))
+        pph = _cfg_get(net_cfg, "procs_per_host") if not isinstance(net_cfg, str) else None
+        model.set_comm_delay(make_gossip_delay(profile, procs_per_host=int(pph or 1)))
     return {**profile.as_dict(), "emulated": True}

@@ -85,20 +85,23 @@ def run(ns: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{rate} {arm}")
             spec = tb.Spec(ns.hosts, ns.procs_per_host, tb.parse_rate(rate), ns.queue_ms, ns.prefix)
             dst = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, rate) / arm
-            if (dst / "wire" / "summary.json").exists() and not ns.again:
+            done = (dst / ("emulated" if ns.only_emulated else "wire") / "summary.json").exists()
+            if done and not ns.again:
                 continue
-            tb.up(spec)
-            run_dir = tmp / f"{rate}-{arm}"
-            try:
-                tb.launch(spec, ["train.py", *base, *ARMS[arm]], run_dir, timeout_s=ns.timeout_s,
-                          quiet=True)  # fmt: skip
-            except tb.TestbedError as exc:
-                tqdm.write(f"{rate} {arm}: on the wire: {exc}")
-            _keep(run_dir, dst / "wire")
+            if not ns.only_emulated:
+                tb.up(spec)
+                run_dir = tmp / f"{rate}-{arm}"
+                try:
+                    tb.launch(spec, ["train.py", *base, *ARMS[arm]], run_dir,
+                              timeout_s=ns.timeout_s, quiet=True)  # fmt: skip
+                except tb.TestbedError as exc:
+                    tqdm.write(f"{rate} {arm}: on the wire: {exc}")
+                _keep(run_dir, dst / "wire")
             if not ns.no_emulated:
                 emu = tmp / f"{rate}-{arm}-emulated"
                 emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
-                            f"network.latency_ms={VETH_LATENCY_MS}"]  # fmt: skip
+                            f"network.latency_ms={VETH_LATENCY_MS}",
+                            f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
                 try:
                     run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
                               ns.timeout_s)  # fmt: skip
@@ -130,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--prefix", default="ddpws", help="the testbed's name prefix (default ddpws)")
     r.add_argument("--timeout-s", type=float, default=900.0)
     r.add_argument("--no-emulated", action="store_true", help="skip the emulated runs")
+    r.add_argument(
+        "--only-emulated",
+        action="store_true",
+        help="only the emulated runs (beside wire runs already there)",
+    )
+    r.add_argument(
+        "--emulator-procs-per-host",
+        type=int,
+        default=None,
+        help="the emulator's hosts (network.procs_per_host; default --procs-per-host, 1: a link per rank)",
+    )
     r.add_argument("--again", action="store_true", help="rerun cells whose runs exist")
     r.add_argument("--out", default=str(OUT))
     r.add_argument("extra", nargs="*", help="more train.py overrides, after --")

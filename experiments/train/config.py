@@ -291,12 +291,17 @@ class NetworkConfig:
     ``latency_ms`` and ``bandwidth_gbps`` are required for ``custom``; the
     named profiles carry their values for reference. ``efficiency`` (``custom``
     only) is the share of the line rate a collective's payload gets.
+    ``procs_per_host`` emulates hosts of that many consecutive ranks: a gossip
+    inside a host is not held back (its ranks talk over the real loopback), and
+    one across hosts shares the host's link with the host's other ranks (1:
+    every rank its own host with its own link).
     """
 
     name: NetworkName = MISSING  # type: ignore[valid-type]
     latency_ms: float | None = None
     bandwidth_gbps: float | None = None
     efficiency: float | None = None
+    procs_per_host: int = 1
 
 
 @dataclass

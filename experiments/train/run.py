@@ -184,6 +184,15 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ("topology.bucket_size_in_mb", topo.bucket_size_in_mb, topo.bucket_size_in_mb > 0, "> 0"),
         ("log.peak_flops", cfg.log.peak_flops, cfg.log.peak_flops > 0, "> 0"),
     ]
+    pph = cfg.network.get("procs_per_host", 1)
+    rules.append(
+        (
+            "network.procs_per_host",
+            pph,
+            _is_int(pph) and pph >= 1 and world_size % pph == 0,
+            f"an integer >= 1 dividing the world size {world_size}",
+        )
+    )
     if s.name == "cosine_warmup":
         steps = s.get("warmup_steps")
         rules += [

@@ -136,3 +136,36 @@ def test_exchange_between_hosts_completes_without_a_wait() -> None:
         for got in ok_values(run_distributed(unwaited_worker, 4, cfg, timeout=120)):
             assert got["in_flight"] > 1
             assert got["done"]
+
+
+def delay_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The calls a delay function with and without a ``ranks`` parameter gets."""
+    out: dict[str, Any] = {}
+    for name, topo_cfg in (("hier", cfg), ("ring", {**cfg, "topology": "ring"})):
+        three: list[tuple[int, int, list[int]]] = []
+        two: list[tuple[int, int]] = []
+        for calls in (three, two):
+            ddp = wrap(make_model("mlp", seed=rank), topo_cfg)
+            if calls is three:
+                ddp.set_comm_delay(lambda n, k, ranks, c=calls: c.append((n, k, ranks)) or 0.0)
+            else:  # a default argument is no ranks parameter
+                ddp.set_comm_delay(lambda n, k, c=calls: c.append((n, k)) or 0.0)
+            train_steps(ddp, rank, topo_cfg, 1, 2)
+            ddp.close()
+        out[name] = {"three": three, "two": two}
+    return out
+
+
+def test_a_delay_function_with_a_ranks_parameter_gets_the_groups_ranks() -> None:
+    """An emulated network can tell a host's loopback from its link: the ranks of the group."""
+    cfg = hier_cfg(2, 2, steps=2)
+    for rank, got in enumerate(ok_values(run_distributed(delay_worker, 4, cfg, timeout=120))):
+        hier, ring = got["hier"], got["ring"]
+        assert hier["three"] and ring["three"]
+        # phase 2 of each bucket: this rank's local rank on both hosts
+        assert {tuple(r) for _, _, r in hier["three"]} == {(rank % 2, rank % 2 + 2)}
+        for _, k, ranks in ring["three"]:
+            assert k == len(ranks) == 2 and rank in ranks and ranks == sorted(ranks)
+        # the two-argument form gets the same sizes, without the ranks
+        for name in ("hier", "ring"):
+            assert [c[:2] for c in got[name]["three"]] == [tuple(c) for c in got[name]["two"]]

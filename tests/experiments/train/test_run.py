@@ -98,6 +98,8 @@ def test_validate_names_the_bad_value(override, monkeypatch):
         (["topology=alternating-exp-ring"], 4, "nodes"),
         (["topology=random-matching", "+topology.kwargs.colour=1"], 2, "colour"),
         (["network=custom", "network.bandwidth_gbps=0"], 2, "bandwidth"),
+        (["network=custom", "network.procs_per_host=3"], 4, "network.procs_per_host=3"),
+        (["network=custom", "network.procs_per_host=0"], 4, "dividing the world size 4"),
         (["dataset.partition=dirichlet", "dataset.alpha=0"], 2, "dataset.alpha"),
     ],
 )
