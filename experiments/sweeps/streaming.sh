@@ -7,12 +7,15 @@
 #   streaming-f4       streaming DiLoCo (local-sgd, period 16, outer Nesterov), float32
 #   streaming-f4-int8  the same with the outer gradients sent in int8
 #   slowmo-ope-f4      streaming SlowMo: one-peer-exp gossip, outer SGD (momentum 0.5) every 16
+#   slowmo-ope-f4-scaled  the same with SlowMo's own update under the cosine schedule
+#                      (outer.scale_by_inner_lr=true: Delta / gamma_t, the step times gamma_t)
 # PART=link then runs each arm's best configuration for 64 steps on an emulated slow link
 # (network=custom, $LINK_GBPS Gb/s, $LINK_MS ms per message) for its step time; the report
 # (experiments/report/link_time.py) puts those step times on the 512-step loss curves.
 # About 50 minutes on 2 cores (15 runs of about 3 minutes, then 5 short ones).
 # PART=grid|seeds|link|report|all (default all); OUT (multirun/streaming); LM (the lm_small
-# runs, docs/results/lm/runs); DOCS (docs/results/streaming).
+# runs, docs/results/lm/runs); DOCS (docs/results/streaming); ONLY (space-separated arm names:
+# run only those in grid, seeds and link, e.g. ONLY=slowmo-ope-f4-scaled).
 set -euo pipefail
 [ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
 cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
@@ -35,11 +38,15 @@ ARMS=(
   "streaming-f4|0.3,0.5,0.7|${DILOCO[*]} ${BASE[*]}"
   "streaming-f4-int8|0.3,0.5,0.7|${DILOCO[*]} ${BASE[*]} outer.compression=int8"
   "slowmo-ope-f4|0.5,1.0,1.5|${SLOWMO[*]} ${BASE[*]}"
+  "slowmo-ope-f4-scaled|0.5,1.0,1.5|${SLOWMO[*]} ${BASE[*]} outer.scale_by_inner_lr=true"
 )
+ONLY=${ONLY:-}
+chosen() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 . experiments/sweeps/_lib.sh  # best, keep_runs
 if [ "$PART" = grid ] || [ "$PART" = all ]; then
   for arm in "${ARMS[@]}"; do
     IFS='|' read -r name grid overrides <<<"$arm"
+    chosen "$name" || continue
     # shellcheck disable=SC2086  # the overrides are words
     STAGE=1 $TUNE "$name" outer.lr "$grid" $overrides
     read -r v side < <(best "$OUT/$name/stage1" outer.lr)
@@ -56,6 +63,7 @@ fi
 if [ "$PART" = seeds ] || [ "$PART" = all ]; then
   for arm in "${ARMS[@]}"; do
     IFS='|' read -r name _ overrides <<<"$arm"
+    chosen "$name" || continue
     # shellcheck disable=SC2086
     STAGE=2 $TUNE "$name" outer.lr - $overrides
   done
@@ -69,11 +77,14 @@ link() {  # link NAME OVERRIDE...: 64 steps of NAME's configuration on the emula
     hydra.run.dir="$OUT/link/$name"
 }
 if [ "$PART" = link ] || [ "$PART" = all ]; then
-  link allreduce-adamw experiment=lm_small topology=allreduce optim.lr=0.004
-  # DiLoCo H=16's best outer lr (docs/results/outer/lm_small/tune_outer_lr)
-  link diloco-H16 experiment=lm_small "${DILOCO[@]}" optim.lr=0.004 outer.lr=0.5
+  if [ -z "$ONLY" ]; then
+    link allreduce-adamw experiment=lm_small topology=allreduce optim.lr=0.004
+    # DiLoCo H=16's best outer lr (docs/results/outer/lm_small/tune_outer_lr)
+    link diloco-H16 experiment=lm_small "${DILOCO[@]}" optim.lr=0.004 outer.lr=0.5
+  fi
   for arm in "${ARMS[@]}"; do
     IFS='|' read -r name _ overrides <<<"$arm"
+    chosen "$name" || continue
     # shellcheck disable=SC2086
     link "$name" $overrides outer.lr="$(cat "$OUT/$name/best.txt")"
   done
