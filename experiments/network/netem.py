@@ -274,14 +274,17 @@ def make_gossip_delay(
             relies on ``fn`` being called when the gossip is launched, as the
             wrapper does. ``False`` gives every gossip its own full link.
         clock: Seconds, monotonic; only differences between calls matter.
-        procs_per_host: Ranks per emulated host (consecutive ranks, as torchrun
-            places them). A gossip whose group stays inside one host is not held
-            back: its ranks talk over the real loopback, as on a node. One that
-            crosses hosts shares the host's link with the host's other ranks,
-            which gossip across hosts in the same round: it is timed as
-            ``procs_per_host`` times its bytes (for a ``hierarchical`` edge, whose
-            ranks each send ``1/L`` of the model, one model per host link). 1:
-            every rank is a host with a link of its own.
+        procs_per_host: Ranks per emulated host ``L`` (consecutive ranks, as
+            torchrun places them). A gossip whose group stays inside one host is
+            not held back: its ranks talk over the real loopback, as on a node.
+            One that crosses hosts, with ``c`` of its members on each host
+            (``len(ranks) / hosts``), shares the host's link with the ``L / c``
+            groups that the host's ranks form in that round (a ring over a group
+            leaves each of its hosts once): it is timed as ``L / c`` times its
+            bytes. Pairs across hosts and a ``hierarchical`` edge's chunks (``c =
+            1``) count ``L`` times, one model per host link for the latter; a
+            group of whole hosts (``c = L``) once. 1: every rank is a host with
+            a link of its own.
 
     Returns:
         ``fn(nbytes, group_size, ranks=None) -> seconds`` to hold the gossip
@@ -306,9 +309,10 @@ def make_gossip_delay(
     def delay(nbytes: int, group_size: int, ranks: Sequence[int] | None = None) -> float:
         nonlocal link_free_at
         if procs_per_host > 1 and ranks is not None:
-            if len({r // procs_per_host for r in ranks}) == 1:
+            hosts = len({r // procs_per_host for r in ranks})
+            if hosts == 1:
                 return 0.0  # inside one host: the loopback's own time
-            nbytes = nbytes * procs_per_host  # the host's link, shared by its ranks
+            nbytes = nbytes * procs_per_host * hosts / len(ranks)  # L / c groups share the link
         cost = gossip_time(nbytes, group_size, profile)
         if not shared_link or group_size == 1:
             return cost

@@ -68,14 +68,17 @@ def test_gossip_delay_shares_the_link_between_overlapping_gossips() -> None:
 
 
 def test_gossip_delay_with_hosts_of_two_ranks() -> None:
-    """Inside a host nothing is held back; across hosts the host's two ranks share its link."""
+    """Inside a host nothing is held back; across hosts the host's groups share its link."""
     delay = netem.make_gossip_delay(ETH, shared_link=False, procs_per_host=2)
     assert delay(3_125_000, 2, [0, 1]) == 0.0  # one host: loopback
     assert delay(3_125_000, 2, [2, 3]) == 0.0
     assert delay(3_125_000, 2, [1, 2]) == pytest.approx(2e-3 + 40e-6)  # 2 x 3.125 MB
     # a hierarchical edge's phase 2: local rank 1 of hosts 0 and 1, half a model each
     assert delay(1_562_500, 2, [1, 3]) == pytest.approx(1e-3 + 40e-6)
-    assert delay(3_125_000, 4, [0, 1, 2, 3]) == pytest.approx(3e-3 + 120e-6)
+    # two whole hosts: the ring leaves each host once, no other group shares the link
+    assert delay(3_125_000, 4, [0, 1, 2, 3]) == pytest.approx(1.5e-3 + 120e-6)
+    # one rank of each of 4 hosts (c = 1): the host's two such groups share its link
+    assert delay(3_125_000, 4, [0, 2, 4, 6]) == pytest.approx(3e-3 + 120e-6)
     assert delay(3_125_000, 2) == pytest.approx(1e-3 + 40e-6)  # no ranks: a link per rank
     assert netem.make_gossip_delay(ETH, shared_link=False)(3_125_000, 2, [0, 1]) > 0
     for bad in (0, 1.5, True):
