@@ -109,7 +109,7 @@ def run(ns: argparse.Namespace) -> int:
                     tqdm.write(f"{rate} {arm}: emulated: {exc}")
                 _keep(emu, dst / "emulated")
         compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
-        if not (compute / "summary.json").exists() or ns.again:
+        if not (compute / "summary.json").exists() or (ns.again and not ns.only_emulated):
             # no communication: local-sgd whose period is longer than the run
             overrides = [*base, "topology=local-sgd", f"topology.kwargs.period={NEVER}"]
             run_train(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
