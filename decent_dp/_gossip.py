@@ -197,7 +197,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         comp = state.compressor
         hosts = state.hosts
         if hosts is not None and hosts.inter[round_index] is not None:  # phase 2 compressed
-            _start_clock(state, bucket, hosts.nbytes(bucket, comp.spec), hosts.across(edge))
+            _start_clock(state, bucket, hosts.nbytes(bucket, comp.spec), edge.ranks, hosts)
             bucket.work, fl = hosts.launch_compressed(
                 bucket, round_index, comp.host_refs, comp.spec.name, peer_w, state.stream
             )
@@ -222,7 +222,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     hosts = state.hosts
     if hosts is not None and not outer_round and hosts.inter[round_index] is not None:
         # an edge of several hosts: one model per host link (the emulated link times a chunk)
-        _start_clock(state, bucket, hosts.nbytes(bucket), hosts.across(edge))
+        _start_clock(state, bucket, hosts.nbytes(bucket), edge.ranks, hosts)
         bucket.work = hosts.launch(bucket, round_index, state.stream)
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
@@ -232,8 +232,17 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     state.timers.add("comm/mix_s", t0, state.timers.mark())
 
 
-def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, ranks: Sequence[int]) -> None:
+def _start_clock(
+    state: GossipState,
+    bucket: Bucket,
+    nbytes: int,
+    ranks: Sequence[int],
+    hosts: HostExchange | None = None,
+) -> None:
     """Note the launch time and, under network emulation, the delay of ``nbytes`` over ``ranks``.
+
+    With ``hosts`` (a three-phase edge), the bytes cross the hosts in this rank's
+    phase-2 group, whose ranks the delay gets.
 
     On CUDA the transfer can start only when the device reaches the launch, so
     the clock starts when a host thread sees the event recorded here complete.
@@ -241,7 +250,7 @@ def _start_clock(state: GossipState, bucket: Bucket, nbytes: int, ranks: Sequenc
     bucket.launch_t = time.perf_counter()
     if state.comm_delay is None:
         return
-    group = sorted(ranks)
+    group = hosts.across(ranks) if hosts is not None else sorted(ranks)
     if state.delay_takes_ranks:
         bucket.delay_s = float(state.comm_delay(nbytes, len(group), ranks=group))
     else:

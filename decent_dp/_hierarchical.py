@@ -52,6 +52,7 @@ reduce-scatter and as much for the all-gather, between hosts
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -216,9 +217,9 @@ class HostExchange:
             work.start_second()  # queued behind the first on the streams; the host goes on
         return work
 
-    def across(self, edge: Edge) -> list[int]:
-        """This rank's group of phase 2 on ``edge``: its local rank on each of the edge's hosts."""
-        hosts = sorted({r // self.local for r in edge.ranks})
+    def across(self, ranks: Sequence[int]) -> list[int]:
+        """This rank's group of phase 2 on an edge of ``ranks``: its local rank on each host."""
+        hosts = sorted({r // self.local for r in ranks})
         return [h * self.local + self.position for h in hosts]
 
     def nbytes(self, bucket: Any, spec: CompressionSpec | None = None) -> int:
