@@ -60,7 +60,7 @@ class _Resources:
         self.groups: list[Any] = []
         self.buckets: list[Bucket] = []
         self.device: torch.device | None = None
-        self.driver: Any = None  # the hierarchical exchange's PhaseDriver, off NCCL
+        self.driver: Any = None  # the hierarchical exchange's PhaseDriver, off NCCL; closed here
 
     def release(self) -> None:
         for handle in self.handles:

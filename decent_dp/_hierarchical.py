@@ -282,8 +282,6 @@ class HostExchange:
     def release(self) -> None:
         self.chunks.clear()
         self.padded.clear()
-        if self.driver is not None:
-            self.driver.close()
 
 
 @dataclass
