@@ -16,6 +16,7 @@ from ._codecs import CompressionSpec
 from ._comm_cost import bytes_per_step, exchange_bytes
 from ._engine import Engine
 from ._hierarchical import link_bytes
+from ._outer import OuterOptimizer
 from .topo import Edge
 
 __all__ = ["CommReportMixin", "schedule_bytes"]
@@ -113,7 +114,7 @@ class CommReportMixin:
 
 
 def schedule_bytes(
-    outer: Any,
+    outer: OuterOptimizer,
     edges: list[Edge],
     numels: list[int],
     element_size: int,
@@ -127,8 +128,7 @@ def schedule_bytes(
     :func:`decent_dp._comm_cost.exchange_bytes`).
 
     Args:
-        outer: The outer optimizer (:class:`decent_dp._outer.OuterOptimizer`: its
-            schedule and fragments).
+        outer: The outer optimizer (its schedule and fragments).
         edges: This rank's edge in each round of the topology's period.
         numels: The element count of each bucket, in bucket order.
         element_size: Bytes per element of the buckets.
