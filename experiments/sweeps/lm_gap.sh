@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Where the decentralized optimizer's gap comes from, on experiment=lm_small (4 CPU gloo
+# workers, 512 steps, 4.19M tokens), each arm tuned by experiments/sweeps/tune.sh like the arms
+# of experiments/sweeps/lm_small.sh: a 1-seed grid, then seeds 1 and 2 at its best. The value
+# that an earlier study already ran (optim.lr 4e-3, seed 0) is copied in from its committed
+# runs, not run again: the losses are deterministic per seed.
+#   PART=local   the local arms' inner learning rate: local-sgd and DiLoCo (outer lr 0.5) at
+#                H=16, optim.lr over {5e-4, 1e-3, 2e-3, 4e-3}, then 3 seeds at each best
+#   PART=state   second moments shared (optim.state_sync): complete and one-peer-exp with
+#                exp_avg_sq averaged every K in {1, 4, 16} steps, at allreduce's lr 4e-3;
+#                complete K=1 (v global, m local) is the upper bound; 3 seeds each
+#   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
+#                {0.25, 0.5, 1, 2}, then 3 seeds at each best
+#   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
+# About 3 minutes per run on 2 cores. OUT (multirun/lm_gap); DOCS (docs/results/lm_gap);
+# ONLY (space-separated arm names to run, e.g. ONLY="local-sgd-H16-lr").
+set -euo pipefail
+[ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
+cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
+export OUT=${OUT:-multirun/lm_gap}
+DOCS=${DOCS:-docs/results/lm_gap}
+PART=${PART:-all}
+ONLY=${ONLY:-}
+DATA=data/stdlib-bpe-all
+TUNE=experiments/sweeps/tune.sh
+OUTER=docs/results/outer/lm_small/runs
+LM=docs/results/lm/runs
+test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \
+  --out "$DATA" --max-bytes 16000000 --vocab-size 1024
+. experiments/sweeps/_lib.sh  # best, keep_runs
+chosen() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+seed_from() {  # seed_from NAME RUN: RUN (a committed run's folder) becomes one of NAME's grid
+  mkdir -p "$OUT/$1/stage1"
+  [ -e "$OUT/$1/stage1/committed" ] || cp -r "$2" "$OUT/$1/stage1/committed"
+}
+H16=(experiment=lm_small topology=local-sgd topology.kwargs.period=16)
+if [ "$PART" = local ] || [ "$PART" = all ]; then
+  if chosen local-sgd-H16-lr; then
+    seed_from local-sgd-H16-lr "$OUTER/local-sgd-H16/stage1/0"
+    STAGE=1 $TUNE local-sgd-H16-lr optim.lr 5e-4,1e-3,2e-3 "${H16[@]}"
+    STAGE=2 $TUNE local-sgd-H16-lr optim.lr - "${H16[@]}"
+  fi
+  if chosen diloco-H16-lr; then
+    seed_from diloco-H16-lr "$OUTER/diloco-H16/stage1/1"  # outer.lr 0.5, optim.lr 4e-3
+    STAGE=1 $TUNE diloco-H16-lr optim.lr 5e-4,1e-3,2e-3 "${H16[@]}" outer=diloco outer.lr=0.5
+    STAGE=2 $TUNE diloco-H16-lr optim.lr - "${H16[@]}" outer=diloco outer.lr=0.5
+  fi
+fi
+if [ "$PART" = state ] || [ "$PART" = all ]; then
+  for topo in complete one-peer-exp; do
+    for k in 1 4 16; do
+      name="$topo-v$k"
+      chosen "$name" || continue
+      STAGE=2 BEST=0.004 SEEDS=0,1,2 $TUNE "$name" optim.lr - experiment=lm_small \
+        topology="$topo" optim.state_sync.exp_avg_sq="$k"
+    done
+  done
+fi
+if [ "$PART" = sgd ] || [ "$PART" = all ]; then
+  for topo in allreduce complete; do
+    name="$topo-sgd"
+    chosen "$name" || continue
+    STAGE=1 $TUNE "$name" optim.lr 0.25,0.5,1.0,2.0 experiment=lm_small topology="$topo" \
+      optim=sgd optim.momentum=0.9 optim.weight_decay=0
+    STAGE=2 $TUNE "$name" optim.lr - experiment=lm_small topology="$topo" optim=sgd \
+      optim.momentum=0.9 optim.weight_decay=0
+  done
+fi
+if [ "$PART" = report ] || [ "$PART" = all ]; then
+  dest_of() { echo "$DOCS/runs/$1"; }
+  keep_runs dest_of "$OUT"/*/*/*/summary.json
+  R=(.venv/bin/python -m experiments.report)
+  mkdir -p "$DOCS/runs"
+  cp -rn "$LM/allreduce-adamw" "$LM/complete-adamw-lr0.004" "$LM/one-peer-exp-adamw-lr0.004" \
+    "$DOCS/runs/" 2>/dev/null || true
+  "${R[@]}" "$DOCS"/runs/*/final --out "$DOCS"
+  for key in optim.lr; do
+    "${R[@]}" "$DOCS"/runs/*-lr/stage1 --tune "$key" --out "$DOCS/tune_inner_lr"
+  done
+fi
