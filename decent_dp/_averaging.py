@@ -85,8 +85,8 @@ class GlobalAverager:
         for t, s in zip(self._targets(), saved):
             t.copy_(s)
         if step == engine.step_count:
-            for b, pending in zip(engine.buckets or [], dropped):
-                b.pending = pending
+            for b, (pending, states) in zip(engine.buckets or [], dropped):
+                b.pending, b.state_pending = pending, states
         self._backup = None
 
     @contextlib.contextmanager

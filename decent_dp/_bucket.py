@@ -100,6 +100,7 @@ class Bucket:
         # gossip state: the work handle, and the edge and weights of the value in `comm`
         self.work: Any = None
         self.pending: Any = None
+        self.state_pending: Any = None  # optimizer states in flight with it (state_sync)
         self.launch_t = 0.0
         self.delay_s = 0.0
         # per-iteration state

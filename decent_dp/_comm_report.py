@@ -17,9 +17,10 @@ from ._comm_cost import bytes_per_step, exchange_bytes
 from ._engine import Engine
 from ._hierarchical import link_bytes
 from ._outer import OuterOptimizer
+from ._state_sync import StateSync
 from .topo import Edge
 
-__all__ = ["CommReportMixin", "schedule_bytes"]
+__all__ = ["CommReportMixin", "schedule_bytes", "state_sync_bytes"]
 
 
 class CommReportMixin:
@@ -49,6 +50,10 @@ class CommReportMixin:
         if self._engine.gossip.hosts is not None:  # three-phase edges: their phases' bytes
             steps = [a + b for a, b in self._link_steps()]
             return sum(steps) / len(steps)
+        sync = self._engine.gossip.state_sync
+        if sync is not None:  # the states' rounds: the span is lcm(period, every K)
+            steps = state_sync_bytes(sync, edges, numels, size, self.compression)
+            return sum(steps) / len(steps)
         if outer is None:
             return bytes_per_step(self.compression, edges, numels, size)
         # the outer rounds replace the topology's: the span is lcm(period, H)
@@ -66,6 +71,9 @@ class CommReportMixin:
         edges, outer = self._engine.gossip.edges, self._engine.outer
         if self._engine.gossip.hosts is not None:
             return max(a + b for a, b in self._link_steps())
+        sync = self._engine.gossip.state_sync
+        if sync is not None:
+            return max(state_sync_bytes(sync, edges, numels, size, self.compression))
         if outer is None:
             return max(bytes_per_step(self.compression, [e], numels, size) for e in edges)
         return max(schedule_bytes(outer, edges, numels, size, self.compression))
@@ -147,5 +155,38 @@ def schedule_bytes(
             else:
                 edge = edges[(t - outer.shift(b) - 1) % period]
                 sent += exchange_bytes(gossip, n, element_size, len(edge.ranks))
+        steps.append(sent)
+    return steps
+
+
+def state_sync_bytes(
+    sync: StateSync,
+    edges: list[Edge],
+    numels: list[int],
+    element_size: int,
+    gossip: CompressionSpec,
+) -> list[float]:
+    """Bytes this rank sends at each step ``t = 1 .. lcm(period, every K)``, states included.
+
+    The parameters' exchange of each bucket as :func:`decent_dp._comm_cost.exchange_bytes`
+    counts it, plus, at the steps where names are due, one exact all-reduce of
+    that many blocks of the bucket's size on the same group.
+
+    Args:
+        sync: The states gossiped and their periods.
+        edges: This rank's edge in each round of the topology's period.
+        numels: The element count of each bucket, in bucket order.
+        element_size: Bytes per element of the buckets (and of their states).
+        gossip: The gossip's compressor.
+    """
+    period = len(edges)
+    span = math.lcm(period, *sync.spec.values())
+    exact = CompressionSpec("none")
+    steps = []
+    for t, m in zip(range(1, span + 1), sync.rounds_in(span)):
+        k = len(edges[(t - 1) % period].ranks)
+        sent = sum(exchange_bytes(gossip, n, element_size, k) for n in numels)
+        if m:
+            sent += sum(exchange_bytes(exact, n * m, element_size, k) for n in numels)
         steps.append(sent)
     return steps

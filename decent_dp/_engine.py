@@ -40,6 +40,7 @@ from ._hierarchical import hierarchical_keys, make_host_groups
 from ._kernels import prefer_fused, restore_fused
 from ._outer import OuterOptimizer
 from ._setup import make_groups, make_second_groups, plan_buckets
+from ._state_sync import StateSync
 from ._timers import SpanTimers
 from .topo import Edge, Topology
 
@@ -105,6 +106,8 @@ class Engine:
         bucket_bytes: Target bucket size in bytes.
         compression: The gossip's compressor (``None``: exact all-reduce).
         outer: The outer optimizer (:mod:`decent_dp._outer`), or ``None``.
+        state_sync: Optimizer states gossiped with the parameters
+            (:mod:`decent_dp._state_sync`), or ``None``.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Engine:
         bucket_bytes: int,
         compression: CompressionSpec | None = None,
         outer: OuterOptimizer | None = None,
+        state_sync: StateSync | None = None,
     ):
         self.params = params
         self.names = names
@@ -157,6 +161,7 @@ class Engine:
         self.outer = outer
         self.gossip.outer = outer
         self.gossip.hosts = hosts
+        self.gossip.state_sync = state_sync
         self.buckets: list[Bucket] | None = None
         self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._order: list[int] = []
@@ -304,10 +309,14 @@ class Engine:
         return self.outer is not None and self.outer.due(self.step_count + 1, bucket.index)
 
     def forget_gossip(self) -> list[Any]:
-        """Drop the (drained) gossip results, so the next step mixes the identity; return them."""
-        dropped = [b.pending for b in self.buckets or []]
+        """Drop the (drained) gossip results, so the next step mixes the identity; return them.
+
+        Each bucket's result is its ``(pending, state_pending)`` pair.
+        """
+        dropped = [(b.pending, b.state_pending) for b in self.buckets or []]
         for b in self.buckets or []:
             b.pending = None
+            b.state_pending = None
         return dropped
 
     # ---------------------------------------------------------------- forward
@@ -539,6 +548,8 @@ class Engine:
         }
         if self.gossip.compressor is not None:
             state["compression"] = self.gossip.compressor.state()
+        if self.gossip.state_sync is not None:
+            state["state_sync"] = self.gossip.state_sync.state_dict()
         if self.buckets is not None:
             state["layout"] = [list(b.names) for b in self.buckets]
             state["optimizers"] = [
@@ -553,6 +564,13 @@ class Engine:
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`training_state` (drained first); gossip relaunches before the next forward."""
+        sync = self.gossip.state_sync
+        saved, mine = state.get("state_sync") or {}, sync.state_dict() if sync is not None else {}
+        if saved != mine:
+            raise ValueError(
+                f"training state was saved with state_sync={saved or None}; "
+                f"this run has state_sync={mine or None}"
+            )
         self.drain()
         layout = state.get("layout")
         if layout is not None:

@@ -25,6 +25,7 @@ from ._compression import GossipCompressor
 from ._hierarchical import HostExchange
 from ._kernels import drop_fused
 from ._optim_plan import DecayFold, decay_plan
+from ._state_sync import BothWork, StateSync
 from ._timers import SpanTimers
 from .topo import Edge
 
@@ -52,6 +53,8 @@ class GossipState:
             ``H`` steps (per fragment, shifted), or ``None``.
         hosts: The three-phase exchange of a ``hierarchical`` topology's edges
             of several hosts (:mod:`decent_dp._hierarchical`), or ``None``.
+        state_sync: Optimizer state gossiped with the parameters
+            (:mod:`decent_dp._state_sync`), or ``None``.
     """
 
     edges: list[Edge]
@@ -66,6 +69,7 @@ class GossipState:
     compressor: GossipCompressor | None = None
     outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
     hosts: HostExchange | None = None
+    state_sync: StateSync | None = None
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -178,9 +182,13 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     if outer_round:  # the world's average (of Delta, if compressed), whatever the topology's round
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
+    bucket.state_pending = None
     if k == 1 and not outer_round:
         bucket.pending = None  # a round alone costs nothing: no copy, no collective
         return
+    sync = state.state_sync
+    states = sync.due(for_step) if sync is not None and not outer_round else []
+    extra = len(states) * bucket.numel * bucket.comm.element_size()
     t0 = state.timers.mark()
     peer_w = edge.peer_weight if k > 1 else 1.0  # alone, an outer round copies x(t-1) as it is
     if outer_round and outer.compressed:  # what is sent is Delta, compressed
@@ -212,8 +220,11 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
             group,
             for_step,
             stream=state.stream,
-            on_encoded=lambda: _start_clock(state, bucket, comp.nbytes(bucket, k), edge.ranks),
+            on_encoded=lambda: _start_clock(
+                state, bucket, comp.nbytes(bucket, k) + extra, edge.ranks
+            ),
         )
+        _launch_states(bucket, states, peer_w, group, sync)
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
     for c, v in zip(bucket.comm_views, bucket.values()):
@@ -226,10 +237,21 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         bucket.work = hosts.launch(bucket, round_index, state.stream)
         state.timers.add("comm/mix_s", t0, state.timers.mark())
         return
-    _start_clock(state, bucket, bucket.numel * bucket.comm.element_size(), edge.ranks)
+    _start_clock(state, bucket, bucket.numel * bucket.comm.element_size() + extra, edge.ranks)
     if k > 1:  # alone, an outer round's average is the copy itself
         bucket.work = dist.all_reduce(bucket.comm, group=group, async_op=True)
+        _launch_states(bucket, states, peer_w, group, sync)
     state.timers.add("comm/mix_s", t0, state.timers.mark())
+
+
+def _launch_states(
+    bucket: Bucket, names: list[str], peer_w: float, group: Any, sync: StateSync | None
+) -> None:
+    """Send the named optimizer states beside the parameters, on the same group, at the same time."""
+    if not names or sync is None:
+        return
+    work, bucket.state_pending = sync.launch(bucket, names, peer_w, group)
+    bucket.work = BothWork(bucket.work, work)
 
 
 def _start_clock(
@@ -307,6 +329,9 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
             _mix_correction(bucket)  # comm := W x(t-1) - x(t-1)
         else:
             _mix_in_place_of(bucket, plan, state.alpha)  # parameters := mixed x(t-1)
+        if bucket.state_pending is not None:  # the states of step t-1, mixed with W(t)
+            assert state.state_sync is not None
+            state.state_sync.apply(bucket, bucket.state_pending, pending[1], pending[2])
     t1 = timers.mark()
     if not skip_update:
         edge = pending[0] if pending is not None else state.alone
@@ -333,6 +358,7 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     if not skip_update and post is not None:
         post()
     bucket.pending = None
+    bucket.state_pending = None
     if state.stream is not None:
         for p in bucket.params:
             if p.grad is not None:

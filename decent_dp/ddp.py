@@ -40,7 +40,7 @@ the code they call; this module holds construction and the rest.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -61,11 +61,12 @@ from ._compression import CompressionSpec, parse_compression
 from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
-from ._hierarchical import check_compression
+from ._hierarchical import check_compression, hierarchical_keys
 from ._legacy import LegacyMixin
 from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args  # noqa: F401
 from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
 from ._state import StateDictMixin
+from ._state_sync import StateSync, check_state_sync
 from .topo import Topology, TopologyReg
 from .utils import unwrap_compiled
 
@@ -179,6 +180,13 @@ class DecentralizedDataParallel(
             gradient is ``Delta / gamma_t`` and the outer optimizer's learning rate is
             multiplied by ``gamma_t``, the inner optimizer's learning rate at the outer
             step; the same as without it under a constant inner rate.
+        state_sync: Optimizer states gossiped with the parameters, ``{name: K}``
+            (``None`` by default), e.g. ``{"exp_avg_sq": 1}``: every ``K``-th step each
+            bucket's gossip also carries those state tensors of its parameters, on the
+            same group, and the optimizer steps from ``sum_j W_ij s_j(t-1)``. With
+            ``complete`` the state is averaged over every rank. The bytes count in
+            :meth:`comm_bytes_per_step`; not with an outer optimizer or ``hierarchical``
+            (see :mod:`decent_dp._state_sync`).
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -228,6 +236,7 @@ class DecentralizedDataParallel(
         outer_fragments: int = 1,
         outer_compression: str | None = None,
         outer_scale_by_inner_lr: bool = False,
+        state_sync: Mapping[str, int] | None = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -260,6 +269,10 @@ class DecentralizedDataParallel(
             outer_compression,
             outer_scale_by_inner_lr,
         )
+        sync_spec = check_state_sync(state_sync)
+        if sync_spec and (outer_optim_fn is not None or hierarchical_keys(self.topology)):
+            what = "an outer optimizer" if outer_optim_fn is not None else "topology=hierarchical"
+            raise ValueError(f"state_sync={sync_spec} does not combine with {what}")
         outer = None
         if outer_optim_fn is not None and outer_every is not None:
             outer = OuterOptimizer(
@@ -290,6 +303,7 @@ class DecentralizedDataParallel(
                 bucket_bytes=int(bucket_size_in_mb * 1024 * 1024),
                 compression=self.compression,
                 outer=outer,
+                state_sync=StateSync(sync_spec) if sync_spec else None,
             )
         self._averager = GlobalAverager(self._engine, self._plain, bool(sync_buffer_in_global_avg))
 

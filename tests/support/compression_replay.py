@@ -25,6 +25,7 @@ from tests.support.ddp_cases import (
     make_optim,
     set_flat,
 )
+from tests.support.state_mix import mix_states
 
 __all__ = ["buckets_of", "compressed_replay", "set_buckets", "split_round"]
 
@@ -88,7 +89,8 @@ def compressed_replay(
     ``steps``, optionally ``alpha`` (the mixing step), ``clip`` (a global-norm
     bound), ``outer_every`` with ``outer_fn`` (exact outer rounds), ``global_avg_at``
     (a step after which every model is replaced by the mean), and the optimizer
-    keys of :func:`tests.support.ddp_cases.make_optim`.
+    keys of :func:`tests.support.ddp_cases.make_optim`, and ``state_sync`` (named
+    optimizer states mixed exactly with the round's weights, every ``K`` steps).
     """
     name = cfg["compression"]
     local = LOCAL_TOPOLOGIES.get(cfg["topology"])
@@ -106,6 +108,8 @@ def compressed_replay(
     for t in range(1, cfg["steps"] + 1):
         old_flat = [flat(m) for m in models]
         old = [buckets_of(m, layout) for m in models]
+        if cfg.get("state_sync") and t > 1:
+            mix_states(models, optims, topo.rounds[(t - 1) % topo.period], t, cfg["state_sync"])
         for i, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
             loss_of(m, i, t).backward()

@@ -1,0 +1,279 @@
+"""Optimizer-state averaging (``state_sync``) against a float64 replay on real gloo groups.
+
+The replay mixes each due state with the round's weights before the
+optimizer steps (``s_i(t-1) <- sum_j W_ij s_j(t-1)``), then steps and mixes the
+parameters as every other replay does (:mod:`tests.support.state_mix`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from decent_dp import DecentralizedDataParallel
+from decent_dp.topo import TopologyReg
+from tests.support.compression_replay import compressed_replay
+from tests.support.ddp_cases import (
+    flat,
+    loss_of,
+    make_model,
+    make_optim,
+    set_flat,
+    train_steps,
+)
+from tests.support.dist_harness import ok_values, run_distributed
+from tests.support.state_mix import mix_states
+
+
+def _wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParallel:
+    return DecentralizedDataParallel(
+        model,
+        optim_fn=make_optim(cfg),
+        topology=cfg["topology"],
+        topology_kwargs=cfg.get("kwargs"),
+        local_world_size=1,
+        bucket_size_in_mb=cfg.get("bucket_mb", 0),
+        param_as_bucket_view=cfg.get("view", True),
+        compression=cfg.get("compression"),
+        state_sync=cfg.get("state_sync"),
+    )
+
+
+def _states(ddp: DecentralizedDataParallel, names: list[str]) -> dict[str, torch.Tensor]:
+    """Each parameter's named states, flat, keyed ``param/state``."""
+    out = {}
+    for b in ddp._engine.buckets or []:
+        assert b.optimizer is not None
+        for n, p in zip(b.names, b.params):
+            for s in names:
+                out[f"{n}/{s}"] = b.optimizer.state[p][s].detach().reshape(-1).clone()
+    return out
+
+
+def _worker(rank: int, world: int, cfg: dict[str, Any], ckpt: str | None = None) -> dict[str, Any]:
+    ddp = _wrap(make_model("mlp", seed=rank), cfg)
+    k = cfg.get("resume_at")
+    if k and ckpt is not None and os.path.exists(os.path.join(ckpt, f"{rank}.pt")):
+        state = torch.load(os.path.join(ckpt, f"{rank}.pt"), weights_only=True)
+        ddp.load_state_dict(state["model"])
+        ddp.load_training_state_dict(state["train"])
+        train_steps(ddp, rank, cfg, k + 1, cfg["steps"])
+    elif k and ckpt is not None:
+        train_steps(ddp, rank, cfg, 1, k)
+        torch.save(
+            {"model": ddp.state_dict(), "train": ddp.training_state_dict()},
+            os.path.join(ckpt, f"{rank}.pt"),
+        )
+        return {}
+    else:
+        train_steps(ddp, rank, cfg, 1, cfg["steps"])
+    return {
+        "params": flat(ddp.module),
+        "states": _states(ddp, cfg.get("check", list(cfg["state_sync"]))),
+        "layout": [b["names"] for b in ddp.buckets_info],
+    }
+
+
+def _replay(
+    cfg: dict[str, Any], world: int
+) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    topo = TopologyReg.create(cfg["topology"], world, 1, **cfg.get("kwargs", {}))
+    start = make_model("mlp", seed=0)
+    models = [make_model("mlp", seed=0) for _ in range(world)]
+    for m in models:
+        set_flat(m, flat(start))
+    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    for t in range(1, cfg["steps"] + 1):
+        r = (t - 1) % topo.period
+        mix_states(models, optims, topo.rounds[r], t, cfg["state_sync"])
+        old = [flat(m) for m in models]
+        for i, (m, opt) in enumerate(zip(models, optims)):
+            opt.zero_grad(set_to_none=True)
+            loss_of(m, i, t).backward()
+            opt.step()
+        new = [flat(m) for m in models]
+        mixed = [n.clone() for n in new]
+        if t > 1:  # the first gossip is launched after step 1
+            for edge in topo.rounds[r]:
+                for j in edge.ranks:
+                    others = sum(old[i] for i in edge.ranks if i != j)
+                    w, p = edge.self_weight, edge.peer_weight
+                    mix = w * old[j] + (p * others if len(edge.ranks) > 1 else 0.0)
+                    mixed[j] = new[j] + mix - old[j]
+        for m, x in zip(models, mixed):
+            set_flat(m, x)
+    states = []
+    for m, opt in zip(models, optims):
+        states.append(
+            {
+                f"{n}/{s}": opt.state[p][s].detach().reshape(-1).clone()
+                for n, p in m.named_parameters()
+                for s in cfg.get("check", list(cfg["state_sync"]))
+            }
+        )
+    return [flat(m) for m in models], states
+
+
+def _assert_matches(
+    got: list[dict[str, Any]], params: list[torch.Tensor], states: list[Any]
+) -> None:
+    for rank, (res, x, s) in enumerate(zip(got, params, states)):
+        torch.testing.assert_close(res["params"], x, rtol=1e-10, atol=1e-12, msg=f"rank {rank}")
+        assert res["states"].keys() == s.keys()
+        for key in s:
+            torch.testing.assert_close(
+                res["states"][key], s[key], rtol=1e-10, atol=1e-14, msg=f"rank {rank} {key}"
+            )
+
+
+CASES = [
+    (4, {"topology": "one-peer-exp", "optim": "adam", "state_sync": {"exp_avg_sq": 1}}),
+    (
+        4,
+        {
+            "topology": "complete",
+            "optim": "adamw",
+            "state_sync": {"exp_avg_sq": 1, "exp_avg": 2},
+            "bucket_mb": 25,
+        },
+    ),
+    (
+        4,
+        {
+            "topology": "ring",
+            "optim": "accum_adamw",
+            "state_sync": {"exp_avg_sq": 3, "grad_accum": 2},
+            "view": False,
+        },
+    ),
+    (
+        4,
+        {
+            "topology": "local-sgd",
+            "kwargs": {"period": 3},
+            "optim": "adam",
+            "state_sync": {"exp_avg_sq": 1},
+        },
+    ),
+    (2, {"topology": "ring", "optim": "adam", "state_sync": {"exp_avg_sq": 2}}),
+    (8, {"topology": "one-peer-exp", "optim": "adamw", "state_sync": {"exp_avg_sq": 2}}),
+]
+
+
+@pytest.mark.parametrize(
+    ("world", "cfg"), CASES, ids=lambda c: str(c) if isinstance(c, int) else c["topology"]
+)
+def test_state_sync_replays_exactly(world: int, cfg: dict[str, Any]) -> None:
+    cfg = dict(cfg, steps=7)
+    got = ok_values(run_distributed(_worker, world, cfg))
+    params, states = _replay(cfg, world)
+    _assert_matches(got, params, states)
+    # the states really moved: without the mix, some rank ends elsewhere
+    _, plain = _replay(dict(cfg, state_sync={}, check=list(cfg["state_sync"])), world)
+    assert any(not torch.allclose(a[k], b[k]) for a, b in zip(states, plain) for k in a)
+
+
+@pytest.mark.parametrize("compression", ["int8", "bf16"])
+def test_state_sync_composes_with_compressed_gossip(compression: str) -> None:
+    """The parameters' gossip compressed, the states' exact, both in one exchange per bucket."""
+    cfg = {
+        "topology": "complete",
+        "optim": "adam",
+        "compression": compression,
+        "state_sync": {"exp_avg_sq": 1},
+        "steps": 6,
+    }
+    got = ok_values(run_distributed(_worker, 4, cfg))
+    want = compressed_replay(cfg, 4, got[0]["layout"])
+    for rank, (res, x) in enumerate(zip(got, want)):
+        torch.testing.assert_close(res["params"], x, rtol=1e-9, atol=1e-11, msg=f"rank {rank}")
+
+
+def test_state_sync_resumes_bit_for_bit(tmp_path: Any) -> None:
+    cfg = {"topology": "one-peer-exp", "optim": "adam", "state_sync": {"exp_avg_sq": 2}, "steps": 8}
+    straight = ok_values(run_distributed(_worker, 4, cfg))
+    resumed = dict(cfg, resume_at=3)
+    ok_values(run_distributed(_worker, 4, resumed, str(tmp_path)))
+    second = ok_values(run_distributed(_worker, 4, resumed, str(tmp_path)))
+    for a, b in zip(straight, second):
+        assert torch.equal(a["params"], b["params"])
+        for key in a["states"]:
+            assert torch.equal(a["states"][key], b["states"][key]), key
+
+
+def _refusal(rank: int, world: int, kwargs: dict[str, Any]) -> str:
+    try:
+        DecentralizedDataParallel(
+            make_model("mlp", seed=0), optim_fn=make_optim({"optim": "adam"}), **kwargs
+        )
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"state_sync": {"exp_avg_sq": 0}},
+            "state_sync['exp_avg_sq']=0: the period must be an int >= 1",
+        ),
+        ({"state_sync": {"exp_avg_sq": True}}, "the period must be an int >= 1"),
+        ({"state_sync": ["exp_avg_sq"]}, "give a mapping of optimizer state names to periods"),
+        (
+            {
+                "state_sync": {"exp_avg_sq": 1},
+                "topology": "local-sgd",
+                "outer_every": 4,
+                "outer_optim_fn": lambda p: torch.optim.SGD(p, lr=0.7),
+            },
+            "does not combine with an outer optimizer",
+        ),
+    ],
+)
+def test_bad_state_sync_is_refused_in_one_line(kwargs: dict[str, Any], message: str) -> None:
+    errors = ok_values(run_distributed(_refusal, 2, kwargs))
+    for e in errors:
+        assert message in e and "\n" not in e, e
+
+
+def _unknown_name(rank: int, world: int) -> str:
+    ddp = DecentralizedDataParallel(
+        make_model("mlp", seed=0),
+        optim_fn=make_optim({"optim": "adam"}),
+        topology="ring",
+        state_sync={"exp_avg_sqq": 1},
+    )
+    try:
+        train_steps(ddp, rank, {}, 1, 3)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_state_the_optimizer_does_not_keep_is_named() -> None:
+    errors = ok_values(run_distributed(_unknown_name, 2, timeout=60))
+    for e in errors:
+        assert "state_sync names 'exp_avg_sqq', which Adam does not keep per parameter" in e, e
+        assert "exp_avg, exp_avg_sq" in e, e
+
+
+def test_training_state_with_another_state_sync_is_refused(tmp_path: Any) -> None:
+    cfg = {
+        "topology": "ring",
+        "optim": "adam",
+        "state_sync": {"exp_avg_sq": 2},
+        "steps": 4,
+        "resume_at": 2,
+    }
+    ok_values(run_distributed(_worker, 2, cfg, str(tmp_path)))
+    results = run_distributed(_worker, 2, dict(cfg, state_sync={"exp_avg_sq": 1}), str(tmp_path))
+    for status, value in results:
+        assert status == "error"
+        assert (
+            "saved with state_sync={'exp_avg_sq': 2}; this run has state_sync={'exp_avg_sq': 1}"
+            in value
+        )

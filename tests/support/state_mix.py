@@ -1,0 +1,39 @@
+"""The replay's side of ``state_sync``: named optimizer states mixed with a round's edges.
+
+Independent of :mod:`decent_dp._state_sync`: the mix is written from its
+definition, ``s_i <- sum_j W_ij s_j``, with W the round's weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["mix_states"]
+
+
+@torch.no_grad()
+def mix_states(
+    models: list[nn.Module], optims: list[Any], edges: list[Any], t: int, sync: dict[str, int]
+) -> None:
+    """Before step ``t``'s optimizer step: each due state becomes its row of W times the states.
+
+    A state is due when ``t % K == 0``; ranks alone in their edge keep theirs,
+    and nothing is mixed before every worker has a state (step 1).
+    """
+    due = [n for n, k in sync.items() if t % k == 0]
+    params = [list(m.parameters()) for m in models]
+    if not due or not all(opt.state.get(ps[0]) for opt, ps in zip(optims, params)):
+        return
+    for edge in edges:
+        if len(edge.ranks) == 1:
+            continue
+        w, p = edge.self_weight, edge.peer_weight
+        for name in due:
+            for q in range(len(params[0])):
+                old = {j: optims[j].state[params[j][q]][name].clone() for j in edge.ranks}
+                for j in edge.ranks:
+                    others = sum(old[i] for i in edge.ranks if i != j)
+                    optims[j].state[params[j][q]][name].copy_(w * old[j] + p * others)
