@@ -173,14 +173,45 @@ NanPolicy = name_enum("NanPolicy", ["error", "skip"], __name__)
 
 
 @dataclass
+class StateSyncConfig:
+    """``optim.state_sync``: optimizer states averaged with the gossip, each every K steps.
+
+    Each field is a state tensor's name and its period K (0: not averaged), the
+    wrapper's ``state_sync={name: K}``: every K-th step the state travels with
+    the parameters to the round's neighbours (every worker with
+    ``topology=complete``), and the optimizer steps from the mix, e.g.
+    ``optim.state_sync.exp_avg_sq=1``. Adam and AdamW keep ``exp_avg`` and
+    ``exp_avg_sq``, AccumAdam(W) also ``grad_accum``, SGD ``momentum_buffer``.
+    """
+
+    exp_avg_sq: int = 0
+    exp_avg: int = 0
+    grad_accum: int = 0
+    momentum_buffer: int = 0
+
+
+def state_sync_arg(section: Any) -> dict[str, int]:
+    """The wrapper's ``state_sync`` from ``optim.state_sync``: the names with a period > 0."""
+    if section is None:
+        return {}
+    return {str(k): v for k, v in plain(OmegaConf.to_container(section)).items() if v != 0}
+
+
+@dataclass
 class SGDConfig:
-    """``optim=sgd``: maps to ``decent_dp.optim.optim_fn_sgd``."""
+    """``optim=sgd``: maps to ``decent_dp.optim.optim_fn_sgd``.
+
+    ``state_sync`` (every optimizer, :class:`StateSyncConfig`): named optimizer
+    states averaged with the neighbours every K steps, e.g.
+    ``optim.state_sync.momentum_buffer=4``; none by default.
+    """
 
     name: OptimName = MISSING  # type: ignore[valid-type]
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 5e-4
     nesterov: bool = False
+    state_sync: StateSyncConfig = field(default_factory=StateSyncConfig)
 
 
 @dataclass
@@ -195,13 +226,19 @@ class QGMSGDConfig(SGDConfig):
 
 @dataclass
 class AdamConfig:
-    """``optim=adam``: maps to ``decent_dp.optim.optim_fn_adam`` (L2 weight decay)."""
+    """``optim=adam``: maps to ``decent_dp.optim.optim_fn_adam`` (L2 weight decay).
+
+    ``state_sync`` (:class:`StateSyncConfig`): named states averaged with the
+    neighbours every K steps, e.g. ``optim.state_sync.exp_avg_sq=1``: Adam's
+    second moment shared, with ``topology=complete`` over every worker.
+    """
 
     name: OptimName = MISSING  # type: ignore[valid-type]
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     weight_decay: float = 0.0
+    state_sync: StateSyncConfig = field(default_factory=StateSyncConfig)
 
 
 @dataclass

@@ -38,7 +38,7 @@ SCHEDULER_FNS: dict[str, Callable[..., Any]] = {
 
 
 def optim_hyper(optim_cfg: Any) -> dict[str, Any]:
-    """The keyword arguments of the optimizer factory: the ``optim`` section less its name.
+    """The keyword arguments of the optimizer factory: the ``optim`` section less its name and ``state_sync``.
 
     Args:
         optim_cfg: The ``optim`` config section.
@@ -47,7 +47,7 @@ def optim_hyper(optim_cfg: Any) -> dict[str, Any]:
         Plain values; ``betas`` as a tuple, as torch expects.
     """
     container = plain(OmegaConf.to_container(optim_cfg, resolve=True))
-    hyper = {k: v for k, v in container.items() if k != "name"}
+    hyper = {k: v for k, v in container.items() if k not in ("name", "state_sync")}
     if "betas" in hyper:
         hyper["betas"] = tuple(hyper["betas"])
     return hyper

@@ -45,11 +45,19 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from decent_dp._state_sync import check_state_sync
 from decent_dp.topo import TopologyReg
 from decent_dp.utils import get_device, initialize_dist
 from experiments.network.netem import profile_from_cfg
 from experiments.schema import require
-from experiments.train.config import ALLREDUCE, ConfigError, check_dataset, check_model, plain
+from experiments.train.config import (
+    ALLREDUCE,
+    ConfigError,
+    check_dataset,
+    check_model,
+    plain,
+    state_sync_arg,
+)
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
@@ -241,6 +249,20 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"topology={topo.name} with world size {world_size}: {exc}") from None
     outer_every(cfg.get("outer"), topo)  # its own one-line errors
+    sync = state_sync_arg(cfg.optim.get("state_sync"))
+    if sync:
+        try:
+            check_state_sync(sync)
+        except ValueError as exc:
+            raise ConfigError(f"optim.state_sync: {exc}") from None
+        require(
+            "optim.state_sync",
+            sync,
+            str(topo.name) != ALLREDUCE,
+            "empty with topology=allreduce (one optimizer state for every worker)",
+        )
+        outer_name = str(cfg.outer.name) if cfg.get("outer") is not None else "none"
+        require("optim.state_sync", sync, outer_name == "none", "empty with an outer optimizer")
     if cfg.checkpoint.on_signal:
         preemption_signal()  # a bad SUBMITIT_PREEMPT_SIGNAL: its own one-line ConfigError
     try:

@@ -190,6 +190,8 @@ class TrainStep:
         outer: The wrapper's ``outer_optim_fn``, ``outer_every``, ``outer_fragments``
             and ``outer_compression`` (:func:`experiments.train.outer.outer_kwargs`);
             empty for none.
+        state_sync: The wrapper's ``state_sync`` (``optim.state_sync``): named
+            optimizer states averaged with the gossip every K steps; empty for none.
 
     Example::
 
@@ -215,8 +217,10 @@ class TrainStep:
         task: Task | None = None,
         compression: str | None = None,
         outer: dict[str, Any] | None = None,
+        state_sync: dict[str, int] | None = None,
     ) -> None:
         self.device = window.device
+        self._state_sync = dict(state_sync or {})
         self._outer = dict(outer or {})
         self.task = ImageClassification(train_cfg) if task is None else task
         self.window = window
@@ -263,6 +267,7 @@ class TrainStep:
                 local_world_size=topo.local_world_size,
                 topology_kwargs=dict(topo.kwargs),
                 compression=self.compression,
+                state_sync=self._state_sync or None,
                 **self._outer,
             )
         wrapped = DistributedDataParallel(

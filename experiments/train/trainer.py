@@ -56,7 +56,7 @@ from experiments.network.netem import apply_network
 from experiments.network.wire import WireCounter
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
-from experiments.train.config import compression_arg
+from experiments.train.config import compression_arg, state_sync_arg
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
@@ -196,6 +196,7 @@ class Trainer:
             task=self.task,
             compression=compression_arg(cfg.get("compression")),
             outer=outer_kwargs(cfg.get("outer"), cfg.topology),
+            state_sync=state_sync_arg(cfg.optim.get("state_sync")),
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
