@@ -7,8 +7,9 @@
 #   PART=local   the local arms' inner learning rate: local-sgd and DiLoCo (outer lr 0.5) at
 #                H=16, optim.lr over {5e-4, 1e-3, 2e-3, 4e-3}, then 3 seeds at each best
 #   PART=state   second moments shared (optim.state_sync): complete and one-peer-exp with
-#                exp_avg_sq averaged every K in {1, 4, 16} steps, at allreduce's lr 4e-3;
-#                complete K=1 (v global, m local) is the upper bound; 3 seeds each
+#                exp_avg_sq averaged every K in {1, 4, 16} steps (seed 0), at the lr 4e-3
+#                of allreduce and of both arms without it, then 3 seeds at each best K;
+#                complete K=1 (v the workers' mean, m local) is the upper bound
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2}, then 3 seeds at each best
 #   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
@@ -47,13 +48,16 @@ if [ "$PART" = local ] || [ "$PART" = all ]; then
   fi
 fi
 if [ "$PART" = state ] || [ "$PART" = all ]; then
+  # K over {1, 4, 16} with seed 0 for each topology, then seeds 1 and 2 at each one's best K
   for topo in complete one-peer-exp; do
-    for k in 1 4 16; do
-      name="$topo-v$k"
-      chosen "$name" || continue
-      STAGE=2 BEST=0.004 SEEDS=0,1,2 $TUNE "$name" optim.lr - experiment=lm_small \
-        topology="$topo" optim.state_sync.exp_avg_sq="$k"
-    done
+    chosen "$topo-v" || continue
+    STAGE=1 $TUNE "$topo-v" optim.state_sync.exp_avg_sq 1,4,16 experiment=lm_small \
+      topology="$topo" optim.lr=0.004
+  done
+  for topo in complete one-peer-exp; do
+    chosen "$topo-v" || continue
+    STAGE=2 $TUNE "$topo-v" optim.state_sync.exp_avg_sq - experiment=lm_small \
+      topology="$topo" optim.lr=0.004
   done
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
