@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from experiments.train.config import state_sync_arg
 from experiments.train.logger import MetricsLogger, json_safe, run_name_from_overrides
 from experiments.train.run import (
     ConfigError,
@@ -101,6 +102,17 @@ def test_validate_names_the_bad_value(override, monkeypatch):
         (["network=custom", "network.procs_per_host=3"], 4, "network.procs_per_host=3"),
         (["network=custom", "network.procs_per_host=0"], 4, "dividing the world size 4"),
         (["dataset.partition=dirichlet", "dataset.alpha=0"], 2, "dataset.alpha"),
+        (
+            ["topology=allreduce", "optim.state_sync.momentum_buffer=1"],
+            2,
+            "with topology=allreduce",
+        ),
+        (["topology=ring", "optim.state_sync.momentum_buffer=-1"], 2, "the period must be an int"),
+        (
+            ["topology=local-sgd", "outer=diloco", "optim.state_sync.momentum_buffer=2"],
+            2,
+            "empty with an outer optimizer",
+        ),
     ],
 )
 def test_validate_rejects_with_one_line(overrides, world_size, needle, monkeypatch):
@@ -113,6 +125,13 @@ def _assert_rejected(overrides, world_size, needle, monkeypatch) -> None:
         validate(_cfg(*overrides), world_size)
     message = str(info.value)
     assert needle in message and "\n" not in message
+
+
+def test_state_sync_names_the_periods_set() -> None:
+    cfg = _cfg("topology=ring", "optim.state_sync.momentum_buffer=4")
+    assert state_sync_arg(cfg.optim.state_sync) == {"momentum_buffer": 4}
+    assert state_sync_arg(_cfg().optim.state_sync) == {}
+    validate(cfg, 2)
 
 
 @pytest.mark.parametrize(
