@@ -438,6 +438,9 @@ class LogConfig:
         peak_flops: Peak FLOP/s of one device, the denominator of a language model's
             ``perf/mfu``; the default, 312e12, is an A100's dense bf16 peak, the GPU of
             the published GPT-2 runs. Set it to your device's (an H100 SXM: 989e12).
+        update_norm: Also log ``train/update_norm``, this rank's ``||x(t) - x(t-1)||``
+            over the logged step (the local update and the mix together), at the cost
+            of one copy of the model before each logged step.
     """
 
     every: int = 10
@@ -445,6 +448,7 @@ class LogConfig:
     consensus_sketch: int = 1024
     progress: bool = True
     peak_flops: float = 312e12
+    update_norm: bool = False
 
 
 @dataclass

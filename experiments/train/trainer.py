@@ -148,6 +148,9 @@ class Trainer:
         self.device = get_device()
         self.topology = str(cfg.topology.name)
         self.step = 0
+        self._before: list[torch.Tensor] | None = (
+            None  # the model before a logged step (log.update_norm)
+        )
         t = cfg.train
         self.batch_size = per_worker_batch(t, world_size)
         self.task = task_for(cfg)
@@ -272,8 +275,12 @@ class Trainer:
         self.metrics.clock.start()
         # the link's bytes from here on: the start-up's broadcasts are not the steps'
         self.wire = WireCounter.from_env()
+        track = bool(self.cfg.log.get("update_norm", False))
         with redirect:
             for x, y in self._batches():
+                nxt = self.step + 1
+                if track and self.metrics.line_due(nxt, nxt == self.total_steps):
+                    self._before = [p.detach().clone() for p in self.train_step.params]
                 self.train_step(x, y, self.step + 1)
                 self.step += 1
                 bar.update(1)
@@ -343,6 +350,14 @@ class Trainer:
             delta = self.train_step.outer_delta_norm()
             if delta is not None:
                 line["outer/delta_norm"] = delta
+            if self._before is not None:
+                with torch.no_grad():
+                    sq = sum(
+                        (p.detach().double() - b.double()).pow(2).sum()
+                        for p, b in zip(self.train_step.params, self._before)
+                    )
+                line["train/update_norm"] = float(torch.as_tensor(sq).sqrt())
+                self._before = None
         if cons_due:
             line = line if line is not None else metrics.line(step)
             line["consensus/distance"] = metrics.record_consensus(self.evaluator.consensus())

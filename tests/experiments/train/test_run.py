@@ -602,3 +602,23 @@ def test_a_diverged_run_leaves_its_summary_and_tuning_ranks_it_worst(tmp_path, w
     text = report.read_text()
     assert "1 run(s) in 1 configuration(s)" in text and "0 skipped, 1 diverged" in text
     assert f"/1e12`: at step {step}" in text
+
+
+def test_update_norm_is_the_step_of_the_logged_line(tmp_path):
+    """Plain SGD under exact averaging of equal models: the step is lr times the gradient."""
+    train_job(
+        2,
+        tmp_path,
+        *QUICK,
+        "topology=complete",
+        "optim=sgd",
+        "optim.lr=0.05",
+        "optim.momentum=0",
+        "optim.weight_decay=0",
+        "scheduler=constant",
+        "train.max_steps=4",
+        "log.every=2",
+        "log.update_norm=true",
+    )
+    norms = [ln["train/update_norm"] for ln in _lines(tmp_path) if "train/update_norm" in ln]
+    assert len(norms) == 2 and all(0 < v < 10 for v in norms), norms
