@@ -4,14 +4,17 @@
 # of experiments/sweeps/lm_small.sh: a 1-seed grid, then seeds 1 and 2 at its best. The value
 # that an earlier study already ran (optim.lr 4e-3, seed 0) is copied in from its committed
 # runs, not run again: the losses are deterministic per seed.
-#   PART=local   the local arms' inner learning rate: local-sgd and DiLoCo (outer lr 0.5) at
-#                H=16, optim.lr over {5e-4, 1e-3, 2e-3, 4e-3}, then 3 seeds at each best
+#   PART=local   the local arms' inner learning rate at H=16: local-sgd over {5e-4, 1e-3, 2e-3,
+#                4e-3, 8e-3}, DiLoCo (outer lr 0.5) over {1e-3, 2e-3, 4e-3, 8e-3}, then 3 seeds
+#                at each best (SKIP_SEEDS=1: the grids only; at 4e-3 the seeds are committed)
 #   PART=state   second moments shared (optim.state_sync): complete and one-peer-exp with
 #                exp_avg_sq averaged every K in {1, 4, 16} steps (seed 0), at the lr 4e-3
 #                of allreduce and of both arms without it, then 3 seeds at each best K;
 #                complete K=1 (v the workers' mean, m local) is the upper bound
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2}, then 3 seeds at each best
+#   PART=stall   seeds 0 and 1 of local-sgd and DiLoCo at H=16 for 128 steps, logged every 2nd
+#                step with the consensus distance and the update's size (log.update_norm)
 #   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
 # About 3 minutes per run on 2 cores. OUT (multirun/lm_gap); DOCS (docs/results/lm_gap);
 # ONLY (space-separated arm names to run, e.g. ONLY="local-sgd-H16-lr").
@@ -39,12 +42,14 @@ if [ "$PART" = local ] || [ "$PART" = all ]; then
   if chosen local-sgd-H16-lr; then
     seed_from local-sgd-H16-lr "$OUTER/local-sgd-H16/stage1/0"
     STAGE=1 $TUNE local-sgd-H16-lr optim.lr 5e-4,1e-3,2e-3 "${H16[@]}"
-    STAGE=2 $TUNE local-sgd-H16-lr optim.lr - "${H16[@]}"
+    # 4e-3 was the best, at the grid's top: one more value above it
+    STAGE=1 SUBDIR=lr0.008 $TUNE local-sgd-H16-lr optim.lr 8e-3 "${H16[@]}"
+    [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE local-sgd-H16-lr optim.lr - "${H16[@]}"
   fi
   if chosen diloco-H16-lr; then
     seed_from diloco-H16-lr "$OUTER/diloco-H16/stage1/1"  # outer.lr 0.5, optim.lr 4e-3
-    STAGE=1 $TUNE diloco-H16-lr optim.lr 5e-4,1e-3,2e-3 "${H16[@]}" outer=diloco outer.lr=0.5
-    STAGE=2 $TUNE diloco-H16-lr optim.lr - "${H16[@]}" outer=diloco outer.lr=0.5
+    STAGE=1 $TUNE diloco-H16-lr optim.lr 1e-3,2e-3,8e-3 "${H16[@]}" outer=diloco outer.lr=0.5
+    [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE diloco-H16-lr optim.lr - "${H16[@]}" outer=diloco outer.lr=0.5
   fi
 fi
 if [ "$PART" = state ] || [ "$PART" = all ]; then
@@ -70,15 +75,46 @@ if [ "$PART" = sgd ] || [ "$PART" = all ]; then
       optim.momentum=0.9 optim.weight_decay=0
   done
 fi
+if [ "$PART" = stall ] || [ "$PART" = all ]; then
+  # seeds 0 and 1 of local-sgd and DiLoCo at H=16, lr 4e-3, logged every 2nd step with the
+  # update's size, stopped after step 128: what seed 1's stall looks like
+  for arm in local-sgd diloco; do
+    for seed in 0 1; do
+      extra=()
+      [ "$arm" = diloco ] && extra=(outer=diloco outer.lr=0.5)
+      d="$OUT/stall/$arm-seed$seed"
+      rm -rf "$d"
+      OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node=4 train.py \
+        "${H16[@]}" optim.lr=0.004 train.seed="$seed" "${extra[@]}" log.every=2 \
+        log.update_norm=true log.progress=false hydra.run.dir="$d" &
+      pid=$!
+      until grep -q '"step": 128,' "$d/metrics.jsonl" 2>/dev/null || ! kill -0 $pid 2>/dev/null; do
+        sleep 2
+      done
+      kill $pid 2>/dev/null || true
+      pkill -f "hydra.run.dir=$d" || true
+      wait $pid 2>/dev/null || true
+    done
+  done
+fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
   dest_of() { echo "$DOCS/runs/$1"; }
   keep_runs dest_of "$OUT"/*/*/*/summary.json
+  for d in "$OUT"/stall/*/; do  # stopped runs: no summary, the metrics only
+    [ -f "$d/metrics.jsonl" ] || continue
+    mkdir -p "$DOCS/stall/$(basename "$d")/.hydra"
+    cp "$d/metrics.jsonl" "$DOCS/stall/$(basename "$d")/"
+    cp "$d/.hydra/overrides.yaml" "$DOCS/stall/$(basename "$d")/.hydra/"
+  done
   R=(.venv/bin/python -m experiments.report)
   mkdir -p "$DOCS/runs"
-  cp -rn "$LM/allreduce-adamw" "$LM/complete-adamw-lr0.004" "$LM/one-peer-exp-adamw-lr0.004" \
-    "$DOCS/runs/" 2>/dev/null || true
-  "${R[@]}" "$DOCS"/runs/*/final --out "$DOCS"
-  for key in optim.lr; do
-    "${R[@]}" "$DOCS"/runs/*-lr/stage1 --tune "$key" --out "$DOCS/tune_inner_lr"
+  for arm in allreduce-adamw complete-adamw-lr0.004 one-peer-exp-adamw-lr0.004; do
+    mkdir -p "$DOCS/runs/$arm" && cp -rn "$LM/$arm/final" "$DOCS/runs/$arm/"
   done
+  "${R[@]}" "$DOCS"/runs/{allreduce-adamw,complete-adamw-lr0.004,one-peer-exp-adamw-lr0.004}/final \
+    "$DOCS"/runs/*-v/final --out "$DOCS/state_sync"
+  "${R[@]}" "$DOCS"/runs/*-v/stage1 --tune optim.state_sync.exp_avg_sq --out "$DOCS/tune_k"
+  "${R[@]}" "$DOCS"/runs/*-H16-lr/stage1 --tune optim.lr --out "$DOCS/tune_inner_lr"
+  .venv/bin/python -m experiments.report.trajectory "$DOCS"/stall/*/ --out "$DOCS/stall" \
+    --max-step 128 --mark-every 16
 fi
