@@ -26,6 +26,7 @@ from decent_dp.topo import LocalSGDTopology, TopologyReg, mixing_matrices
 from tests.support.ddp_cases import (
     assert_same_runs,
     flat,
+    local_steps,
     loss_of,
     make_model,
     make_optim,
@@ -111,12 +112,7 @@ def replay(cfg: dict[str, Any], world: int) -> tuple[list[torch.Tensor], torch.T
     x_outer = flat(models[0])
     outer_opt = OUTER_FN([x_outer])
     for t in range(1, cfg["steps"] + 1):
-        old = [flat(m) for m in models]
-        for i, (m, opt) in enumerate(zip(models, optims)):
-            opt.zero_grad(set_to_none=True)
-            loss_of(m, i, t).backward()
-            opt.step()
-        new = [flat(m) for m in models]
+        old, new = local_steps(models, optims, t)
         stacked = torch.stack(old)
         if t == 1:  # no gossip precedes the first step (the buckets are built in its backward)
             mixed = old

@@ -18,9 +18,10 @@ from decent_dp.topo import TopologyReg
 from tests.support.compression_replay import compressed_replay
 from tests.support.ddp_cases import (
     flat,
-    loss_of,
+    local_steps,
     make_model,
     make_optim,
+    replay_workers,
     set_flat,
     train_steps,
 )
@@ -81,30 +82,16 @@ def _replay(
     cfg: dict[str, Any], world: int
 ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
     topo = TopologyReg.create(cfg["topology"], world, 1, **cfg.get("kwargs", {}))
-    start = make_model("mlp", seed=0)
-    models = [make_model("mlp", seed=0) for _ in range(world)]
-    for m in models:
-        set_flat(m, flat(start))
-    optims = [make_optim(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    mats, _, models, optims = replay_workers(topo, world, cfg)
     for t in range(1, cfg["steps"] + 1):
         r = (t - 1) % topo.period
         mix_states(models, optims, topo.rounds[r], t, cfg["state_sync"])
-        old = [flat(m) for m in models]
-        for i, (m, opt) in enumerate(zip(models, optims)):
-            opt.zero_grad(set_to_none=True)
-            loss_of(m, i, t).backward()
-            opt.step()
-        new = [flat(m) for m in models]
-        mixed = [n.clone() for n in new]
-        if t > 1:  # the first gossip is launched after step 1
-            for edge in topo.rounds[r]:
-                for j in edge.ranks:
-                    others = sum(old[i] for i in edge.ranks if i != j)
-                    w, p = edge.self_weight, edge.peer_weight
-                    mix = w * old[j] + (p * others if len(edge.ranks) > 1 else 0.0)
-                    mixed[j] = new[j] + mix - old[j]
-        for m, x in zip(models, mixed):
-            set_flat(m, x)
+        old, new = local_steps(models, optims, t)
+        stacked = torch.stack(old)
+        for i, m in enumerate(models):
+            # the first gossip is launched after step 1
+            mixed = (mats[r][i].unsqueeze(1) * stacked).sum(0) if t > 1 else old[i]
+            set_flat(m, mixed + new[i] - old[i])
     states = []
     for m, opt in zip(models, optims):
         states.append(

@@ -217,6 +217,18 @@ def loss_of(
     return ((out - b) ** 2).mean()
 
 
+def local_steps(
+    models: list[nn.Module], optims: list[Any], t: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every worker's optimizer step ``t`` on its own data: the flat models before and after."""
+    old = [flat(m) for m in models]
+    for i, (m, opt) in enumerate(zip(models, optims)):
+        opt.zero_grad(set_to_none=True)
+        loss_of(m, i, t).backward()
+        opt.step()
+    return old, [flat(m) for m in models]
+
+
 def wrap(model: nn.Module, cfg: dict[str, Any], scaler: Any = None) -> DecentralizedDataParallel:
     return DecentralizedDataParallel(
         model,
