@@ -66,13 +66,19 @@ if [ "$PART" = state ] || [ "$PART" = all ]; then
   done
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
+  # lm_small sets AdamW's betas, which SGD's schema refuses: the same job spelled out, SGD in it
+  SGD=(model=gpt_tiny dataset=tokens optim=sgd scheduler=cosine_warmup logger=none
+    dataset.root=data/stdlib-bpe-all dataset.block_size=64 dataset.tokens_per_epoch=262144
+    dataset.eval_tokens=32768 scheduler.warmup_steps=32 scheduler.eta_min=0.0
+    train.batch_size=32 train.max_steps=512 train.grad_clip_norm=1.0 log.every=16
+    log.consensus_every=0 optim.momentum=0.9 optim.weight_decay=0)
+  for topo in allreduce complete; do  # both grids first, then the seeds
+    chosen "$topo-sgd" || continue
+    STAGE=1 $TUNE "$topo-sgd" optim.lr 0.25,0.5,1.0,2.0 "${SGD[@]}" topology="$topo"
+  done
   for topo in allreduce complete; do
-    name="$topo-sgd"
-    chosen "$name" || continue
-    STAGE=1 $TUNE "$name" optim.lr 0.25,0.5,1.0,2.0 experiment=lm_small topology="$topo" \
-      optim=sgd optim.momentum=0.9 optim.weight_decay=0
-    STAGE=2 $TUNE "$name" optim.lr - experiment=lm_small topology="$topo" optim=sgd \
-      optim.momentum=0.9 optim.weight_decay=0
+    chosen "$topo-sgd" || continue
+    [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE "$topo-sgd" optim.lr - "${SGD[@]}" topology="$topo"
   done
 fi
 if [ "$PART" = stall ] || [ "$PART" = all ]; then
