@@ -9,9 +9,17 @@ moves through the real process group, so the numbers computed are unchanged.
 
 Cost model (seconds), with bandwidth ``B`` in bytes/s (``gbps * 1e9 / 8``)
 and per-message latency ``a``: a ring all-reduce of ``S`` bytes over ``n``
-members takes ``2 (n-1)/n * S/B + 2 (n-1) a`` (0 for ``n == 1``). A gossip
-round is the same ring over the group's members, so a pair costs
-``S/B + 2a``.
+members takes ``c + 2 (n-1)/n * S/B + 2 (n-1) a`` (0 for ``n == 1``), ``c``
+being a fixed cost per collective call (``collective_ms``, 0 by default). A
+gossip round is the same ring over the group's members, so a pair costs
+``c + S/B + 2a``.
+
+Hosts that spend CPU on their network stack (``stack_cpu_ms_per_mb``, 0 by
+default) are emulated by spending it: for every collective, each rank burns
+that many CPU milliseconds per MB it sends (``2 (n-1)/n * S``) on a thread of
+its own (:class:`CpuBurner`), where it competes for the cores with training as
+a kernel's network stack does. The testbed's value, measured against loopback,
+is in ``docs/results/network/calibration.json``.
 
 Two mechanisms, chosen by :func:`apply_network` from the model's type:
 
@@ -51,7 +59,9 @@ With emulation off (``network: none``) nothing is installed at all.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations at runtime.
+import hashlib
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -64,11 +74,13 @@ import torch.distributed as dist
 
 __all__ = [
     "NetworkProfile",
+    "CpuBurner",
     "PROFILES",
     "INTRA_NODE_PROFILE",
     "profile_from_cfg",
     "ring_allreduce_time",
     "gossip_time",
+    "sent_bytes",
     "make_gossip_delay",
     "EmulatedAllreduceState",
     "emulated_allreduce_hook",
@@ -88,9 +100,15 @@ class NetworkProfile:
             ``(0, 1]``: framing, acknowledgements and the transport's own pauses
             take the rest (measured on the testbed: see
             ``docs/results/network/README.md``).
+        collective_ms: A fixed cost of every collective call, in milliseconds
+            (>= 0): the transport's start and finish, beyond the per-hop latency.
+        stack_cpu_ms_per_mb: CPU milliseconds the host's network stack spends
+            per MB (1e6 bytes) a rank sends (>= 0), burned beside training.
 
     Raises:
-        ValueError: A value is not a positive finite number, or ``efficiency > 1``.
+        ValueError: A value is not a positive finite number (``collective_ms``
+            and ``stack_cpu_ms_per_mb``: not a finite number >= 0), or
+            ``efficiency > 1``.
 
     Example::
 
@@ -102,6 +120,8 @@ class NetworkProfile:
     latency_ms: float
     bandwidth_gbps: float
     efficiency: float = 1.0
+    collective_ms: float = 0.0
+    stack_cpu_ms_per_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
@@ -117,6 +137,15 @@ class NetworkProfile:
                 raise ValueError(
                     f"network profile '{self.name}': {key}={value!r} is invalid; "
                     "it must be a finite number > 0"
+                )
+            object.__setattr__(self, key, float(value))
+        for key in ("collective_ms", "stack_cpu_ms_per_mb"):
+            value = getattr(self, key)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or value < 0:
+                raise ValueError(
+                    f"network profile '{self.name}': {key}={value!r} is invalid; "
+                    "it must be a finite number >= 0"
                 )
             object.__setattr__(self, key, float(value))
 
@@ -137,6 +166,8 @@ class NetworkProfile:
             "latency_ms": self.latency_ms,
             "bandwidth_gbps": self.bandwidth_gbps,
             "efficiency": self.efficiency,
+            "collective_ms": self.collective_ms,
+            "stack_cpu_ms_per_mb": self.stack_cpu_ms_per_mb,
         }
 
 
@@ -197,11 +228,15 @@ def profile_from_cfg(net_cfg: Any) -> NetworkProfile | None:
             if value is None:
                 raise ValueError(f"network 'custom' needs {key} (a number > 0); it is missing")
         efficiency = _cfg_get(net_cfg, "efficiency")
+        collective = _cfg_get(net_cfg, "collective_ms")
+        stack = _cfg_get(net_cfg, "stack_cpu_ms_per_mb")
         return NetworkProfile(
             _CUSTOM,
             latency_ms=latency,
             bandwidth_gbps=bandwidth,
             efficiency=1.0 if efficiency is None else efficiency,
+            collective_ms=0.0 if collective is None else collective,
+            stack_cpu_ms_per_mb=0.0 if stack is None else stack,
         )
     preset = PROFILES[name]
     for key, value in (("latency_ms", latency), ("bandwidth_gbps", bandwidth)):
@@ -223,9 +258,9 @@ def _check_size(nbytes: float, members: int, what: str) -> None:
 def ring_allreduce_time(nbytes: float, n: int, profile: NetworkProfile) -> float:
     """Modelled seconds of a ring all-reduce of ``nbytes`` over ``n`` members.
 
-    ``2 (n-1)/n * nbytes / B + 2 (n-1) * latency`` with ``B`` in bytes/s: a
-    reduce-scatter and an all-gather, each ``n - 1`` steps that move
-    ``nbytes / n`` per link.
+    ``collective + 2 (n-1)/n * nbytes / B + 2 (n-1) * latency`` with ``B`` in
+    bytes/s: a reduce-scatter and an all-gather, each ``n - 1`` steps that move
+    ``nbytes / n`` per link, after the call's fixed cost.
 
     Args:
         nbytes: Size of the reduced buffer in bytes.
@@ -242,7 +277,56 @@ def ring_allreduce_time(nbytes: float, n: int, profile: NetworkProfile) -> float
     if n == 1:
         return 0.0
     steps = 2 * (n - 1)
-    return steps / n * nbytes / profile.bandwidth_bytes_per_s + steps * profile.latency_s
+    wire = steps / n * nbytes / profile.bandwidth_bytes_per_s + steps * profile.latency_s
+    return profile.collective_ms * 1e-3 + wire
+
+
+def sent_bytes(nbytes: float, n: int) -> float:
+    """Bytes one member of a ring all-reduce of ``nbytes`` over ``n`` sends: ``2 (n-1)/n``."""
+    return 2 * (n - 1) / n * nbytes
+
+
+class CpuBurner:
+    """Spends CPU time on a thread of its own, as a host's network stack does.
+
+    ``burn(seconds)`` returns at once; the thread then hashes a buffer until its
+    own CPU clock (``time.thread_time``) has advanced by ``seconds``, so the CPU
+    spent does not depend on how busy the cores are. ``hashlib`` releases the
+    GIL on large buffers, so the training thread runs meanwhile, as it would
+    beside a kernel's softirq work. One per process: :meth:`shared`.
+    """
+
+    _instance: "CpuBurner | None" = None
+    _instance_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._todo: queue.SimpleQueue[float] = queue.SimpleQueue()
+        self._buf = bytes(64 * 1024)
+        self.burned_s = 0.0
+        # A daemon: it runs no torch code, so it may be cut at interpreter exit.
+        self._thread = threading.Thread(target=self._loop, name="cpu-burner", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def shared(cls) -> "CpuBurner":
+        """The process's burner, started on first use."""
+        with cls._instance_lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def burn(self, seconds: float) -> None:
+        """Queue ``seconds`` of CPU time to spend (ignored when not > 0)."""
+        if seconds > 0:
+            self._todo.put(seconds)
+
+    def _loop(self) -> None:
+        while True:
+            seconds = self._todo.get()
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                hashlib.sha1(self._buf).digest()
+            self.burned_s += seconds
 
 
 def gossip_time(nbytes: float, group_size: int, profile: NetworkProfile) -> float:
@@ -290,7 +374,9 @@ def make_gossip_delay(
         ``fn(nbytes, group_size, ranks=None) -> seconds`` to hold the gossip
         after its launch: :func:`gossip_time` on ``profile``, plus the time the
         link is still busy with earlier gossips when ``shared_link``. The
-        wrapper passes ``ranks``, the group's global ranks.
+        wrapper passes ``ranks``, the group's global ranks. With
+        ``profile.stack_cpu_ms_per_mb`` each call also burns the rank's stack CPU
+        for the bytes it sends across hosts (:class:`CpuBurner`).
 
     Raises:
         ValueError: ``procs_per_host`` is not an integer >= 1.
@@ -305,9 +391,18 @@ def make_gossip_delay(
         )
     lock = threading.Lock()
     link_free_at = -math.inf
+    burner = CpuBurner.shared() if profile.stack_cpu_ms_per_mb > 0 else None
 
     def delay(nbytes: int, group_size: int, ranks: Sequence[int] | None = None) -> float:
         nonlocal link_free_at
+        if burner is not None and group_size > 1:
+            crosses = (
+                procs_per_host == 1
+                or ranks is None
+                or len({r // procs_per_host for r in ranks}) > 1
+            )
+            if crosses:
+                burner.burn(profile.stack_cpu_ms_per_mb * sent_bytes(nbytes, group_size) * 1e-9)
         if procs_per_host > 1 and ranks is not None:
             hosts = len({r // procs_per_host for r in ranks})
             if hosts == 1:
@@ -354,8 +449,14 @@ class EmulatedAllreduceState:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reserve(self, nbytes: int, now: float) -> float:
-        """Book the link for one bucket launched at ``now``; returns its deadline."""
+        """Book the link for one bucket launched at ``now``; returns its deadline.
+
+        Also burns the rank's stack CPU for the bucket when the profile has any.
+        """
         cost = ring_allreduce_time(nbytes, self.world_size, self.profile)
+        if self.profile.stack_cpu_ms_per_mb > 0 and self.world_size > 1:
+            sent = sent_bytes(nbytes, self.world_size)
+            CpuBurner.shared().burn(self.profile.stack_cpu_ms_per_mb * sent * 1e-9)
         with self._lock:
             deadline = max(now, self.link_free_at) + cost
             self.link_free_at = deadline

@@ -331,13 +331,19 @@ class NetworkConfig:
     ``procs_per_host`` emulates hosts of that many consecutive ranks: a gossip
     inside a host is not held back (its ranks talk over the real loopback), and
     one across hosts shares the host's link with the host's other ranks (1:
-    every rank its own host with its own link).
+    every rank its own host with its own link). ``collective_ms`` (a fixed cost
+    of each collective call) and ``stack_cpu_ms_per_mb`` (CPU milliseconds the
+    host's network stack spends per MB a rank sends, burned beside training)
+    are ``custom``'s calibration terms; the testbed's measured values are in
+    ``docs/results/network/calibration.json``.
     """
 
     name: NetworkName = MISSING  # type: ignore[valid-type]
     latency_ms: float | None = None
     bandwidth_gbps: float | None = None
     efficiency: float | None = None
+    collective_ms: float | None = None
+    stack_cpu_ms_per_mb: float | None = None
     procs_per_host: int = 1
 
 
