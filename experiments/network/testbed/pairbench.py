@@ -15,13 +15,17 @@ Each mode exchanges a float32 tensor of ``--bytes`` between pairs of ranks:
   world group.
 
 Rank 0 prints one JSON line per mode: the median seconds of an exchange and its
-ratio to ``S/B``, the time the payload needs on the link (``--rate-bps``).
+ratio to ``S/B``, the time the payload needs on the link (``--rate-bps``). With
+``--cpu`` it also reports the CPU time the whole machine spent over the mode's
+exchanges (``/proc/stat``: every process and the kernel, so the machine must
+be otherwise quiet), per MB that the ranks sent: ``cpu_ms_per_mb``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -66,6 +70,14 @@ def exchange(x: torch.Tensor, buf: torch.Tensor, mode: str, rnd: int, groups: di
     x.mul_(0.5)
 
 
+def busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=212_992)
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate-bps", type=float, default=None, help="the link rate, for S/B")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--gap-s", type=float, default=0.0, help="idle time between exchanges")
+    parser.add_argument("--cpu", action="store_true", help="the machine's CPU per MB sent")
     ns = parser.parse_args(argv)
     dist.init_process_group("gloo")
     world = dist.get_world_size()
@@ -85,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
         if mode.partition("/")[0] not in MODES:
             raise SystemExit(f"mode {mode!r} is unknown; known: {', '.join(MODES)}")
         times = []
+        dist.barrier()
+        cpu0 = busy_s()
         for rnd in range(ns.reps + 2):
             dist.barrier()
             if ns.gap_s:
@@ -92,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             exchange(x, buf, mode, rnd, groups)
             times.append(time.perf_counter() - t0)
+        dist.barrier()
+        cpu = busy_s() - cpu0
         spent = torch.tensor(times[2:], dtype=torch.float64)
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)  # an exchange ends when its slowest rank does
         if dist.get_rank() == 0:
@@ -100,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
             if ns.rate_bps:
                 row["s_over_b"] = ns.bytes * 8 / ns.rate_bps
                 row["ratio"] = med / row["s_over_b"]
+            if ns.cpu:  # each rank of a 2-rank exchange sends the tensor's size in all
+                sent_mb = world * (ns.reps + 2) * ns.bytes / 1e6
+                row.update(cpu_s=cpu, cpu_ms_per_mb=cpu * 1e3 / sent_mb)
             print(json.dumps(row), flush=True)
     dist.destroy_process_group()
 
