@@ -131,11 +131,16 @@ def predict(
     steps: int = 400,
     efficiency: float = 1.0,
     topology_kwargs: dict[str, Any] | None = None,
+    collective_ms: float = 0.0,
+    comm_cpu_s: float = 0.0,
 ) -> float:
     """Simulated step time of ``method`` on ``n`` emulated workers.
 
     ``efficiency`` is the share of the line rate a collective's payload gets
-    (1 for the emulator's link; what the testbed measured for a real one).
+    (1 for the emulator's link; what the testbed measured for a real one),
+    ``collective_ms`` a fixed cost of each collective call, and ``comm_cpu_s``
+    the CPU seconds per step that moving the bytes takes from training on
+    shared cores, added to ``compute_s`` (0 where hosts have cores of their own).
     """
     from decent_dp.topo import TopologyReg
     from experiments.network.sim_model import (
@@ -148,10 +153,12 @@ def predict(
         simulate_gossip,
     )
 
-    link = Link("emulated", bandwidth_gbps, latency_ms, efficiency=efficiency)
+    link = Link("emulated", bandwidth_gbps, latency_ms, efficiency=efficiency,
+                collective_ms=collective_ms)  # fmt: skip
     cluster = Cluster(n, 1, link, link, collective_start="own")
     # the training loop gives torch DDP an explicit bucket_cap_mb: no small first bucket
-    work = Workload(facts["model_bytes"], compute_s, facts["backward_frac"], bucket_mb, None)
+    work = Workload(facts["model_bytes"], compute_s + comm_cpu_s, facts["backward_frac"], bucket_mb,
+                    None)  # fmt: skip
     mc = MonteCarlo(Jitter("lognormal", cv), steps=steps)
     if method == "allreduce":
         return simulate_allreduce(work, cluster, mc).t_iter_s

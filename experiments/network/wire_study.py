@@ -4,8 +4,11 @@
 (:mod:`experiments.network.testbed`) for every link rate, then the same
 configuration on loopback under the emulator (``network=custom`` at the same
 rate), and once more without communication (the compute time the simulator
-needs). It keeps each run's small files under ``--out`` (default
-``docs/results/network/runs``). ``python -m experiments.network.wire_study table``
+needs). With ``--calibrated`` the emulated runs also get the terms that
+``python -m experiments.network.calibrate run`` measured on the testbed
+(``calibration.json``: efficiency, a cost per collective and the network
+stack's CPU), and go beside the line-rate ones as ``calibrated/``. It keeps
+each run's small files under ``--out`` (default ``docs/results/network/runs``). ``python -m experiments.network.wire_study table``
 turns them into ``table.md``, ``table.json`` and the plots beside them.
 
 Example (as root; the sweep script is ``experiments/sweeps/network.sh``)::
@@ -27,6 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from experiments.network import calibrate
 from experiments.network import testbed as tb
 from experiments.network.sim_validate import NEVER, run_train
 from experiments.network.wire_table import LOCAL_SGD_PERIOD, write_table
@@ -77,18 +81,28 @@ def run(ns: argparse.Namespace) -> int:
     base = [*QUIET, *MODELS[ns.model], *ns.extra]
     if ns.procs_per_host > 1:
         base.append(f"topology.local_world_size={ns.procs_per_host}")
+    calib = calibrate.load(out) if ns.calibrated else None
+    if ns.calibrated and calib is None:
+        raise SystemExit(f"wire_study: --calibrated needs {out / 'calibration.json'}; run "
+                         "'python -m experiments.network.calibrate run' first")  # fmt: skip
+    kinds = ["emulated", "calibrated"] if ns.calibrated else ["emulated"]
+    if ns.no_emulated:
+        kinds = []
     jobs = [(rate, arm) for rate in ns.rates for arm in ns.arms]
-    bar = tqdm(jobs, desc="wire study", unit="run")
+    bar = tqdm(jobs, desc="wire study", unit="cell")
     tmp = Path(tempfile.mkdtemp(prefix="wire-study-"))
     try:
         for rate, arm in bar:
             bar.set_postfix_str(f"{rate} {arm}")
             spec = tb.Spec(ns.hosts, ns.procs_per_host, tb.parse_rate(rate), ns.queue_ms, ns.prefix)
             dst = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, rate) / arm
-            done = (dst / ("emulated" if ns.only_emulated else "wire") / "summary.json").exists()
-            if done and not ns.again:
-                continue
-            if not ns.only_emulated:
+            have = {
+                k for k in ("wire", *kinds) if (dst / k / "summary.json").exists() and not ns.again
+            }
+            wire = not ns.only_emulated and "wire" not in have
+            # a cell measured again on the wire is emulated again beside it: the machine drifts
+            todo = [k for k in kinds if wire or k not in have]
+            if wire:
                 tb.up(spec)
                 run_dir = tmp / f"{rate}-{arm}"
                 try:
@@ -97,17 +111,19 @@ def run(ns: argparse.Namespace) -> int:
                 except tb.TestbedError as exc:
                     tqdm.write(f"{rate} {arm}: on the wire: {exc}")
                 _keep(run_dir, dst / "wire")
-            if not ns.no_emulated:
-                emu = tmp / f"{rate}-{arm}-emulated"
+            for kind in todo:
+                emu = tmp / f"{rate}-{arm}-{kind}"
                 emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
                             f"network.latency_ms={VETH_LATENCY_MS}",
                             f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
+                if kind == "calibrated" and calib is not None:
+                    emulator += calibrate.emulator_overrides(calib, spec.rate_bps)
                 try:
                     run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
                               ns.timeout_s)  # fmt: skip
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    tqdm.write(f"{rate} {arm}: emulated: {exc}")
-                _keep(emu, dst / "emulated")
+                    tqdm.write(f"{rate} {arm}: {kind}: {exc}")
+                _keep(emu, dst / kind)
         compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
         if not (compute / "summary.json").exists() or (ns.again and not ns.only_emulated):
             # no communication: local-sgd whose period is longer than the run
@@ -143,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="the emulator's hosts (network.procs_per_host; default --procs-per-host, 1: a link per rank)",
+    )
+    r.add_argument(
+        "--calibrated",
+        action="store_true",
+        help="also emulate with calibration.json's measured terms, into calibrated/",
     )
     r.add_argument("--again", action="store_true", help="rerun cells whose runs exist")
     r.add_argument("--out", default=str(OUT))

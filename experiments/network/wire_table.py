@@ -7,7 +7,10 @@ step time that the emulator (``network=custom`` on loopback at the same rate)
 and the scale simulator (:func:`experiments.network.sim_validate.predict`, fed
 the compute-only run's step time and jitter) predict, each with its ratio to
 the wire. A ratio outside [0.8, 1.25] is flagged: the model misses the wire by
-more than 20% there.
+more than 20% there. Each model appears twice: at the line rate alone, and
+calibrated with the terms :mod:`experiments.network.calibrate` measured on the
+testbed's pair exchanges (``calibration.json``); the calibrated emulator's runs
+are kept as ``calibrated/`` beside ``emulated/``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from experiments.network import calibrate
 from experiments.network.testbed import parse_rate
 
 __all__ = ["read_run", "rows", "write_table"]
@@ -61,21 +65,33 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
 
 
 def _simulate(arm: str, n: int, pph: int, compute: dict[str, Any], model_bytes: float,
-              rate_bps: int) -> float | None:  # fmt: skip
+              rate_bps: int, terms: dict[str, float] | None = None,
+              sent_per_step: float | None = None) -> float | None:  # fmt: skip
+    """The simulator's step time; with ``terms``, calibrated (see :mod:`.calibrate`).
+
+    The calibrated compute time grows by the CPU that every rank's bytes cost,
+    shared by the machine's cores: ``comm_cpu_ms_per_mb * sent * n / cores``.
+    """
     if arm not in SIMULATED or compute["step_s"] is None or pph != 1:
         return None
     from experiments.network import sim_validate
 
     facts = {"model_bytes": model_bytes, "backward_frac": 0.6}
     kwargs = {"period": LOCAL_SGD_PERIOD} if arm == "local-sgd" else None
+    extra: dict[str, float] = {}
+    if terms is not None:
+        cpu = terms["comm_cpu_ms_per_mb"] * 1e-3 * (sent_per_step or 0.0) / 1e6 * n / terms["cores"]
+        extra = {"efficiency": terms["efficiency"], "collective_ms": terms["collective_ms"],
+                 "comm_cpu_s": cpu}  # fmt: skip
     return sim_validate.predict(arm, n, compute["step_s"], compute["step_cv"], facts,
                                 rate_bps / 1e9, 0.05, 25.0, steps=200,
-                                topology_kwargs=kwargs)  # fmt: skip
+                                topology_kwargs=kwargs, **extra)  # fmt: skip
 
 
 def rows(out: Path) -> list[dict[str, Any]]:
     """One row per kept run, with the emulator's and the simulator's predictions beside it."""
     result: list[dict[str, Any]] = []
+    calib = calibrate.load(out)
     for shape in sorted((out / "runs").glob("*/*")):
         model, (hosts, pph) = shape.parent.name, map(int, shape.name.split("x"))
         compute = read_run(shape / "compute")
@@ -104,16 +120,26 @@ def rows(out: Path) -> list[dict[str, Any]]:
                     time_to_target_s=None if target is None else time_to(curves[arm], target),
                     final_loss=s.get("train/loss"),
                 )
-                emu = read_run(rate_dir / arm / "emulated")
-                row["emulated_step_s"] = emu["step_s"] if emu else None
+                for k in ("emulated", "calibrated"):
+                    emu = read_run(rate_dir / arm / k)
+                    row[f"{k}_step_s"] = emu["step_s"] if emu else None
                 if compute is not None:
                     row["simulated_step_s"] = _simulate(arm, hosts * pph, pph, compute,
                                                         model_bytes, rate_bps)  # fmt: skip
-                for k in ("emulated", "simulated"):
+                    if calib is not None:
+                        terms = calibrate.simulator_terms(calib, rate_bps)
+                        row["simulated_cal_step_s"] = _simulate(
+                            arm, hosts * pph, pph, compute, model_bytes, rate_bps, terms,
+                            s.get("comm/bytes_per_step"))  # fmt: skip
+                for k in MODELS:
                     pred, meas = row.get(f"{k}_step_s"), row["step_s"]
                     row[f"{k}_ratio"] = pred / meas if pred and meas else None
                 result.append(row)
     return result
+
+
+MODELS = ("emulated", "calibrated", "simulated", "simulated_cal")
+MODEL_TITLES = ("emulated", "emulated, calibrated", "simulated", "simulated, calibrated")
 
 
 def _fmt(v: Any, spec: str = ".3f") -> str:
@@ -134,27 +160,38 @@ def markdown(table: list[dict[str, Any]]) -> str:
              "Step time: median `perf/step_s` after the first window. Wire bytes: what each host's "
              "link sent per training step (kernel counters), beside the library's `comm/bytes_per_step`. "
              "Predictions: emulator (`network=custom` on loopback, same rate) and simulator; "
-             f"ratio = predicted / measured step time, **miss** outside ±{TOLERANCE:.0%}.", ""]  # fmt: skip
+             f"ratio = predicted / measured step time, **miss** outside ±{TOLERANCE:.0%}. "
+             "Calibrated: with the terms measured on the testbed's pair exchanges "
+             "([calibration.md](calibration.md)).", ""]  # fmt: skip
     keys = sorted({(r["model"], r["hosts"], r["procs_per_host"]) for r in table})
     for model, hosts, pph in keys:
         lines += [f"## {model}, {hosts} hosts x {pph} process{'es' if pph > 1 else ''}", "",
-                  "| rate | arm | step s | samples/s | wire B/step | lib B/step | drops | "
-                  "time to loss | emulated s (ratio) | simulated s (ratio) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+                  "| rate | arm | step s | samples/s | wire B/step | lib B/step | drops | time to loss | "
+                  + " | ".join(f"{t} s (ratio)" for t in MODEL_TITLES) + " |",
+                  "|---|---|" + "---:|" * (6 + len(MODELS))]  # fmt: skip
         for r in sorted((r for r in table if (r["model"], r["hosts"], r["procs_per_host"]) == (model, hosts, pph)),
                         key=lambda r: (r["rate_bps"], r["arm"])):  # fmt: skip
             if r.get("failed"):
-                lines.append(f"| {r['rate']} | {r['arm']} | failed | | | | | | | |")
+                lines.append(f"| {r['rate']} | {r['arm']} | failed |" + " |" * (5 + len(MODELS)))
                 continue
             ttl = (f"{_fmt(r['time_to_target_s'], '.1f')} s to {r['target_loss']:.3f}"
                    if r["target_loss"] is not None else "–")  # fmt: skip
             lines.append(
                 f"| {r['rate']} | {r['arm']} | {_fmt(r['step_s'])} | {_fmt(r['samples_per_s'], '.0f')} | "
                 f"{_fmt(r['wire_bytes_per_step'], ',.0f')} | {_fmt(r['lib_bytes_per_step'], ',.0f')} | "
-                f"{_fmt(r['drops'], 'd')} | {ttl} | {_fmt(r['emulated_step_s'])} ({_ratio(r['emulated_ratio'])}) | "
-                f"{_fmt(r.get('simulated_step_s'))} ({_ratio(r.get('simulated_ratio'))}) |"
+                f"{_fmt(r['drops'], 'd')} | {ttl} | "
+                + " | ".join(
+                    f"{_fmt(r.get(f'{k}_step_s'))} ({_ratio(r.get(f'{k}_ratio'))})" for k in MODELS
+                )
+                + " |"
             )
         lines.append("")
+    lines += ["## Within 20% of the wire", "", "| model | cells within | of |", "|---|---:|---:|"]
+    for k, title in zip(MODELS, MODEL_TITLES):
+        ratios = [r[f"{k}_ratio"] for r in table if r.get(f"{k}_ratio") is not None]
+        within = sum(1 / (1 + TOLERANCE) <= v <= 1 + TOLERANCE for v in ratios)
+        lines.append(f"| {title} | {within} | {len(ratios)} |")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -188,10 +225,51 @@ def plot(table: list[dict[str, Any]], out: Path) -> list[Path]:
     return made
 
 
+def plot_loss(out: Path) -> list[Path]:
+    """Train loss against training seconds on the wire, one panel per rate, a figure per model and shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for shape in sorted((out / "runs").glob("*/*")):
+        rate_dirs = sorted((p for p in shape.iterdir() if p.is_dir() and p.name != "compute"),
+                           key=lambda p: parse_rate(p.name))  # fmt: skip
+        if not rate_dirs:
+            continue
+        arms = sorted({a.name for r in rate_dirs for a in r.iterdir() if a.is_dir()})
+        color = {a: f"C{i % 10}" for i, a in enumerate(arms)}  # one colour per arm in every panel
+        fig, axes = plt.subplots(
+            1, len(rate_dirs), figsize=(3.6 * len(rate_dirs), 3.4), squeeze=False
+        )
+        for ax, rate_dir in zip(axes[0], rate_dirs):
+            for arm_dir in sorted(p for p in rate_dir.iterdir() if p.is_dir()):
+                run = read_run(arm_dir / "wire")
+                curve = loss_curve(run) if run else []
+                if curve:
+                    ax.plot(*zip(*curve), marker=".", color=color[arm_dir.name], label=arm_dir.name)
+            ax.set_title(f"{rate_dir.name}")
+            ax.set_xlabel("seconds of training on the wire")
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].set_ylabel("train loss")
+        handles = [plt.Line2D([], [], color=color[a], marker=".", label=a) for a in arms]
+        axes[0][-1].legend(handles=handles, fontsize=6)
+        fig.suptitle(f"{shape.parent.name}, {shape.name.replace('x', ' hosts x ')}")
+        fig.tight_layout()
+        path = out / f"loss_vs_time_{shape.parent.name}_{shape.name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made
+
+
 def write_table(out: Path) -> list[dict[str, Any]]:
     """``table.md``, ``table.json`` and the plots into ``out`` from ``out/runs``."""
     table = rows(out)
     (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
     (out / "table.md").write_text(markdown(table) + "\n")
     plot(table, out)
+    plot_loss(out)
     return table
