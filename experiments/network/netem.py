@@ -124,7 +124,8 @@ class NetworkProfile:
     stack_cpu_ms_per_mb: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.efficiency, (int, float)) and 0 < self.efficiency <= 1):
+        eff = self.efficiency
+        if isinstance(eff, bool) or not (isinstance(eff, (int, float)) and 0 < eff <= 1):
             raise ValueError(
                 f"network profile '{self.name}': efficiency={self.efficiency!r} is invalid; "
                 "it must be a number in (0, 1]"
@@ -239,7 +240,11 @@ def profile_from_cfg(net_cfg: Any) -> NetworkProfile | None:
             stack_cpu_ms_per_mb=0.0 if stack is None else stack,
         )
     preset = PROFILES[name]
-    for key, value in (("latency_ms", latency), ("bandwidth_gbps", bandwidth)):
+    given = [("latency_ms", latency), ("bandwidth_gbps", bandwidth)]
+    given += [
+        (k, _cfg_get(net_cfg, k)) for k in ("efficiency", "collective_ms", "stack_cpu_ms_per_mb")
+    ]
+    for key, value in given:
         if value is not None and float(value) != getattr(preset, key):
             raise ValueError(
                 f"network '{name}' has {key}={getattr(preset, key)}, not {value}; "
