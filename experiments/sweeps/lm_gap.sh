@@ -7,6 +7,8 @@
 #   PART=local   the local arms' inner learning rate at H=16: local-sgd over {5e-4, 1e-3, 2e-3,
 #                4e-3, 8e-3}, DiLoCo (outer lr 0.5) over {1e-3, 2e-3, 4e-3, 8e-3}, then 3 seeds
 #                at each best (SKIP_SEEDS=1: the grids only; at 4e-3 the seeds are committed)
+#   PART=outer   DiLoCo's outer lr at the inner lr PART=local chose: {0.3, 0.5, 0.7, 1.0} (0.5 is
+#                PART=local's run), then 3 seeds at the best
 #   PART=state   second moments shared (optim.state_sync): complete and one-peer-exp with
 #                exp_avg_sq averaged every K in {1, 4, 16} steps (seed 0), at the lr 4e-3
 #                of allreduce and of both arms without it, then 3 seeds at each best K;
@@ -50,6 +52,19 @@ if [ "$PART" = local ] || [ "$PART" = all ]; then
     seed_from diloco-H16-lr "$OUTER/diloco-H16/stage1/1"  # outer.lr 0.5, optim.lr 4e-3
     STAGE=1 $TUNE diloco-H16-lr optim.lr 1e-3,2e-3,8e-3 "${H16[@]}" outer=diloco outer.lr=0.5
     [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE diloco-H16-lr optim.lr - "${H16[@]}" outer=diloco outer.lr=0.5
+  fi
+fi
+if { [ "$PART" = outer ] || [ "$PART" = all ]; } && chosen diloco-H16-outer; then
+  inner=$(cat "$OUT/diloco-H16-lr/best.txt")
+  seed_from diloco-H16-outer "$OUT/diloco-H16-lr/final/seed0"  # outer.lr 0.5 at that inner lr
+  DILOCO=("${H16[@]}" outer=diloco optim.lr="$inner")
+  STAGE=1 $TUNE diloco-H16-outer outer.lr 0.3,0.7,1.0 "${DILOCO[@]}"
+  best=$(.venv/bin/python -m experiments.report.tune "$OUT/diloco-H16-outer/stage1" --key outer.lr --best)
+  if [ "$best" = 0.5 ]; then  # PART=local ran its seeds already: the same runs
+    mkdir -p "$OUT/diloco-H16-outer/final" && echo 0.5 > "$OUT/diloco-H16-outer/best.txt"
+    cp -rn "$OUT"/diloco-H16-lr/final/seed* "$OUT/diloco-H16-outer/final/"
+  elif [ -z "${SKIP_SEEDS:-}" ]; then
+    STAGE=2 $TUNE diloco-H16-outer outer.lr - "${DILOCO[@]}"
   fi
 fi
 if [ "$PART" = state ] || [ "$PART" = all ]; then
@@ -121,6 +136,10 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
     "$DOCS"/runs/*-v/final --out "$DOCS/state_sync"
   "${R[@]}" "$DOCS"/runs/*-v/stage1 --tune optim.state_sync.exp_avg_sq --out "$DOCS/tune_k"
   "${R[@]}" "$DOCS"/runs/*-H16-lr/stage1 --tune optim.lr --out "$DOCS/tune_inner_lr"
+  [ ! -d "$DOCS/runs/diloco-H16-outer" ] || "${R[@]}" "$DOCS"/runs/diloco-H16-outer/stage1 \
+    --tune outer.lr --out "$DOCS/tune_outer_lr"
+  [ ! -d "$DOCS/runs/allreduce-sgd" ] || "${R[@]}" "$DOCS"/runs/*-sgd/stage1 --tune optim.lr \
+    --out "$DOCS/tune_sgd"
   .venv/bin/python -m experiments.report.trajectory "$DOCS"/stall/*/ --out "$DOCS/stall" \
     --max-step 128 --mark-every 16
 fi
