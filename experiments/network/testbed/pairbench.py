@@ -18,7 +18,8 @@ Rank 0 prints one JSON line per mode: the median seconds of an exchange and its
 ratio to ``S/B``, the time the payload needs on the link (``--rate-bps``). With
 ``--cpu`` it also reports the CPU time the whole machine spent over the mode's
 exchanges (``/proc/stat``: every process and the kernel, so the machine must
-be otherwise quiet), per MB that the ranks sent: ``cpu_ms_per_mb``.
+be otherwise quiet), less what it spends idle over as long (measured for a
+second first), per MB that the ranks sent: ``cpu_ms_per_mb``.
 """
 
 from __future__ import annotations
@@ -94,12 +95,19 @@ def main(argv: list[str] | None = None) -> None:
     groups = _groups(world)
     x = torch.ones(ns.bytes // 4)
     buf = torch.empty_like(x)
+    idle = 0.0  # the quiet machine's own busy cores (daemons, the launchers' polling)
+    if ns.cpu:
+        dist.barrier()
+        cpu0, t0 = busy_s(), time.perf_counter()
+        time.sleep(1.0)
+        idle = (busy_s() - cpu0) / (time.perf_counter() - t0)
+        dist.barrier()
     for mode in ns.modes.split(","):
         if mode.partition("/")[0] not in MODES:
             raise SystemExit(f"mode {mode!r} is unknown; known: {', '.join(MODES)}")
         times = []
         dist.barrier()
-        cpu0 = busy_s()
+        cpu0, wall0 = busy_s(), time.perf_counter()
         for rnd in range(ns.reps + 2):
             dist.barrier()
             if ns.gap_s:
@@ -108,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             exchange(x, buf, mode, rnd, groups)
             times.append(time.perf_counter() - t0)
         dist.barrier()
-        cpu = busy_s() - cpu0
+        cpu = busy_s() - cpu0 - idle * (time.perf_counter() - wall0)
         spent = torch.tensor(times[2:], dtype=torch.float64)
         dist.all_reduce(spent, op=dist.ReduceOp.MAX)  # an exchange ends when its slowest rank does
         if dist.get_rank() == 0:
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                 row["ratio"] = med / row["s_over_b"]
             if ns.cpu:  # each rank of a 2-rank exchange sends the tensor's size in all
                 sent_mb = world * (ns.reps + 2) * ns.bytes / 1e6
-                row.update(cpu_s=cpu, cpu_ms_per_mb=cpu * 1e3 / sent_mb)
+                row.update(cpu_s=cpu, idle_cores=idle, cpu_ms_per_mb=cpu * 1e3 / sent_mb)
             print(json.dumps(row), flush=True)
     dist.destroy_process_group()
 
