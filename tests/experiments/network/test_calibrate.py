@@ -65,11 +65,13 @@ def test_summarize_recovers_the_model_per_rate(calib: dict[str, Any]) -> None:
     assert calib["cores"] == os.cpu_count()
 
 
-def test_summarize_takes_the_cpu_from_bulk_payloads(calib: dict[str, Any]) -> None:
-    # wire bulk (>= 212992 B): 10, 12, 14, 16 -> 13; loopback bulk: 4, 6 -> 5
-    assert calib["comm_cpu_ms_per_mb"] == pytest.approx(13.0)
+def test_summarize_takes_the_cpu_from_bulk_payloads_per_rate(calib: dict[str, Any]) -> None:
+    # bulk (>= 212992 B) at 10 Mb/s: 10, 12 -> 11, beyond loopback's 4, 6 -> 6;
+    # at 100 Mb/s: 14, 16 -> 15, beyond loopback -> 10
+    r10, r100 = calib["rates"]["10mbit"], calib["rates"]["100mbit"]
+    assert (r10["comm_cpu_ms_per_mb"], r10["stack_cpu_ms_per_mb"]) == pytest.approx((11.0, 6.0))
+    assert (r100["comm_cpu_ms_per_mb"], r100["stack_cpu_ms_per_mb"]) == pytest.approx((15.0, 10.0))
     assert calib["loopback_cpu_ms_per_mb"] == pytest.approx(5.0)
-    assert calib["stack_cpu_ms_per_mb"] == pytest.approx(8.0)
 
 
 def test_summarize_keeps_the_terms_physical() -> None:
@@ -79,7 +81,7 @@ def test_summarize_keeps_the_terms_physical() -> None:
     assert got["rates"]["1gbit"]["efficiency"] == 1.0
     assert got["rates"]["1gbit"]["collective_ms"] == 0.0
     # loopback dearer than the wire: nothing to burn
-    assert got["stack_cpu_ms_per_mb"] == 0.0
+    assert got["rates"]["1gbit"]["stack_cpu_ms_per_mb"] == 0.0
 
 
 def test_nearest_is_on_a_log_scale(calib: dict[str, Any]) -> None:
@@ -94,13 +96,13 @@ def test_emulator_overrides_and_simulator_terms(calib: dict[str, Any]) -> None:
     assert calibrate.emulator_overrides(calib, 5e6) == [
         "network.efficiency=0.9000",
         "network.collective_ms=3.0000",
-        "network.stack_cpu_ms_per_mb=8.0000",
+        "network.stack_cpu_ms_per_mb=6.0000",
     ]
     assert calibrate.simulator_terms(calib, 1e8) == pytest.approx(
         {
             "efficiency": 0.8,
             "collective_ms": 1.5,
-            "comm_cpu_ms_per_mb": 13.0,
+            "comm_cpu_ms_per_mb": 15.0,
             "cores": os.cpu_count(),
         }  # fmt: skip
     )
@@ -117,7 +119,7 @@ def test_emulator_overrides_make_a_valid_config(
     validate(cfg, 4)
     prof = netem.profile_from_cfg(cfg.network)
     assert prof is not None
-    assert (prof.efficiency, prof.collective_ms, prof.stack_cpu_ms_per_mb) == (0.9, 3.0, 8.0)
+    assert (prof.efficiency, prof.collective_ms, prof.stack_cpu_ms_per_mb) == (0.9, 3.0, 6.0)
 
 
 def test_load_is_none_without_a_calibration(tmp_path: Path, calib: dict[str, Any]) -> None:
@@ -138,9 +140,9 @@ def test_show_writes_the_page(
     page = (tmp_path / "calibration.md").read_text()
     assert page == calibrate.markdown(calib)
     assert capsys.readouterr().out.strip() == page.strip()
-    assert "| 10mbit | 0.900 | 3.00 | 0.0% |" in page
-    assert "| 100mbit | 0.800 | 1.50 | 0.0% |" in page
-    assert "`stack_cpu_ms_per_mb` = 8.0" in page
+    assert "| 10mbit | 0.900 | 3.00 | 0.0% | 11.0 | 6.0 |" in page
+    assert "| 100mbit | 0.800 | 1.50 | 0.0% | 15.0 | 10.0 |" in page
+    assert "(loopback: 5.0 ms)" in page
     assert "| loopback | – | 851,968 | 0.0010 | – | 6.0 |" in page
     # one table line per measured row
     assert sum(line.startswith(("| wire |", "| loopback |")) for line in page.splitlines()) == 12

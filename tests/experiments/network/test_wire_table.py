@@ -67,14 +67,9 @@ def table(tmp_path_factory: pytest.TempPathFactory, calib: dict[str, Any]) -> li
 
 
 # A calibration that changes nothing: the line rate, no cost per call, no CPU.
-NEUTRAL = {
-    "rates": {
-        "10mbit": {"rate_bps": 1e7, "efficiency": 1.0, "collective_ms": 0.0, "worst_fit_error": 0.0}
-    },  # fmt: skip
-    "comm_cpu_ms_per_mb": 0.0,
-    "stack_cpu_ms_per_mb": 0.0,
-    "cores": 2,
-}
+RATE_10 = {"rate_bps": 1e7, "efficiency": 1.0, "collective_ms": 0.0, "worst_fit_error": 0.0,
+           "comm_cpu_ms_per_mb": 0.0, "stack_cpu_ms_per_mb": 0.0}  # fmt: skip
+NEUTRAL = {"rates": {"10mbit": RATE_10}, "cores": 2}
 
 
 def test_loss_curve_and_time_to_a_target(tmp_path: Path) -> None:
@@ -137,7 +132,7 @@ def test_a_neutral_calibration_leaves_the_simulation_alone(tmp_path: Path) -> No
 
 
 def test_the_stack_cpu_is_shared_by_the_cores(tmp_path: Path) -> None:
-    cpu_only = {**NEUTRAL, "comm_cpu_ms_per_mb": 13.0, "cores": 2}
+    cpu_only = {**NEUTRAL, "rates": {"10mbit": {**RATE_10, "comm_cpu_ms_per_mb": 13.0}}}
     ring = by_arm(wire_table.rows(make_tree(tmp_path, cpu_only)))["ring"]
     # ring's gossip hides behind compute, so the step grows by the CPU alone:
     # 13 ms per MB sent, 4 ranks' bytes on 2 cores
