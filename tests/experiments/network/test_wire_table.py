@@ -169,3 +169,19 @@ def test_write_table_makes_the_files(tmp_path: Path, calib: dict[str, Any]) -> N
     assert (out / "table.md").read_text() == wire_table.markdown(table) + "\n"
     for name in ("loss_vs_time_digits_4x1.png", "step_time_digits_4x1.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_repeats_on_the_wire_give_the_median_and_the_range(tmp_path: Path) -> None:
+    out = make_tree(tmp_path, None)
+    rel = Path("runs/digits/4x1/10mbit/ring/wire")
+    write_run(out / "repeats" / "r1" / rel, 0.7)
+    write_run(out / "repeats" / "r2" / rel, 0.6)
+    rows = by_arm(wire_table.rows(out))
+    ring, allreduce = rows["ring"], rows["allreduce"]
+    # 0.5 (the first run), 0.7 and 0.6: the ratio is taken against their median
+    assert (ring["step_s"], ring["wire_runs"]) == (0.6, 3)
+    assert (ring["step_min_s"], ring["step_max_s"]) == (0.5, 0.7)
+    assert ring["emulated_ratio"] == pytest.approx(EMULATED["ring"] / 0.6)
+    assert (allreduce["step_s"], allreduce["wire_runs"]) == (WIRE["allreduce"], 1)
+    page = wire_table.markdown(list(rows.values()))
+    assert "| 0.600 (3 runs, 0.500-0.700) |" in page
