@@ -12,6 +12,7 @@
 #   bash experiments/sweeps/network.sh                  # every PART, then the table
 #   PART=calibrate bash experiments/sweeps/network.sh   # the calibration terms (3-4 minutes)
 #   PART=digits4 bash experiments/sweeps/network.sh     # digits, 4 hosts x 1, three rates
+#   PART=repeats bash experiments/sweeps/network.sh     # 4 cells twice more: the wire's spread
 #   PART=table bash experiments/sweeps/network.sh       # the table from the committed runs
 set -euo pipefail
 [ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
@@ -39,6 +40,11 @@ case "$PART" in all|lm4)
   [ -f data/stdlib-bpe/train.bin ] || .venv/bin/python -m experiments.data.prepare_tokens \
     --stdlib --out data/stdlib-bpe --max-bytes 2000000 --vocab-size 1024
   study --model lm_quick --hosts 4 --rates 100mbit 1gbit --arms allreduce one-peer-exp local-sgd diloco ;; esac
+case "$PART" in all|repeats)  # the wire's own run-to-run spread: 100 Mb/s twice more, wire only
+  for r in r1 r2; do
+    study --out "$OUT/repeats/$r" --no-emulated --model digits --hosts 4 --rates 100mbit \
+      --arms allreduce complete ring one-peer-exp
+  done ;; esac
 case "$PART" in all|digits4-5mbit)
   study --model digits --hosts 4 --rates 5mbit --arms allreduce ring one-peer-exp ring-int8 ;; esac
 .venv/bin/python -m experiments.network.wire_study table --out "$OUT"
