@@ -81,11 +81,12 @@ def run(ns: argparse.Namespace) -> int:
     base = [*QUIET, *MODELS[ns.model], *ns.extra]
     if ns.procs_per_host > 1:
         base.append(f"topology.local_world_size={ns.procs_per_host}")
-    calib = calibrate.load(out) if ns.calibrated else None
-    if ns.calibrated and calib is None:
+    calibrated = ns.calibrated and not ns.no_emulated
+    calib = calibrate.load(out) if calibrated else None
+    if calibrated and calib is None:
         raise SystemExit(f"wire_study: --calibrated needs {out / 'calibration.json'}; run "
                          "'python -m experiments.network.calibrate run' first")  # fmt: skip
-    kinds = ["emulated", "calibrated"] if ns.calibrated else ["emulated"]
+    kinds = ["emulated", "calibrated"] if calibrated else ["emulated"]
     if ns.no_emulated:
         kinds = []
     jobs = [(rate, arm) for rate in ns.rates for arm in ns.arms]
