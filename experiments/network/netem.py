@@ -400,18 +400,12 @@ def make_gossip_delay(
 
     def delay(nbytes: int, group_size: int, ranks: Sequence[int] | None = None) -> float:
         nonlocal link_free_at
-        if burner is not None and group_size > 1:
-            crosses = (
-                procs_per_host == 1
-                or ranks is None
-                or len({r // procs_per_host for r in ranks}) > 1
-            )
-            if crosses:
-                burner.burn(profile.stack_cpu_ms_per_mb * sent_bytes(nbytes, group_size) * 1e-9)
-        if procs_per_host > 1 and ranks is not None:
-            hosts = len({r // procs_per_host for r in ranks})
-            if hosts == 1:
-                return 0.0  # inside one host: the loopback's own time
+        hosts = len({r // procs_per_host for r in ranks}) if procs_per_host > 1 and ranks else 0
+        if burner is not None and group_size > 1 and hosts != 1:  # 0: a link per rank
+            burner.burn(profile.stack_cpu_ms_per_mb * sent_bytes(nbytes, group_size) * 1e-9)
+        if hosts == 1:
+            return 0.0  # inside one host: the loopback's own time
+        if hosts > 1:
             nbytes = nbytes * procs_per_host * hosts / len(ranks)  # L / c groups share the link
         cost = gossip_time(nbytes, group_size, profile)
         if not shared_link or group_size == 1:

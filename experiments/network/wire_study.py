@@ -86,9 +86,7 @@ def run(ns: argparse.Namespace) -> int:
     if calibrated and calib is None:
         raise SystemExit(f"wire_study: --calibrated needs {out / 'calibration.json'}; run "
                          "'python -m experiments.network.calibrate run' first")  # fmt: skip
-    kinds = ["emulated", "calibrated"] if calibrated else ["emulated"]
-    if ns.no_emulated:
-        kinds = []
+    kinds = [] if ns.no_emulated else ["emulated", "calibrated"] if calibrated else ["emulated"]
     jobs = [(rate, arm) for rate in ns.rates for arm in ns.arms]
     bar = tqdm(jobs, desc="wire study", unit="cell")
     tmp = Path(tempfile.mkdtemp(prefix="wire-study-"))
@@ -117,7 +115,8 @@ def run(ns: argparse.Namespace) -> int:
                 emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
                             f"network.latency_ms={VETH_LATENCY_MS}",
                             f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
-                if kind == "calibrated" and calib is not None:
+                if kind == "calibrated":
+                    assert calib is not None  # loaded above whenever calibrated/ is to run
                     emulator += calibrate.emulator_overrides(calib, spec.rate_bps)
                 try:
                     run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
