@@ -22,3 +22,15 @@ keep_runs() {
     cp "$dir/.hydra/overrides.yaml" "$dest/.hydra/"
   done
 }
+
+# widen NAME OVERRIDE...: one more optim.lr beyond the edge that the best of $OUT/NAME/stage1
+# sits on (half the lowest or twice the highest), run by $TUNE; nothing when it is inside
+widen() {
+  local name=$1 v side
+  shift
+  read -r v side < <(best "$OUT/$name/stage1" optim.lr)
+  [ "$side" != inside ] || return 0
+  v=$(.venv/bin/python -c "import sys; v = float(sys.argv[1]); print(v / 2 if sys.argv[2] == 'low' else v * 2)" "$v" "$side")
+  echo "$name: the best optim.lr is at an edge of the grid; adding $v"
+  STAGE=1 SUBDIR="lr$v" $TUNE "$name" optim.lr "$v" "$@"
+}

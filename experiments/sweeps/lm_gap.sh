@@ -14,7 +14,11 @@
 #                of allreduce and of both arms without it, then 3 seeds at each best K;
 #                complete K=1 (v the workers' mean, m local) is the upper bound
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
-#                {0.25, 0.5, 1, 2}, then 3 seeds at each best
+#                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
+#                there, then 3 seeds at each best
+#   PART=batch   allreduce and complete with 8 and 128 windows per worker (lm_small has 32) at
+#                the same tokens: 2048 and 128 steps; optim.lr over 4 values around the
+#                square-root rule, one more past an edge, then 3 seeds at each best
 #   PART=stall   seeds 0 and 1 of local-sgd and DiLoCo at H=16 for 128 steps, logged every 2nd
 #                step with the consensus distance and the update's size (log.update_norm)
 #   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
@@ -33,7 +37,7 @@ OUTER=docs/results/outer/lm_small/runs
 LM=docs/results/lm/runs
 test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \
   --out "$DATA" --max-bytes 16000000 --vocab-size 1024
-. experiments/sweeps/_lib.sh  # best, keep_runs
+. experiments/sweeps/_lib.sh  # best, keep_runs, widen
 chosen() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 seed_from() {  # seed_from NAME RUN: RUN (a committed run's folder) becomes one of NAME's grid
   mkdir -p "$OUT/$1/stage1"
@@ -91,9 +95,46 @@ if [ "$PART" = sgd ] || [ "$PART" = all ]; then
     chosen "$topo-sgd" || continue
     STAGE=1 $TUNE "$topo-sgd" optim.lr 0.25,0.5,1.0,2.0 "${SGD[@]}" topology="$topo"
   done
+  for topo in allreduce complete; do  # up to two halvings or doublings past an edge
+    chosen "$topo-sgd" || continue
+    widen "$topo-sgd" "${SGD[@]}" topology="$topo"
+    widen "$topo-sgd" "${SGD[@]}" topology="$topo"
+  done
   for topo in allreduce complete; do
     chosen "$topo-sgd" || continue
     [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE "$topo-sgd" optim.lr - "${SGD[@]}" topology="$topo"
+  done
+fi
+if [ "$PART" = batch ] || [ "$PART" = all ]; then
+  # the batch per worker at lm_small's 4.19M tokens: W windows per worker for 16384/W steps, a
+  # sixteenth of them warm-up (W=32 is lm_small itself, tuned in ../lm); AdamW as lm_small
+  batch_job() {  # batch_job W: the overrides of W windows per worker
+    local steps=$((16384 / $1))
+    echo "experiment=lm_small train.batch_size=$1 train.max_steps=$steps" \
+      "scheduler.warmup_steps=$((steps / 16))"
+  }
+  declare -A BATCH_LRS=([8]=5e-4,1e-3,2e-3,4e-3 [128]=2e-3,4e-3,8e-3,1.6e-2)
+  for w in 128 8; do  # every grid first, then one value past any edge, then the seeds
+    for topo in allreduce complete; do
+      chosen "$topo-w$w" || continue
+      # shellcheck disable=SC2046  # the job's overrides are words
+      STAGE=1 $TUNE "$topo-w$w" optim.lr "${BATCH_LRS[$w]}" $(batch_job $w) topology="$topo"
+    done
+  done
+  for w in 128 8; do
+    for topo in allreduce complete; do
+      chosen "$topo-w$w" || continue
+      # shellcheck disable=SC2046
+      widen "$topo-w$w" $(batch_job $w) topology="$topo"
+    done
+  done
+  for w in 128 8; do
+    for topo in allreduce complete; do
+      chosen "$topo-w$w" || continue
+      # shellcheck disable=SC2046
+      [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE "$topo-w$w" optim.lr - $(batch_job $w) \
+        topology="$topo"
+    done
   done
 fi
 if [ "$PART" = stall ] || [ "$PART" = all ]; then

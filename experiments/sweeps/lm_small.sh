@@ -22,20 +22,11 @@ LRS=1e-3,2e-3,4e-3,8e-3
 TUNE=experiments/sweeps/tune.sh
 test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens --stdlib \
   --out "$DATA" --max-bytes 16000000 --vocab-size 1024
-. experiments/sweeps/_lib.sh  # best, keep_runs
+. experiments/sweeps/_lib.sh  # best, keep_runs, widen
 loss_of() {  # loss_of NAME OVERRIDE: the final eval/loss of NAME's stage-1 run with OVERRIDE
   grep -lx -- "- $2" "$OUT/$1"/stage1/*/.hydra/overrides.yaml | head -1 \
     | sed 's#/.hydra/overrides.yaml#/summary.json#' \
     | xargs .venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["eval/loss"])'
-}
-widen() {  # widen NAME OVERRIDE...: one more optim.lr beyond the edge the best sits on
-  local name=$1 v side
-  shift
-  read -r v side < <(best "$OUT/$name/stage1" optim.lr)
-  [ "$side" != inside ] || return 0
-  v=$(.venv/bin/python -c "import sys; v = float(sys.argv[1]); print(v / 2 if sys.argv[2] == 'low' else v * 2)" "$v" "$side")
-  echo "$name: the best optim.lr is at an edge of the grid; adding $v"
-  STAGE=1 SUBDIR="lr$v" $TUNE "$name" optim.lr "$v" "$@"
 }
 ACCUM=(optim=accum_adamw 'optim.betas=[0.9,0.98]' optim.weight_decay=0.1)
 ARMS=(allreduce-adamw:allreduce one-peer-exp-adamw:one-peer-exp complete-adamw:complete)

@@ -12,6 +12,8 @@
 # Environment: OUT (multirun/tune), STAGE (1, 2 or all), SEEDS (1,2), NPROC (4 workers),
 # BEST (stage 2 at this value instead of the best of stage 1), SUBDIR (stage 1's run folder
 # names, default the job number; another name adds values to a finished grid).
+# A value or seed whose run has ended already (it has a summary.json) is not run again, so a
+# cut-short sweep resumes where it stopped.
 set -euo pipefail
 [ "$0" = "${SWEEP_SNAPSHOT:-}" ] || . "$(dirname "$0")/_snapshot.sh"  # edits mid-sweep are safe
 cd "$SWEEP_ROOT" && rm -f "$SWEEP_SNAPSHOT"
@@ -30,9 +32,32 @@ train() {
   OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node="$NPROC" train.py -m \
     log.progress=false "$@"
 }
+finished() {  # finished DIR OVERRIDE: a run under DIR with OVERRIDE ended (it has a summary)
+  local f
+  for f in "$1"/*/.hydra/overrides.yaml; do
+    [ -f "$f" ] && grep -qx -- "- $2" "$f" && [ -f "${f%/.hydra/overrides.yaml}/summary.json" ] \
+      && return 0
+  done
+  return 1
+}
 if [ "$STAGE" != 2 ]; then
-  train "$@" "$KEY=$VALUES" hydra.sweep.dir="$OUT/$NAME/stage1" \
-    "hydra.sweep.subdir=${SUBDIR:-\${hydra.job.num\}}"
+  todo=()
+  for v in ${VALUES//,/ }; do
+    if finished "$OUT/$NAME/stage1" "$KEY=$v"; then
+      echo "$NAME: $KEY=$v has run already; skipped"
+    else
+      todo+=("$v")
+    fi
+  done
+  if [ ${#todo[@]} = "$(tr ',' '\n' <<<"$VALUES" | wc -l)" ]; then  # the whole grid, one launch
+    train "$@" "$KEY=$VALUES" hydra.sweep.dir="$OUT/$NAME/stage1" \
+      "hydra.sweep.subdir=${SUBDIR:-\${hydra.job.num\}}"
+  else  # the rest of a grid cut short: named folders, so as not to reuse its job numbers
+    for v in "${todo[@]}"; do
+      train "$@" "$KEY=$v" hydra.sweep.dir="$OUT/$NAME/stage1" \
+        "hydra.sweep.subdir=${SUBDIR:-${KEY##*.}$v}"
+    done
+  fi
 fi
 if [ "$STAGE" != 1 ]; then
   best=${BEST:-$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)}
@@ -43,7 +68,16 @@ if [ "$STAGE" != 1 ]; then
   mkdir -p "$dest/.hydra"
   cp "$src/summary.json" "$src/metrics.jsonl" "$dest/"
   cp "$src"/.hydra/*.yaml "$dest/.hydra/"
-  echo "$NAME: $KEY=$best (from $src); seeds $SEEDS"
-  train "$@" "$KEY=$best" "train.seed=$SEEDS" hydra.sweep.dir="$OUT/$NAME/final" \
-    'hydra.sweep.subdir=seed${train.seed}'
+  todo=()
+  for seed in ${SEEDS//,/ }; do
+    finished "$OUT/$NAME/final" "$KEY=$best" && [ -f "$OUT/$NAME/final/seed$seed/summary.json" ] \
+      && grep -qx -- "- $KEY=$best" "$OUT/$NAME/final/seed$seed/.hydra/overrides.yaml" \
+      || todo+=("$seed")
+  done
+  echo "$NAME: $KEY=$best (from $src); seeds $SEEDS, to run: ${todo[*]:-none}"
+  if [ ${#todo[@]} -gt 0 ]; then
+    seeds=$(IFS=,; echo "${todo[*]}")
+    train "$@" "$KEY=$best" "train.seed=$seeds" hydra.sweep.dir="$OUT/$NAME/final" \
+      'hydra.sweep.subdir=seed${train.seed}'
+  fi
 fi
