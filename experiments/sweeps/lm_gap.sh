@@ -181,6 +181,13 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
     --tune outer.lr --out "$DOCS/tune_outer_lr"
   [ ! -d "$DOCS/runs/allreduce-sgd" ] || "${R[@]}" "$DOCS"/runs/*-sgd/stage1 --tune optim.lr \
     --out "$DOCS/tune_sgd"
+  if compgen -G "$DOCS/runs/*-w*/stage1" >/dev/null; then  # the batch per worker
+    "${R[@]}" "$DOCS"/runs/*-w*/stage1 --tune optim.lr --out "$DOCS/tune_batch"
+  fi
+  if compgen -G "$DOCS/runs/*-w*/final" >/dev/null; then
+    "${R[@]}" "$DOCS"/runs/{allreduce-adamw,complete-adamw-lr0.004}/final "$DOCS"/runs/*-w*/final \
+      --out "$DOCS/batch"
+  fi
   .venv/bin/python -m experiments.report.trajectory "$DOCS"/stall/*/ --out "$DOCS/stall" \
     --max-step 128 --mark-every 16
 fi
