@@ -62,8 +62,11 @@ fi
 if [ "$STAGE" != 1 ]; then
   best=${BEST:-$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)}
   echo "$best" > "$OUT/$NAME/best.txt"
-  src=$(grep -lx -- "- $KEY=$best" "$OUT/$NAME"/stage1/*/.hydra/overrides.yaml | head -1)
-  src=${src%/.hydra/overrides.yaml}
+  src=
+  for f in $(grep -lx -- "- $KEY=$best" "$OUT/$NAME"/stage1/*/.hydra/overrides.yaml); do
+    [ -f "${f%/.hydra/overrides.yaml}/summary.json" ] && src=${f%/.hydra/overrides.yaml} && break
+  done  # a run of that value that ended (not one cut short before its summary)
+  [ -n "$src" ] || { echo "$NAME: no finished run with $KEY=$best in $OUT/$NAME/stage1" >&2; exit 1; }
   dest="$OUT/$NAME/final/seed0"
   mkdir -p "$dest/.hydra"
   cp "$src/summary.json" "$src/metrics.jsonl" "$dest/"

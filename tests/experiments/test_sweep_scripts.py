@@ -93,3 +93,46 @@ def test_the_shared_lib_keeps_runs_small_files_and_gives_the_best_with_its_edge(
         assert (kept / lr / "summary.json").read_bytes() == (
             out / "arm" / "stage1" / lr / "summary.json"
         ).read_bytes()
+
+
+@pytest.mark.slow
+def test_tune_runs_only_what_has_not_run_so_a_cut_short_sweep_resumes(tmp_path: Path) -> None:
+    # real 2-rank torchrun jobs of two steps each, launched by tune.sh itself
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "NPROC": "2", "OMP_NUM_THREADS": "1"}
+    env.pop("SWEEP_SNAPSHOT", None)
+    job = ["logger=none", "topology=ring", "train.max_steps=2", "log.every=1"]
+
+    def tune(values: str, **extra: str) -> str:
+        done = subprocess.run(
+            ["bash", str(SWEEPS / "tune.sh"), "arm", "optim.lr", values, *job],
+            env={**env, **extra}, cwd=ROOT, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    stage1 = out / "arm" / "stage1"
+    tune("0.1,0.2", STAGE="1")
+    runs = lambda: sorted(p.name for p in stage1.iterdir() if p.is_dir())  # noqa: E731
+    assert runs() == ["0", "1"]
+    first = (stage1 / "0" / "summary.json").stat().st_mtime_ns
+    (stage1 / "1" / "summary.json").unlink()  # that run was cut short
+    log = tune("0.1,0.2,0.4", STAGE="1")
+    assert "optim.lr=0.1 has run already; skipped" in log
+    assert "optim.lr=0.2 has run already" not in log
+    # the rest go to named folders, not to the job numbers the first launch used
+    assert runs() == ["0", "1", "lr0.2", "lr0.4"]
+    assert (stage1 / "0" / "summary.json").stat().st_mtime_ns == first
+    for name, lr in (("lr0.2", "0.2"), ("lr0.4", "0.4")):
+        assert f"- optim.lr={lr}" in (stage1 / name / ".hydra" / "overrides.yaml").read_text()
+        assert (stage1 / name / "summary.json").is_file()
+    log = tune("-", STAGE="2", SEEDS="1", BEST="0.2")
+    assert "seeds 1, to run: 1" in log
+    seed1 = out / "arm" / "final" / "seed1"
+    ran = (seed1 / "summary.json").stat().st_mtime_ns
+    assert "- optim.lr=0.2" in (seed1 / ".hydra" / "overrides.yaml").read_text()
+    assert "seeds 1, to run: none" in tune("-", STAGE="2", SEEDS="1", BEST="0.2")
+    assert (seed1 / "summary.json").stat().st_mtime_ns == ran
+    # another best: its seeds are not the ones that ran, so they run again
+    assert "seeds 1, to run: 1" in tune("-", STAGE="2", SEEDS="1", BEST="0.4")
+    assert "- optim.lr=0.4" in (seed1 / ".hydra" / "overrides.yaml").read_text()
