@@ -188,6 +188,19 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
     "${R[@]}" "$DOCS"/runs/{allreduce-adamw,complete-adamw-lr0.004}/final "$DOCS"/runs/*-w*/final \
       --out "$DOCS/batch"
   fi
+  # complete's gap behind allreduce paired by seed: AdamW at 8, 32 and 128 windows per worker,
+  # then SGD at 32, each setting drawn once its two arms have their seeds
+  pairs=()
+  add_pair() {  # add_pair LABEL BASE OTHER: when both arms have a final/
+    [ -d "$2" ] && [ -d "$3" ] && pairs+=(--pair "$1" "$2" "$3") || true
+  }
+  add_pair "AdamW, W=8" "$DOCS/runs/allreduce-w8/final" "$DOCS/runs/complete-w8/final"
+  add_pair "AdamW, W=32" "$DOCS/runs/allreduce-adamw/final" \
+    "$DOCS/runs/complete-adamw-lr0.004/final"
+  add_pair "AdamW, W=128" "$DOCS/runs/allreduce-w128/final" "$DOCS/runs/complete-w128/final"
+  add_pair "SGD, W=32" "$DOCS/runs/allreduce-sgd/final" "$DOCS/runs/complete-sgd/final"
+  .venv/bin/python -m experiments.report.gap "${pairs[@]}" --out "$DOCS/gap" \
+    --title "complete behind allreduce, each tuned (W: windows per worker)"
   .venv/bin/python -m experiments.report.trajectory "$DOCS"/stall/*/ --out "$DOCS/stall" \
     --max-step 128 --mark-every 16
 fi
