@@ -17,8 +17,9 @@
 #                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
 #                there, then 3 seeds at each best
 #   PART=batch   allreduce and complete with 8 and 128 windows per worker (lm_small has 32) at
-#                the same tokens: 2048 and 128 steps; optim.lr over 4 values around the
-#                square-root rule, one more past an edge, then 3 seeds at each best
+#                the same tokens: 2048 and 128 steps; optim.lr over 4 values (at 128 windows
+#                2e-3 beat 4e-3 on seed 0, so its grid reaches down to 1e-3), one more past
+#                an edge, then 3 seeds at each best
 #   PART=stall   seeds 0 and 1 of local-sgd and DiLoCo at H=16 for 128 steps, logged every 2nd
 #                step with the consensus distance and the update's size (log.update_norm)
 #   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
@@ -113,7 +114,7 @@ if [ "$PART" = batch ] || [ "$PART" = all ]; then
     echo "experiment=lm_small train.batch_size=$1 train.max_steps=$steps" \
       "scheduler.warmup_steps=$((steps / 16))"
   }
-  declare -A BATCH_LRS=([8]=5e-4,1e-3,2e-3,4e-3 [128]=2e-3,4e-3,8e-3,1.6e-2)
+  declare -A BATCH_LRS=([8]=5e-4,1e-3,2e-3,4e-3 [128]=1e-3,2e-3,4e-3,8e-3)
   for w in 128 8; do  # every grid first, then one value past any edge, then the seeds
     for topo in allreduce complete; do
       chosen "$topo-w$w" || continue
