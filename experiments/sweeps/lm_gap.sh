@@ -22,6 +22,8 @@
 #                an edge, then 3 seeds at each best
 #   PART=stall   seeds 0 and 1 of local-sgd and DiLoCo at H=16 for 128 steps, logged every 2nd
 #                step with the consensus distance and the update's size (log.update_norm)
+#   PART=repro   the headline arms' runs (seed 0, or REPRO_SEEDS) rerun with their own
+#                overrides: each must land within 0.01 nats (docs/results/lm_gap/rerun)
 #   PART=report  copy the runs' small files to docs/results/lm_gap/runs and draw the reports
 # About 3 minutes per run on 2 cores. OUT (multirun/lm_gap); DOCS (docs/results/lm_gap);
 # ONLY (space-separated arm names to run, e.g. ONLY="local-sgd-H16-lr").
@@ -159,6 +161,20 @@ if [ "$PART" = stall ] || [ "$PART" = all ]; then
       wait $pid 2>/dev/null || true
     done
   done
+fi
+if [ "$PART" = repro ]; then
+  # the headline values rerun with their own overrides (experiments.report.rerun): each must
+  # land within 0.01 nats of its committed value; REPRO_SEEDS (0) picks the seeds
+  runs=()
+  for seed in ${REPRO_SEEDS:-0}; do
+    for arm in "$LM/allreduce-adamw" "$LM/complete-adamw-lr0.004" "$LM/one-peer-exp-adamw-lr0.004" \
+      "$DOCS/runs/complete-v" "$DOCS/runs/local-sgd-H16-lr" "$DOCS/runs/diloco-H16-lr" \
+      "$DOCS/runs/allreduce-sgd" "$DOCS/runs/complete-sgd"; do
+      [ ! -d "$arm/final/seed$seed" ] || runs+=("$arm/final/seed$seed")
+    done
+  done
+  .venv/bin/python -m experiments.report.rerun "${runs[@]}" --tol 0.01 --work "$OUT/rerun" \
+    --out "$DOCS/rerun"
 fi
 if [ "$PART" = report ] || [ "$PART" = all ]; then
   dest_of() { echo "$DOCS/runs/$1"; }
