@@ -13,6 +13,8 @@
 #                exp_avg_sq averaged every K in {1, 4, 16} steps (seed 0), at the lr 4e-3
 #                of allreduce and of both arms without it, then 3 seeds at each best K;
 #                complete K=1 (v the workers' mean, m local) is the upper bound
+#   PART=moments complete with Adam's first moment shared every step, and with both moments
+#                (optim.state_sync.exp_avg=1, exp_avg_sq=1), at lr 4e-3, 3 seeds each
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
 #                there, then 3 seeds at each best
@@ -86,6 +88,20 @@ if [ "$PART" = state ] || [ "$PART" = all ]; then
     STAGE=2 $TUNE "$topo-v" optim.state_sync.exp_avg_sq - experiment=lm_small \
       topology="$topo" optim.lr=0.004
   done
+fi
+if [ "$PART" = moments ] || [ "$PART" = all ]; then
+  # complete with Adam's first moment shared every step (complete-m), or both moments
+  # (complete-mv): the mean of the workers' m is then allreduce's m, the step's only local
+  # parts are the fresh gradient's (1 - beta1) share and v's spread; at lr 4e-3, 3 seeds
+  M=(experiment=lm_small topology=complete optim.lr=0.004)
+  chosen complete-m && STAGE=1 $TUNE complete-m optim.state_sync.exp_avg 1 "${M[@]}"
+  chosen complete-mv && STAGE=1 $TUNE complete-mv optim.state_sync.exp_avg 1 "${M[@]}" \
+    optim.state_sync.exp_avg_sq=1
+  if [ -z "${SKIP_SEEDS:-}" ]; then
+    chosen complete-m && STAGE=2 $TUNE complete-m optim.state_sync.exp_avg - "${M[@]}"
+    chosen complete-mv && STAGE=2 $TUNE complete-mv optim.state_sync.exp_avg - "${M[@]}" \
+      optim.state_sync.exp_avg_sq=1
+  fi
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
   # lm_small sets AdamW's betas, which SGD's schema refuses: the same job spelled out, SGD in it
