@@ -94,13 +94,12 @@ if [ "$PART" = moments ] || [ "$PART" = all ]; then
   # (complete-mv): the mean of the workers' m is then allreduce's m, the step's only local
   # parts are the fresh gradient's (1 - beta1) share and v's spread; at lr 4e-3, 3 seeds
   M=(experiment=lm_small topology=complete optim.lr=0.004)
-  chosen complete-m && STAGE=1 $TUNE complete-m optim.state_sync.exp_avg 1 "${M[@]}"
-  chosen complete-mv && STAGE=1 $TUNE complete-mv optim.state_sync.exp_avg 1 "${M[@]}" \
-    optim.state_sync.exp_avg_sq=1
+  MV=("${M[@]}" optim.state_sync.exp_avg_sq=1)
+  if chosen complete-m; then STAGE=1 $TUNE complete-m optim.state_sync.exp_avg 1 "${M[@]}"; fi
+  if chosen complete-mv; then STAGE=1 $TUNE complete-mv optim.state_sync.exp_avg 1 "${MV[@]}"; fi
   if [ -z "${SKIP_SEEDS:-}" ]; then
-    chosen complete-m && STAGE=2 $TUNE complete-m optim.state_sync.exp_avg - "${M[@]}"
-    chosen complete-mv && STAGE=2 $TUNE complete-mv optim.state_sync.exp_avg - "${M[@]}" \
-      optim.state_sync.exp_avg_sq=1
+    if chosen complete-m; then STAGE=2 $TUNE complete-m optim.state_sync.exp_avg - "${M[@]}"; fi
+    if chosen complete-mv; then STAGE=2 $TUNE complete-mv optim.state_sync.exp_avg - "${MV[@]}"; fi
   fi
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
