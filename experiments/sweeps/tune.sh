@@ -32,13 +32,8 @@ train() {
   OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node="$NPROC" train.py -m \
     log.progress=false "$@"
 }
-finished() {  # finished DIR OVERRIDE: a run under DIR with OVERRIDE ended (it has a summary)
-  local f
-  for f in "$1"/*/.hydra/overrides.yaml; do
-    [ -f "$f" ] && grep -qx -- "- $2" "$f" && [ -f "${f%/.hydra/overrides.yaml}/summary.json" ] \
-      && return 0
-  done
-  return 1
+finished() {  # finished DIR KEY=VALUE [--self]: a run under DIR (or DIR) with it that ended
+  .venv/bin/python -m experiments.report.find_run "$@" >/dev/null
 }
 if [ "$STAGE" != 2 ]; then
   todo=()
@@ -62,10 +57,8 @@ fi
 if [ "$STAGE" != 1 ]; then
   best=${BEST:-$(.venv/bin/python -m experiments.report.tune "$OUT/$NAME/stage1" --key "$KEY" --best)}
   echo "$best" > "$OUT/$NAME/best.txt"
-  src=
-  for f in $(grep -lx -- "- $KEY=$best" "$OUT/$NAME"/stage1/*/.hydra/overrides.yaml); do
-    [ -f "${f%/.hydra/overrides.yaml}/summary.json" ] && src=${f%/.hydra/overrides.yaml} && break
-  done  # a run of that value that ended (not one cut short before its summary)
+  # a run of that value that ended (not one cut short before its summary)
+  src=$(.venv/bin/python -m experiments.report.find_run "$OUT/$NAME/stage1" "$KEY=$best") || src=
   [ -n "$src" ] || { echo "$NAME: no finished run with $KEY=$best in $OUT/$NAME/stage1" >&2; exit 1; }
   dest="$OUT/$NAME/final/seed0"
   mkdir -p "$dest/.hydra"
@@ -73,9 +66,7 @@ if [ "$STAGE" != 1 ]; then
   cp "$src"/.hydra/*.yaml "$dest/.hydra/"
   todo=()
   for seed in ${SEEDS//,/ }; do
-    finished "$OUT/$NAME/final" "$KEY=$best" && [ -f "$OUT/$NAME/final/seed$seed/summary.json" ] \
-      && grep -qx -- "- $KEY=$best" "$OUT/$NAME/final/seed$seed/.hydra/overrides.yaml" \
-      || todo+=("$seed")
+    finished "$OUT/$NAME/final/seed$seed" "$KEY=$best" --self || todo+=("$seed")
   done
   echo "$NAME: $KEY=$best (from $src); seeds $SEEDS, to run: ${todo[*]:-none}"
   if [ ${#todo[@]} -gt 0 ]; then
