@@ -31,6 +31,7 @@ _EXPORTS = {
     "AccumAdam": "optim",
     "AccumAdamW": "optim",
     "QGMSGD": "optim",
+    "LaggedVAdamW": "optim",
     "optim_fn_qgm_sgd": "optim",
     "LocalSGDTopology": "topo",
     "BaseKTopology": "topo",
@@ -39,6 +40,7 @@ _EXPORTS = {
     "optim_fn_adamw": "optim",
     "optim_fn_accum_adam": "optim",
     "optim_fn_accum_adamw": "optim",
+    "optim_fn_lagged_v_adamw": "optim",
     "lr_scheduler_fn_cosine_with_warmup": "optim",
     "lr_scheduler_fn_constant": "optim",
     "lr_scheduler_fn_step": "optim",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from .optim import QGMSGD as QGMSGD
     from .optim import AccumAdam as AccumAdam
     from .optim import AccumAdamW as AccumAdamW
+    from .optim import LaggedVAdamW as LaggedVAdamW
     from .optim import lr_scheduler_fn_constant as lr_scheduler_fn_constant
     from .optim import lr_scheduler_fn_cosine_with_warmup as lr_scheduler_fn_cosine_with_warmup
     from .optim import lr_scheduler_fn_step as lr_scheduler_fn_step
@@ -66,6 +69,7 @@ if TYPE_CHECKING:
     from .optim import optim_fn_accum_adamw as optim_fn_accum_adamw
     from .optim import optim_fn_adam as optim_fn_adam
     from .optim import optim_fn_adamw as optim_fn_adamw
+    from .optim import optim_fn_lagged_v_adamw as optim_fn_lagged_v_adamw
     from .optim import optim_fn_qgm_sgd as optim_fn_qgm_sgd
     from .optim import optim_fn_sgd as optim_fn_sgd
     from .topo import BaseKTopology as BaseKTopology

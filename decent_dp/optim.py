@@ -20,8 +20,8 @@ on its own. Weight decay applies to weights only: parameters with
 second param group with ``weight_decay=0``. Each group keeps its parameter
 names under the ``"names"`` key for debugging.
 
-The optimizers this package adds, :class:`AccumAdam`, :class:`AccumAdamW`
-and :class:`QGMSGD`, are public here; they live in ``decent_dp._optimizers``.
+The optimizers this package adds, :class:`AccumAdam`, :class:`AccumAdamW`,
+:class:`LaggedVAdamW` and :class:`QGMSGD`, are public here; they live in ``decent_dp._optimizers``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ._optimizers import (
     QGMSGD,
     AccumAdam,
     AccumAdamW,
+    LaggedVAdamW,
     _check_accum_iter,
     _check_adam_args,
     _check_lr,
@@ -50,6 +51,7 @@ from ._optimizers import (
 __all__ = [
     "AccumAdam",
     "AccumAdamW",
+    "LaggedVAdamW",
     "QGMSGD",
     "NamedParams",
     "optim_fn_sgd",
@@ -58,6 +60,7 @@ __all__ = [
     "optim_fn_adamw",
     "optim_fn_accum_adam",
     "optim_fn_accum_adamw",
+    "optim_fn_lagged_v_adamw",
     "lr_scheduler_fn_cosine_with_warmup",
     "lr_scheduler_fn_constant",
     "lr_scheduler_fn_step",
@@ -122,6 +125,7 @@ _ARG_DOCS = {
     "l2": "L2 coefficient for weights, ``>= 0``.",
     "decoupled": "Decoupled decay coefficient for weights, ``>= 0``.",
     "accum_iter": "Steps between moment refreshes, an integer ``>= 1``.",
+    "clip": "Bound on each coordinate's normalised step, ``> 0``.",
     "momentum": "Momentum factor, ``>= 0``; must be ``> 0`` with ``nesterov``.",
     "nesterov": "Use Nesterov momentum.",
     "beta": "``beta``, in ``[0, 1)``.",
@@ -213,6 +217,12 @@ def _check_adam(hp: dict[str, Any]) -> None:
     hp["betas"] = _check_adam_args(hp["lr"], hp["betas"], hp["eps"], hp["weight_decay"])
 
 
+def _check_lagged_v(hp: dict[str, Any]) -> None:
+    _check_adam(hp)
+    if not hp["clip"] > 0.0:
+        raise ValueError(f"clip must be > 0, got {hp['clip']}")
+
+
 def _check_accum_adam(hp: dict[str, Any]) -> None:
     _check_adam(hp)
     _check_accum_iter(hp["accum_iter"])
@@ -225,6 +235,7 @@ _SUMMARIES = {
     "optim_fn_adamw": "Build AdamW (decoupled decay) with decay on weights only.",
     "optim_fn_accum_adam": "Build :class:`AccumAdam` with L2 decay (added to the gradient) on weights only.",
     "optim_fn_accum_adamw": "Build :class:`AccumAdamW` (decoupled, AdamW-style decay) with decay on weights only.",
+    "optim_fn_lagged_v_adamw": "Build :class:`LaggedVAdamW` (decoupled decay) with decay on weights only.",
 }
 
 
@@ -261,6 +272,9 @@ def _adam_factory(
         ("weight_decay", 0.01 if decoupled else 0.0, "float", "decoupled" if decoupled else "l2"),
     ]
     check = _check_adam
+    if optimizer is LaggedVAdamW:
+        hyper.append(("clip", 5.0, "float", "clip"))
+        check = _check_lagged_v
     if issubclass(optimizer, AccumAdam):
         hyper.append(("accum_iter", 4, "int", "accum_iter"))
         check = _check_accum_adam
@@ -283,6 +297,12 @@ optim_fn_accum_adamw = _adam_factory(
     AccumAdamW,
     True,
     "An :class:`AccumAdamW` (an :class:`AccumAdam` with ``decoupled=True``).",
+)
+optim_fn_lagged_v_adamw = _adam_factory(
+    "optim_fn_lagged_v_adamw",
+    LaggedVAdamW,
+    True,
+    "A :class:`LaggedVAdamW`: use it with ``state_sync={'grad_prev': 1}``.",
 )
 
 

@@ -122,6 +122,7 @@ __all__ = [
     "AdamWConfig",
     "AccumAdamConfig",
     "AccumAdamWConfig",
+    "LaggedVAdamWConfig",
     "CosineWarmupConfig",
     "ConstantConfig",
     "StepConfig",
@@ -156,7 +157,9 @@ ALLREDUCE = "allreduce"
 
 TopologyName = name_enum("TopologyName", [*TopologyReg.names(), ALLREDUCE], __name__)
 OptimName = name_enum(
-    "OptimName", ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "qgm_sgd"], __name__
+    "OptimName",
+    ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "lagged_v_adamw", "qgm_sgd"],
+    __name__,
 )
 SchedulerName = name_enum("SchedulerName", ["cosine_warmup", "constant", "step"], __name__)
 NetworkName = name_enum(
@@ -181,12 +184,15 @@ class StateSyncConfig:
     the parameters to the round's neighbours (every worker with
     ``topology=complete``), and the optimizer steps from the mix, e.g.
     ``optim.state_sync.exp_avg_sq=1``. Adam and AdamW keep ``exp_avg`` and
-    ``exp_avg_sq``, AccumAdam(W) also ``grad_accum``, SGD ``momentum_buffer``.
+    ``exp_avg_sq``, AccumAdam(W) also ``grad_accum``, LaggedVAdamW also
+    ``grad_prev`` (the gradient its second moment is fed by), SGD
+    ``momentum_buffer``.
     """
 
     exp_avg_sq: int = 0
     exp_avg: int = 0
     grad_accum: int = 0
+    grad_prev: int = 0
     momentum_buffer: int = 0
 
 
@@ -260,6 +266,18 @@ class AccumAdamWConfig(AdamWConfig):
     """``optim=accum_adamw``: AdamW that applies an update every ``accum_iter`` steps."""
 
     accum_iter: int = 4
+
+
+@dataclass
+class LaggedVAdamWConfig(AdamWConfig):
+    """``optim=lagged_v_adamw``: AdamW whose ``v`` is fed by the previous step's gradient.
+
+    With ``optim.state_sync.grad_prev=1`` that gradient is mixed with the
+    neighbours' before each step (``decent_dp.optim.LaggedVAdamW``). ``clip``
+    bounds each coordinate's normalised step.
+    """
+
+    clip: float = 5.0
 
 
 # ---------------------------------------------------------------- scheduler
@@ -533,6 +551,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
         "adamw": AdamWConfig,
         "accum_adam": AccumAdamConfig,
         "accum_adamw": AccumAdamWConfig,
+        "lagged_v_adamw": LaggedVAdamWConfig,
     },
     "scheduler": {
         "cosine_warmup": CosineWarmupConfig,

@@ -26,6 +26,7 @@ OPTIM_FNS: dict[str, Callable[..., Any]] = {
     "adamw": dopt.optim_fn_adamw,
     "accum_adam": dopt.optim_fn_accum_adam,
     "accum_adamw": dopt.optim_fn_accum_adamw,
+    "lagged_v_adamw": dopt.optim_fn_lagged_v_adamw,
 }
 """``optim.name`` -> optimizer factory of :mod:`decent_dp.optim`."""
 

@@ -146,6 +146,16 @@ CASES = [
         },
     ),
     (2, {"topology": "ring", "optim": "adam", "state_sync": {"exp_avg_sq": 2}}),
+    # v fed by the neighbours' mixed gradient of the step before
+    (
+        4,
+        {
+            "topology": "complete",
+            "optim": "lagged_v_adamw",
+            "state_sync": {"grad_prev": 1},
+            "check": ["grad_prev", "exp_avg_sq"],
+        },
+    ),
     (8, {"topology": "one-peer-exp", "optim": "adamw", "state_sync": {"exp_avg_sq": 2}}),
 ]
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.optim import AccumAdam, AccumAdamW
+from decent_dp.optim import AccumAdam, AccumAdamW, LaggedVAdamW
 from decent_dp.topo import Edge, Topology, mixing_matrices
 
 D_IN, BATCH = 4, 8
@@ -119,6 +119,7 @@ DECAY_OPTIMS = {
     "adadelta_wd": lambda g: torch.optim.Adadelta(g, lr=0.5),
     "adamax_wd": lambda g: torch.optim.Adamax(g, lr=0.01),
     "accum_adamw": lambda g: AccumAdamW(g, lr=0.01, accum_iter=2),
+    "lagged_v_adamw": lambda g: LaggedVAdamW(g, lr=0.01),
     "accum_adam_wd": lambda g: AccumAdam(g, lr=0.01, accum_iter=2),
     "subclass_wd": lambda g: SubclassedSGD(g, lr=0.05, momentum=0.9),
 }
