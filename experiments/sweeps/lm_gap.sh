@@ -16,7 +16,8 @@
 #   PART=moments complete with Adam's first moment shared every step, and with both moments
 #                (optim.state_sync.exp_avg=1, exp_avg_sq=1), at lr 4e-3, 3 seeds each
 #   PART=lagged  complete with LaggedVAdamW (v fed by the previous gradient), that gradient mixed
-#                with every worker's (optim.state_sync.grad_prev=1) and not (=0), 3 seeds
+#                with every worker's (optim.state_sync.grad_prev=1; lr tuned, 3 seeds) and not
+#                (=0, lr 4e-3, seed 0)
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
 #                there, then 3 seeds at each best
@@ -106,19 +107,21 @@ if [ "$PART" = moments ] || [ "$PART" = all ]; then
 fi
 if [ "$PART" = lagged ] || [ "$PART" = all ]; then
   # complete with LaggedVAdamW: v fed by the previous step's gradient, mixed with every worker's
-  # first (optim.state_sync.grad_prev=1): allreduce's v, one step late; and without the mix, the
-  # lag alone. lm_small's AdamW hyper-parameters, lr 4e-3, then 3 seeds
-  L=(experiment=lm_small topology=complete optim=lagged_v_adamw optim.lr=0.004)
-  for k in 1 0; do
-    if chosen "complete-lagged-v$k"; then
-      STAGE=1 $TUNE "complete-lagged-v$k" optim.state_sync.grad_prev "$k" "${L[@]}"
-    fi
-  done
-  for k in 1 0; do
-    if chosen "complete-lagged-v$k" && [ -z "${SKIP_SEEDS:-}" ]; then
-      STAGE=2 $TUNE "complete-lagged-v$k" optim.state_sync.grad_prev - "${L[@]}"
-    fi
-  done
+  # first (optim.state_sync.grad_prev=1, complete-lagged-v1): allreduce's v, one step late; and
+  # the lag alone at lr 4e-3 (complete-lagged-v0). lm_small's AdamW hyper-parameters; v1's lr
+  # over {2e-3, 4e-3} and past an edge, then 3 seeds
+  L=(experiment=lm_small topology=complete optim=lagged_v_adamw)
+  if chosen complete-lagged-v1; then
+    STAGE=1 $TUNE complete-lagged-v1 optim.lr 4e-3,2e-3 "${L[@]}" optim.state_sync.grad_prev=1
+  fi
+  if chosen complete-lagged-v0; then
+    STAGE=1 $TUNE complete-lagged-v0 optim.lr 4e-3 "${L[@]}" optim.state_sync.grad_prev=0
+  fi
+  if chosen complete-lagged-v1; then
+    widen complete-lagged-v1 "${L[@]}" optim.state_sync.grad_prev=1
+    [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE complete-lagged-v1 optim.lr - "${L[@]}" \
+      optim.state_sync.grad_prev=1
+  fi
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
   # lm_small sets AdamW's betas, which SGD's schema refuses: the same job spelled out, SGD in it
