@@ -17,7 +17,7 @@
 #                (optim.state_sync.exp_avg=1, exp_avg_sq=1), at lr 4e-3, 3 seeds each
 #   PART=lagged  complete with LaggedVAdamW (v fed by the previous gradient), that gradient mixed
 #                with every worker's (optim.state_sync.grad_prev=1; lr tuned, 3 seeds) and not
-#                (=0, lr 4e-3, seed 0); with Adam's first moment shared as well (lr 4e-3, seed 0)
+#                (=0, lr 4e-3, seed 0); with Adam's first moment shared as well (lr 4e-3 and 2e-3)
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
 #                there, then 3 seeds at each best
@@ -120,7 +120,7 @@ if [ "$PART" = lagged ] || [ "$PART" = all ]; then
   # and Adam's first moment shared too (complete-lagged-m1): each worker's step is then
   # (b1 m + (1 - b1) g_i) / sqrt(v from the mean gradient), allreduce's step but for g_i's share
   if chosen complete-lagged-m1; then
-    STAGE=1 $TUNE complete-lagged-m1 optim.lr 4e-3 "${L[@]}" optim.state_sync.grad_prev=1 \
+    STAGE=1 $TUNE complete-lagged-m1 optim.lr 4e-3,2e-3 "${L[@]}" optim.state_sync.grad_prev=1 \
       optim.state_sync.exp_avg=1
   fi
   if chosen complete-lagged-v1; then
