@@ -47,6 +47,11 @@ def _check_betas(betas: tuple[float, float]) -> tuple[float, float]:
     return float(b1), float(b2)
 
 
+def _check_clip(clip: float) -> None:
+    if not clip > 0.0:
+        raise ValueError(f"clip must be > 0, got {clip}")
+
+
 def _check_accum_iter(accum_iter: int) -> None:
     if isinstance(accum_iter, bool) or not isinstance(accum_iter, int) or accum_iter < 1:
         raise ValueError(f"accum_iter must be an integer >= 1, got {accum_iter!r}")
@@ -432,8 +437,7 @@ class LaggedVAdamW(_ClosureStep):
         clip: float = 5.0,
     ) -> None:
         betas = _check_adam_args(lr, betas, eps, weight_decay)
-        if not clip > 0.0:
-            raise ValueError(f"clip must be > 0, got {clip}")
+        _check_clip(clip)
         defaults = {
             "lr": lr,
             "betas": betas,

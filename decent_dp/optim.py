@@ -43,6 +43,7 @@ from ._optimizers import (
     LaggedVAdamW,
     _check_accum_iter,
     _check_adam_args,
+    _check_clip,
     _check_lr,
     _check_qgm_args,
     _check_weight_decay,
@@ -219,8 +220,7 @@ def _check_adam(hp: dict[str, Any]) -> None:
 
 def _check_lagged_v(hp: dict[str, Any]) -> None:
     _check_adam(hp)
-    if not hp["clip"] > 0.0:
-        raise ValueError(f"clip must be > 0, got {hp['clip']}")
+    _check_clip(hp["clip"])
 
 
 def _check_accum_adam(hp: dict[str, Any]) -> None:
