@@ -81,7 +81,7 @@ def test_group_options_exist():
         ["digits", "cifar10", "cifar100", "imagenet", "synthetic", "tokens"]
     )
     assert _options("optim") == sorted(
-        ["sgd", "qgm_sgd", "adam", "adamw", "accum_adam", "accum_adamw"]
+        ["sgd", "qgm_sgd", "adam", "adamw", "accum_adam", "accum_adamw", "lagged_v_adamw"]
     )
     assert _options("scheduler") == sorted(["cosine_warmup", "constant", "step"])
     assert _options("topology") == sorted([*TopologyReg.names(), "allreduce"])

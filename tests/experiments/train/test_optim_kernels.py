@@ -23,6 +23,7 @@ EXPECTED = {
     "accum_adam": ("AccumAdam", False, False),
     "accum_adamw": ("AccumAdamW", False, False),
     "qgm_sgd": ("QGMSGD", False, False),
+    "lagged_v_adamw": ("LaggedVAdamW", False, False),
 }
 
 
