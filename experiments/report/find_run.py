@@ -16,6 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.report.runs import OVERRIDES_FILE, SUMMARY_FILE, read_overrides
+from experiments.report.tune_grid import _override
+
 
 def same(a: str, b: str) -> bool:
     """Whether two override values are equal: as ints, else as floats, else as strings."""
@@ -29,13 +32,12 @@ def same(a: str, b: str) -> bool:
 
 def sets(run: Path, key: str, value: str) -> bool:
     """Whether ``run`` ended (has a summary) and its overrides set ``key`` to ``value``."""
-    overrides = run / ".hydra" / "overrides.yaml"
-    if not (run / "summary.json").is_file() or not overrides.is_file():
+    if not (run / SUMMARY_FILE).is_file():
         return False
-    for line in overrides.read_text().splitlines():
-        name, eq, given = line.removeprefix("- ").partition("=")
-        if eq and name == key:
-            return same(given.strip(), value)
+    for override in read_overrides(run / OVERRIDES_FILE) or ():
+        parsed = _override(override)
+        if parsed is not None and parsed[0] == key:
+            return same(parsed[1], value)
     return False
 
 

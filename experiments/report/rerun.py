@@ -23,9 +23,12 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from experiments.report.runs import OVERRIDES_FILE, read_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 # overrides a rerun sets itself: where it writes, and no progress bar in a log
@@ -48,12 +51,13 @@ class Rerun:
 
 
 def _overrides(run: Path) -> list[str]:
-    path = run / ".hydra" / "overrides.yaml"
-    lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    bad = [ln for ln in lines if not ln.startswith("- ")]
-    if bad:
-        raise ValueError(f"{path}: {bad[0]!r} is not a list item; expected '- key=value' lines")
-    return [ln[2:] for ln in lines if not _OWN.match(ln[2:])]
+    path = run / OVERRIDES_FILE
+    with warnings.catch_warnings():  # the error below says it, in one line
+        warnings.simplefilter("ignore")
+        given = read_overrides(path)
+    if given is None:
+        raise ValueError(f"{path}: an override is not a list item ('- key=value'), or not YAML")
+    return [o for o in given if not _OWN.match(o)]
 
 
 def _read(run: Path, metric: str) -> tuple[float, int, list[str]]:
@@ -81,7 +85,7 @@ def _work_dir(run: Path, work: Path) -> Path:
     return work / rel
 
 
-def command(run: Path, world: int, overrides: Sequence[str], dest: Path) -> list[str]:
+def command(world: int, overrides: Sequence[str], dest: Path) -> list[str]:
     """The rerun's command line, from the repository root."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={world}", "train.py", *overrides, "log.progress=false",
@@ -89,7 +93,7 @@ def command(run: Path, world: int, overrides: Sequence[str], dest: Path) -> list
 
 
 def _finished(dest: Path, overrides: Sequence[str]) -> bool:
-    if not (dest / "summary.json").is_file() or not (dest / ".hydra/overrides.yaml").is_file():
+    if not (dest / "summary.json").is_file() or not (dest / OVERRIDES_FILE).is_file():
         return False
     return _overrides(dest) == list(overrides)
 
@@ -99,7 +103,7 @@ def rerun_one(run: Path, metric: str, work: Path, dry_run: bool = False) -> Reru
     committed, world, overrides = _read(run, metric)
     result = Rerun(str(run), committed)
     dest = _work_dir(run, work)
-    cmd = command(run, world, overrides, dest)
+    cmd = command(world, overrides, dest)
     if dry_run:
         print(" ".join(cmd))
         return result

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "Run", "find_run_dirs", "load_run", "load", "load_all", "num", "count", "ALLREDUCE",
-    "UNKNOWN_HOST",
+    "Run", "find_run_dirs", "load_run", "load", "load_all", "read_overrides", "num", "count",
+    "ALLREDUCE", "UNKNOWN_HOST",
 ]  # fmt: skip
 
 METRICS_FILE = "metrics.jsonl"
@@ -227,7 +227,7 @@ def load(path: Path) -> Run | str:
     lines_needed = summary.get("diverged") is not True
     if not metrics_path.is_file():
         if not lines_needed:
-            return Run(path, summary, [], _overrides(path / OVERRIDES_FILE))
+            return Run(path, summary, [], read_overrides(path / OVERRIDES_FILE))
         return f"no {METRICS_FILE}"
     try:
         lines = metrics_path.read_text(errors="replace").splitlines()
@@ -253,10 +253,10 @@ def load(path: Path) -> Run | str:
         )
     if not metrics and lines_needed:
         return f"{METRICS_FILE} has no valid line"
-    return Run(path, summary, metrics, _overrides(path / OVERRIDES_FILE))
+    return Run(path, summary, metrics, read_overrides(path / OVERRIDES_FILE))
 
 
-def _overrides(path: Path) -> list[str] | None:
+def read_overrides(path: Path) -> list[str] | None:
     """Hydra's task overrides as ``key=value`` strings; ``None`` when absent or unreadable."""
     if not path.is_file():
         return None

@@ -24,9 +24,10 @@ test -f "$DATA/train.bin" || .venv/bin/python -m experiments.data.prepare_tokens
   --out "$DATA" --max-bytes 16000000 --vocab-size 1024
 . experiments/sweeps/_lib.sh  # best, keep_runs, widen
 loss_of() {  # loss_of NAME OVERRIDE: the final eval/loss of NAME's stage-1 run with OVERRIDE
-  grep -lx -- "- $2" "$OUT/$1"/stage1/*/.hydra/overrides.yaml | head -1 \
-    | sed 's#/.hydra/overrides.yaml#/summary.json#' \
-    | xargs .venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["eval/loss"])'
+  local run
+  run=$(.venv/bin/python -m experiments.report.find_run "$OUT/$1/stage1" "$2")
+  .venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["eval/loss"])' \
+    "$run/summary.json"
 }
 ACCUM=(optim=accum_adamw 'optim.betas=[0.9,0.98]' optim.weight_decay=0.1)
 ARMS=(allreduce-adamw:allreduce one-peer-exp-adamw:one-peer-exp complete-adamw:complete)

@@ -27,7 +27,7 @@ def test_the_overrides_are_the_runs_own_but_where_it_writes(tmp_path: Path) -> N
     run = _committed(tmp_path)
     value, world, overrides = rerun._read(run, "eval/loss")
     assert (value, world, overrides) == (1.5, 2, ["topology=ring"])
-    cmd = rerun.command(run, world, overrides, tmp_path / "w")
+    cmd = rerun.command(world, overrides, tmp_path / "w")
     assert cmd[-4:] == [
         "train.py",
         "topology=ring",
