@@ -52,6 +52,11 @@ def _check_clip(clip: float) -> None:
         raise ValueError(f"clip must be > 0, got {clip}")
 
 
+def _check_flag(name: str, value: bool) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def _check_accum_iter(accum_iter: int) -> None:
     if isinstance(accum_iter, bool) or not isinstance(accum_iter, int) or accum_iter < 1:
         raise ValueError(f"accum_iter must be an integer >= 1, got {accum_iter!r}")
@@ -387,7 +392,7 @@ class LaggedVAdamW(_ClosureStep):
 
         t += 1
         s = g if t == 1 else grad_prev
-        m = b1*m + (1-b1)*g ; v = b2*v + (1-b2)*s*s
+        m = b1*m + (1-b1)*(s if lag_m else g) ; v = b2*v + (1-b2)*s*s
         u = (m / (1 - b1**t)) / (sqrt(v / (1 - b2**t)) + eps)
         p *= 1 - lr*wd
         p -= lr * clamp(u, -clip, clip)
@@ -409,6 +414,12 @@ class LaggedVAdamW(_ClosureStep):
     normalised step ``u`` is therefore clipped to ``[-clip, clip]``; at steady
     state ``|u|`` stays near or below 1, where the clip does nothing.
 
+    With ``lag_m=True`` the first moment is fed by ``grad_prev`` as well: from
+    the second step on, this is AdamW applied one step late, each step taking
+    the gradient computed at the iterate before the last. Without
+    ``state_sync`` that measures what a one-step-stale gradient alone costs
+    (a decentralized worker sees its neighbours' models one step late).
+
     Args:
         params: Parameters or param groups, as for any :class:`~torch.optim.Optimizer`.
         lr: Learning rate, ``>= 0``.
@@ -416,6 +427,7 @@ class LaggedVAdamW(_ClosureStep):
         eps: Added to the denominator, ``> 0``.
         weight_decay: Decoupled decay coefficient, ``>= 0``.
         clip: Bound on each coordinate's normalised step, ``> 0``.
+        lag_m: Feed the first moment with ``grad_prev`` too (AdamW one step late).
 
     Raises:
         ValueError: If a hyper-parameter is outside its range.
@@ -435,15 +447,18 @@ class LaggedVAdamW(_ClosureStep):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         clip: float = 5.0,
+        lag_m: bool = False,
     ) -> None:
         betas = _check_adam_args(lr, betas, eps, weight_decay)
         _check_clip(clip)
+        _check_flag("lag_m", lag_m)
         defaults = {
             "lr": lr,
             "betas": betas,
             "eps": eps,
             "weight_decay": weight_decay,
             "clip": float(clip),
+            "lag_m": lag_m,
         }
         super().__init__(params, defaults)
 
@@ -452,6 +467,7 @@ class LaggedVAdamW(_ClosureStep):
             lr = float(group["lr"])
             b1, b2 = group["betas"]
             eps, wd, clip = group["eps"], group["weight_decay"], group["clip"]
+            lag_m = bool(group.get("lag_m", False))  # absent from states saved before it
             for p, g in self._with_grads(group):
                 state = self.state[p]
                 if not state:
@@ -461,7 +477,7 @@ class LaggedVAdamW(_ClosureStep):
                     state["grad_prev"] = g.clone(memory_format=torch.preserve_format)
                 t = state["step"] = int(state["step"]) + 1
                 m, v, prev = state["exp_avg"], state["exp_avg_sq"], state["grad_prev"]
-                m.mul_(b1).add_(g, alpha=1.0 - b1)
+                m.mul_(b1).add_(prev if lag_m else g, alpha=1.0 - b1)
                 v.mul_(b2).addcmul_(prev, prev, value=1.0 - b2)
                 if wd != 0.0:
                     p.mul_(1.0 - lr * wd)

@@ -44,6 +44,7 @@ from ._optimizers import (
     _check_accum_iter,
     _check_adam_args,
     _check_clip,
+    _check_flag,
     _check_lr,
     _check_qgm_args,
     _check_weight_decay,
@@ -127,6 +128,7 @@ _ARG_DOCS = {
     "decoupled": "Decoupled decay coefficient for weights, ``>= 0``.",
     "accum_iter": "Steps between moment refreshes, an integer ``>= 1``.",
     "clip": "Bound on each coordinate's normalised step, ``> 0``.",
+    "lag_m": "Feed the first moment with the previous gradient too (AdamW one step late).",
     "momentum": "Momentum factor, ``>= 0``; must be ``> 0`` with ``nesterov``.",
     "nesterov": "Use Nesterov momentum.",
     "beta": "``beta``, in ``[0, 1)``.",
@@ -221,6 +223,7 @@ def _check_adam(hp: dict[str, Any]) -> None:
 def _check_lagged_v(hp: dict[str, Any]) -> None:
     _check_adam(hp)
     _check_clip(hp["clip"])
+    _check_flag("lag_m", hp["lag_m"])
 
 
 def _check_accum_adam(hp: dict[str, Any]) -> None:
@@ -273,7 +276,7 @@ def _adam_factory(
     ]
     check = _check_adam
     if optimizer is LaggedVAdamW:
-        hyper.append(("clip", 5.0, "float", "clip"))
+        hyper += [("clip", 5.0, "float", "clip"), ("lag_m", False, "bool", "lag_m")]
         check = _check_lagged_v
     if issubclass(optimizer, AccumAdam):
         hyper.append(("accum_iter", 4, "int", "accum_iter"))

@@ -18,6 +18,10 @@
 #   PART=lagged  complete with LaggedVAdamW (v fed by the previous gradient), that gradient mixed
 #                with every worker's (optim.state_sync.grad_prev=1; lr tuned, 3 seeds) and not
 #                (=0, lr 4e-3, seed 0); with Adam's first moment shared as well (lr 4e-3 and 2e-3)
+#   PART=delay   allreduce with AdamW one step late (optim=lagged_v_adamw optim.lag_m=true):
+#                every step takes the gradient of the iterate before the last, the staleness
+#                of a decentralized step without its averaging; lr over {1e-3, 2e-3, 4e-3,
+#                8e-3}, one more past an edge, then 3 seeds
 #   PART=sgd     complete and allreduce with SGD (momentum 0.9), optim.lr over
 #                {0.25, 0.5, 1, 2} and up to two halvings below the lowest while the best sits
 #                there, then 3 seeds at each best
@@ -128,6 +132,14 @@ if [ "$PART" = lagged ] || [ "$PART" = all ]; then
     [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE complete-lagged-v1 optim.lr - "${L[@]}" \
       optim.state_sync.grad_prev=1
   fi
+fi
+if { [ "$PART" = delay ] || [ "$PART" = all ]; } && chosen allreduce-delayed; then
+  # a one-step-stale gradient alone: allreduce's mean gradient fed to AdamW one step late.
+  # Under complete, a worker's gradient is taken where its neighbours' last steps are missing
+  D=(experiment=lm_small topology=allreduce optim=lagged_v_adamw optim.lag_m=true)
+  STAGE=1 $TUNE allreduce-delayed optim.lr 1e-3,2e-3,4e-3,8e-3 "${D[@]}"
+  widen allreduce-delayed "${D[@]}"
+  [ -n "${SKIP_SEEDS:-}" ] || STAGE=2 $TUNE allreduce-delayed optim.lr - "${D[@]}"
 fi
 if [ "$PART" = sgd ] || [ "$PART" = all ]; then
   # lm_small sets AdamW's betas, which SGD's schema refuses: the same job spelled out, SGD in it
@@ -240,6 +252,8 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
     --tune outer.lr --out "$DOCS/tune_outer_lr"
   [ ! -d "$DOCS/runs/allreduce-sgd" ] || "${R[@]}" "$DOCS"/runs/*-sgd/stage1 --tune optim.lr \
     --out "$DOCS/tune_sgd"
+  [ ! -d "$DOCS/runs/allreduce-delayed" ] || "${R[@]}" "$DOCS"/runs/allreduce-delayed/stage1 \
+    --tune optim.lr --out "$DOCS/tune_delayed"
   if compgen -G "$DOCS/runs/*-w*/stage1" >/dev/null; then  # the batch per worker
     "${R[@]}" "$DOCS"/runs/*-w*/stage1 --tune optim.lr --out "$DOCS/tune_batch"
   fi
@@ -258,6 +272,9 @@ if [ "$PART" = report ] || [ "$PART" = all ]; then
     "$DOCS/runs/complete-adamw-lr0.004/final"
   add_pair "AdamW, W=128" "$DOCS/runs/allreduce-w128/final" "$DOCS/runs/complete-w128/final"
   add_pair "SGD, W=32" "$DOCS/runs/allreduce-sgd/final" "$DOCS/runs/complete-sgd/final"
+  # not complete: allreduce with AdamW one step late, behind allreduce
+  add_pair "AdamW one step late, W=32" "$DOCS/runs/allreduce-adamw/final" \
+    "$DOCS/runs/allreduce-delayed/final"
   .venv/bin/python -m experiments.report.gap "${pairs[@]}" --out "$DOCS/gap" \
     --title "complete behind allreduce, each tuned (W: windows per worker)"
   .venv/bin/python -m experiments.report.trajectory "$DOCS"/stall/*/ --out "$DOCS/stall" \

@@ -274,10 +274,12 @@ class LaggedVAdamWConfig(AdamWConfig):
 
     With ``optim.state_sync.grad_prev=1`` that gradient is mixed with the
     neighbours' before each step (``decent_dp.optim.LaggedVAdamW``). ``clip``
-    bounds each coordinate's normalised step.
+    bounds each coordinate's normalised step; ``lag_m`` feeds ``m`` with the
+    previous gradient too, which makes it AdamW one step late.
     """
 
     clip: float = 5.0
+    lag_m: bool = False
 
 
 # ---------------------------------------------------------------- scheduler

@@ -12,7 +12,9 @@ import torch
 from decent_dp.optim import LaggedVAdamW, optim_fn_lagged_v_adamw
 
 
-def _reference(p0: torch.Tensor, grads: list[torch.Tensor], lr: float, wd: float) -> torch.Tensor:
+def _reference(
+    p0: torch.Tensor, grads: list[torch.Tensor], lr: float, wd: float, lag_m: bool = False
+) -> torch.Tensor:
     """The update rule written out, one scalar coordinate at a time."""
     b1, b2, eps = 0.9, 0.95, 1e-8
     out = p0.clone()
@@ -21,7 +23,7 @@ def _reference(p0: torch.Tensor, grads: list[torch.Tensor], lr: float, wd: float
         for t, g_all in enumerate(grads, 1):
             g = float(g_all.view(-1)[idx])
             s = g if prev is None else prev
-            m = b1 * m + (1 - b1) * g
+            m = b1 * m + (1 - b1) * (s if lag_m else g)
             v = b2 * v + (1 - b2) * s * s
             u = (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
             p *= 1 - lr * wd
@@ -47,6 +49,36 @@ def test_the_step_follows_the_rule_with_v_one_gradient_late() -> None:
     for s in [grads[0], *grads[:-1]]:
         v = 0.95 * v + 0.05 * s * s
     torch.testing.assert_close(opt.state[p]["exp_avg_sq"], v, rtol=1e-12, atol=0)
+
+
+def test_lag_m_follows_the_rule_with_both_moments_one_gradient_late() -> None:
+    gen = torch.Generator().manual_seed(1)
+    p0 = torch.randn(4, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(4, generator=gen, dtype=torch.float64) for _ in range(6)]
+    p = torch.nn.Parameter(p0.clone())
+    opt = LaggedVAdamW([p], lr=0.02, betas=(0.9, 0.95), weight_decay=0.1, lag_m=True)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    want = _reference(p0, grads, 0.02, 0.1, lag_m=True)
+    torch.testing.assert_close(p.detach(), want, rtol=1e-12, atol=0)
+    assert not torch.allclose(want, _reference(p0, grads, 0.02, 0.1))
+
+
+def test_lag_m_is_torch_adamw_fed_the_gradients_one_step_late() -> None:
+    """From the second step on: torch's AdamW given g1, g1, g2, ... lands on the same weights."""
+    gen = torch.Generator().manual_seed(2)
+    p0 = torch.randn(3, 3, generator=gen, dtype=torch.float64)
+    grads = [torch.randn(3, 3, generator=gen, dtype=torch.float64) for _ in range(5)]
+    lagged = torch.nn.Parameter(p0.clone())
+    plain = torch.nn.Parameter(p0.clone())
+    opt = LaggedVAdamW([lagged], lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, lag_m=True)
+    ref = torch.optim.AdamW([plain], lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
+    for g, late in zip(grads, [grads[0], *grads[:-1]], strict=True):
+        lagged.grad, plain.grad = g.clone(), late.clone()
+        opt.step()
+        ref.step()
+    torch.testing.assert_close(lagged.detach(), plain.detach(), rtol=1e-10, atol=1e-12)
 
 
 def test_a_mixed_grad_prev_is_what_feeds_v() -> None:
@@ -92,7 +124,7 @@ def test_the_factory_decays_weights_only_and_the_state_loads_weights_only() -> N
     ("kwargs", "message"),
     [({"lr": -1.0}, "lr must be >= 0"), ({"betas": (0.9, 1.0)}, "betas[1] must be in [0, 1)"),
      ({"eps": 0.0}, "eps must be > 0"), ({"weight_decay": -0.1}, "weight_decay must be >= 0"),
-     ({"clip": 0.0}, "clip must be > 0")],
+     ({"clip": 0.0}, "clip must be > 0"), ({"lag_m": 1}, "lag_m must be True or False")],
 )  # fmt: skip
 def test_bad_hyper_parameters_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
