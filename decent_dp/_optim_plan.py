@@ -18,7 +18,7 @@ import torch
 from torch import optim
 from torch.optim import Optimizer
 
-from ._optimizers import AccumAdam, AccumAdamW
+from ._accum_adam import AccumAdam, AccumAdamW
 
 __all__ = ["DecayFold", "decay_plan"]
 

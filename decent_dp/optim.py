@@ -21,7 +21,7 @@ second param group with ``weight_decay=0``. Each group keeps its parameter
 names under the ``"names"`` key for debugging.
 
 The optimizers this package adds, :class:`AccumAdam`, :class:`AccumAdamW`,
-:class:`LaggedVAdamW` and :class:`QGMSGD`, are public here; they live in ``decent_dp._optimizers``.
+:class:`LaggedVAdamW` and :class:`QGMSGD`, are public here; they live in ``decent_dp._accum_adam``, ``decent_dp._lagged_adamw`` and ``decent_dp._qgm``.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, StepLR
 
+from ._accum_adam import AccumAdam, AccumAdamW
 from ._kernels import kernel_flags, prefer_fused, summed_kernel_flags
-from ._optimizers import (
-    QGMSGD,
-    AccumAdam,
-    AccumAdamW,
-    LaggedVAdamW,
+from ._lagged_adamw import LaggedVAdamW
+from ._optim_base import (
     _check_accum_iter,
     _check_adam_args,
     _check_clip,
@@ -49,6 +47,7 @@ from ._optimizers import (
     _check_qgm_args,
     _check_weight_decay,
 )
+from ._qgm import QGMSGD
 
 __all__ = [
     "AccumAdam",

@@ -16,10 +16,13 @@ positive size, ``heads`` dividing ``dim``) are :func:`check_dataset` and
 builders call them when handed a section directly, so every path reports the
 same one line ``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
 
-This module is a little past 500 lines because it is one table: the schemas
-of the optim, scheduler, topology, network and logger groups and of the top
-level (each a short dataclass), their registration, and the resolver and
-error formatting that ``config.yaml`` and ``train.py`` need.
+The ``optim`` and ``scheduler`` schemas are in
+:mod:`experiments.train.optim_schema`, also registered and re-exported here.
+This module holds the schemas of the topology, network, compression and
+logger groups and of the top level, their registration, and the resolver
+and error formatting that ``config.yaml`` and ``train.py`` need. It is a
+little past 500 lines because it is one table: short dataclasses, one per
+group option, and the code that registers them.
 
 Registered names (topologies, models, datasets, optimizers, schedulers,
 network profiles) are enums: an unknown name in any YAML or override fails at
@@ -89,6 +92,22 @@ from experiments.schema import (
     require,
     typed_section,
 )
+from experiments.train.optim_schema import (
+    AccumAdamConfig,
+    AccumAdamWConfig,
+    AdamConfig,
+    AdamWConfig,
+    ConstantConfig,
+    CosineWarmupConfig,
+    LaggedVAdamWConfig,
+    OptimName,
+    QGMSGDConfig,
+    SchedulerName,
+    SGDConfig,
+    StateSyncConfig,
+    StepConfig,
+    state_sync_arg,
+)
 from experiments.train.outer import OuterConfig
 
 __all__ = [
@@ -116,6 +135,8 @@ __all__ = [
     "ImageNetConfig",
     "SyntheticConfig",
     "TokensConfig",
+    "StateSyncConfig",
+    "state_sync_arg",
     "SGDConfig",
     "QGMSGDConfig",
     "AdamConfig",
@@ -156,12 +177,6 @@ ALLREDUCE = "allreduce"
 
 
 TopologyName = name_enum("TopologyName", [*TopologyReg.names(), ALLREDUCE], __name__)
-OptimName = name_enum(
-    "OptimName",
-    ["sgd", "adam", "adamw", "accum_adam", "accum_adamw", "lagged_v_adamw", "qgm_sgd"],
-    __name__,
-)
-SchedulerName = name_enum("SchedulerName", ["cosine_warmup", "constant", "step"], __name__)
 NetworkName = name_enum(
     "NetworkName", ["none", "ethernet_25g", "infiniband_100g", "custom"], __name__
 )
@@ -170,152 +185,6 @@ CompressionName = name_enum("CompressionName", ["none", "bf16", "int8", "randk"]
 WandbMode = name_enum("WandbMode", ["offline", "online", "disabled"], __name__)
 AmpMode = name_enum("AmpMode", ["bf16", "fp16", "off"], __name__)
 NanPolicy = name_enum("NanPolicy", ["error", "skip"], __name__)
-
-
-# ---------------------------------------------------------------- optim
-
-
-@dataclass
-class StateSyncConfig:
-    """``optim.state_sync``: optimizer states averaged with the gossip, each every K steps.
-
-    Each field is a state tensor's name and its period K (0: not averaged), the
-    wrapper's ``state_sync={name: K}``: every K-th step the state travels with
-    the parameters to the round's neighbours (every worker with
-    ``topology=complete``), and the optimizer steps from the mix, e.g.
-    ``optim.state_sync.exp_avg_sq=1``. Adam and AdamW keep ``exp_avg`` and
-    ``exp_avg_sq``, AccumAdam(W) also ``grad_accum``, LaggedVAdamW also
-    ``grad_prev`` (the gradient its second moment is fed by), SGD
-    ``momentum_buffer``.
-    """
-
-    exp_avg_sq: int = 0
-    exp_avg: int = 0
-    grad_accum: int = 0
-    grad_prev: int = 0
-    momentum_buffer: int = 0
-
-
-def state_sync_arg(section: Any) -> dict[str, int]:
-    """The wrapper's ``state_sync`` from ``optim.state_sync``: the names with a period > 0."""
-    if section is None:
-        return {}
-    return {str(k): v for k, v in plain(OmegaConf.to_container(section)).items() if v != 0}
-
-
-@dataclass
-class SGDConfig:
-    """``optim=sgd``: maps to ``decent_dp.optim.optim_fn_sgd``.
-
-    ``state_sync`` (every optimizer, :class:`StateSyncConfig`): named optimizer
-    states averaged with the neighbours every K steps, e.g.
-    ``optim.state_sync.momentum_buffer=4``; none by default.
-    """
-
-    name: OptimName = MISSING  # type: ignore[valid-type]
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    nesterov: bool = False
-    state_sync: StateSyncConfig = field(default_factory=StateSyncConfig)
-
-
-@dataclass
-class QGMSGDConfig(SGDConfig):
-    """``optim=qgm_sgd``: maps to ``decent_dp.optim.optim_fn_qgm_sgd`` (quasi-global momentum).
-
-    ``mu`` is the decay of the quasi-global buffer; ``None`` uses ``momentum``.
-    """
-
-    mu: float | None = None
-
-
-@dataclass
-class AdamConfig:
-    """``optim=adam``: maps to ``decent_dp.optim.optim_fn_adam`` (L2 weight decay).
-
-    ``state_sync`` (:class:`StateSyncConfig`): named states averaged with the
-    neighbours every K steps, e.g. ``optim.state_sync.exp_avg_sq=1``: Adam's
-    second moment shared, with ``topology=complete`` over every worker.
-    """
-
-    name: OptimName = MISSING  # type: ignore[valid-type]
-    lr: float = 1e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    state_sync: StateSyncConfig = field(default_factory=StateSyncConfig)
-
-
-@dataclass
-class AdamWConfig(AdamConfig):
-    """``optim=adamw``: maps to ``decent_dp.optim.optim_fn_adamw`` (decoupled weight decay)."""
-
-    weight_decay: float = 0.01
-
-
-@dataclass
-class AccumAdamConfig(AdamConfig):
-    """``optim=accum_adam``: Adam that applies an update every ``accum_iter`` steps."""
-
-    accum_iter: int = 4
-
-
-@dataclass
-class AccumAdamWConfig(AdamWConfig):
-    """``optim=accum_adamw``: AdamW that applies an update every ``accum_iter`` steps."""
-
-    accum_iter: int = 4
-
-
-@dataclass
-class LaggedVAdamWConfig(AdamWConfig):
-    """``optim=lagged_v_adamw``: AdamW whose ``v`` is fed by the previous step's gradient.
-
-    With ``optim.state_sync.grad_prev=1`` that gradient is mixed with the
-    neighbours' before each step (``decent_dp.optim.LaggedVAdamW``). ``clip``
-    bounds each coordinate's normalised step; ``lag_m`` feeds ``m`` with the
-    previous gradient too, which makes it AdamW one step late.
-    """
-
-    clip: float = 5.0
-    lag_m: bool = False
-
-
-# ---------------------------------------------------------------- scheduler
-
-
-@dataclass
-class CosineWarmupConfig:
-    """``scheduler=cosine_warmup``: linear warm-up then cosine decay to ``eta_min``.
-
-    The warm-up is given in epochs and converted to optimizer steps with the
-    run's steps per epoch, or directly in steps with ``warmup_steps``, which
-    overrides ``warmup_epochs`` when set (recipes counted in steps, such as
-    language-model pretraining); ``t_max`` is the run's total number of steps.
-    """
-
-    name: SchedulerName = MISSING  # type: ignore[valid-type]
-    warmup_epochs: float = 1.0
-    warmup_steps: int | None = None
-    eta_min: float = 0.0
-    warmup_decay: float = 0.01
-
-
-@dataclass
-class ConstantConfig:
-    """``scheduler=constant``: the optimizer's learning rate throughout."""
-
-    name: SchedulerName = MISSING  # type: ignore[valid-type]
-
-
-@dataclass
-class StepConfig:
-    """``scheduler=step``: multiply the learning rate by ``gamma`` every ``step_size_epochs``."""
-
-    name: SchedulerName = MISSING  # type: ignore[valid-type]
-    step_size_epochs: float = 30.0
-    gamma: float = 0.1
 
 
 # ---------------------------------------------------------------- topology, network, logger
