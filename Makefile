@@ -10,10 +10,10 @@ ARGS    ?=
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
 
-install: ## Create .venv and install the package with the experiments and dev extras
+install: ## Create .venv and install the package with the experiments, ft (torchft) and dev extras
 	python3 -m venv .venv
 	$(PIP) install --upgrade pip
-	$(PIP) install -e ".[experiments,dev]"
+	$(PIP) install -e ".[experiments,ft,dev]"
 
 test: ## Fast test suite (no `slow` tests)
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
