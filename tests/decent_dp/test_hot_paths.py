@@ -114,7 +114,8 @@ def test_groups_are_created_in_one_order_whatever_order_a_topology_lists() -> No
 @pytest.mark.parametrize(
     "how",
     [
-        "forward",
+        # slow, each: a compiled resume; compiled training is checked fast in test_lifecycle
+        pytest.param("forward", marks=pytest.mark.slow),
         pytest.param("module", marks=pytest.mark.slow),
         pytest.param("wrapper", marks=pytest.mark.slow),
     ],

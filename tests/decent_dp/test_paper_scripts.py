@@ -77,6 +77,7 @@ def _two_nodes(port: int, timeout: float) -> list[subprocess.CompletedProcess]:
     return done
 
 
+@pytest.mark.slow  # a whole run on 2 nodes; the fast suite runs the 0.2.x script under torchrun (test_compat)
 def test_paper_style_script_under_torchrun_two_nodes_of_two() -> None:
     node0, node1 = _two_nodes(free_port(), timeout=240)
     for proc in (node0, node1):

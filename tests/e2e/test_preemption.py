@@ -107,6 +107,7 @@ def _sigterm_to_one_worker(tmp_path: Path) -> tuple[Path, Any]:
     return run_dir, stopped
 
 
+@pytest.mark.slow  # SIGTERM to every process of a step stays fast below; test_preempt checks the agreement
 def test_sigterm_to_one_worker_stops_both_at_one_step(tmp_path: Path) -> None:
     _sigterm_to_one_worker(tmp_path)
 
@@ -198,6 +199,7 @@ FORWARD = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"
 FORWARD_ENV = {"PET_SIGNALS_TO_HANDLE": FORWARD, "TORCHELASTIC_SIGNALS_TO_HANDLE": FORWARD}
 
 
+@pytest.mark.slow  # the agent forwarding a signal; the ranks' handling stays fast below
 def test_sigusr2_to_torchruns_agent_stops_the_ranks_once_the_agent_forwards_it(
     tmp_path: Path,
 ) -> None:

@@ -43,6 +43,7 @@ def _train_lines(path: Path) -> dict[int, dict]:
     return {line["step"]: line for line in lines if "train/lr" in line}
 
 
+@pytest.mark.slow  # a committed checkpoint resumed under torchrun; in-process resume stays fast (test_run)
 def test_checkpoint_from_before_the_move_resumes_bit_for_bit(tmp_path: Path) -> None:
     shutil.copytree(FIXTURE / "checkpoints", tmp_path / "checkpoints")
     proc = torchrun(2, *JOB, f"hydra.run.dir={tmp_path}", timeout=240)
