@@ -85,6 +85,10 @@ testbed-run: ## train.py on every testbed host (one torchrun each, c10d rendezvo
 topo: ## Topology table: period, spectral gap, contraction (64 workers; ARGS="--world-size 32 --inter ring")
 	$(PY) -m decent_dp.topo $(or $(ARGS),--world-size 64)
 
+.PHONY: choose
+choose: ## Rank the topologies for a cluster; ARGS="--nodes 2 --procs-per-node 8 --link 25gbit --model resnet50"
+	$(PY) -m experiments.network.choose $(or $(ARGS),--help)
+
 clean: ## Remove caches and run outputs (keeps .venv)
 	rm -rf outputs multirun wandb .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

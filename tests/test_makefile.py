@@ -31,3 +31,11 @@ def test_make_topo_keeps_64_workers_without_args() -> None:
     proc = _make("-n", "topo")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("-m decent_dp.topo --world-size 64")
+
+
+def test_make_choose_passes_args() -> None:
+    proc = _make("-n", "choose", "ARGS=--nodes 2 --procs-per-node 8 --link 1gbit --model 100")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(
+        "-m experiments.network.choose --nodes 2 --procs-per-node 8 --link 1gbit --model 100"
+    )
