@@ -58,7 +58,7 @@ from experiments.network.netem import PROFILES
 from experiments.network.sim_config import ALLREDUCE, load_config
 from experiments.network.simulate import HIERARCHICAL, simulate
 
-__all__ = ["MAX_WORLD", "choose", "host_link_bytes", "main", "rate_per_step"]
+__all__ = ["MAX_WORLD", "choose", "host_link_bytes", "main", "rate_per_step", "table"]
 
 MAX_WORLD = 1024  # the spectral analysis is dense: n x n matrices
 NOT_CANDIDATES = ("local-sgd",)
@@ -311,7 +311,8 @@ def _why(near: list[dict[str, Any]], far: list[dict[str, Any]], fastest: dict[st
 # --- the command line -----------------------------------------------------------------------
 
 
-def _table(result: dict[str, Any]) -> str:
+def table(result: dict[str, Any]) -> str:
+    """The result of :func:`choose` as the command prints it: a header, the ranked table, the pick."""
     inp, link = result["inputs"], result["link"]
     lines = [
         f"{inp['nodes']} nodes x {inp['procs_per_node']} processes ({inp['world_size']} workers); "
@@ -390,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"choose: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1) if ns.json else _table(result))
+    print(json.dumps(result, indent=1) if ns.json else table(result))
     return 0
 
 

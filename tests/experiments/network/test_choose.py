@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from experiments.network import choose as ch
 from experiments.network.sim_config import load_config
 
 S = 100e6
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _rate(name: str, n: int, local: int = 1, **kwargs: object) -> float:
@@ -128,3 +130,35 @@ def test_the_command_line_prints_the_table_and_json(capsys: pytest.CaptureFixtur
     assert out["rows"][0]["topology"] == out["pick"]
     assert len(out["rows"]) == len(TopologyReg.names()) + 1  # and allreduce
     assert out["inputs"]["world_size"] == 12 and out["inputs"]["rate_bps"] == 10e9
+
+
+EXAMPLES = sorted((ROOT / "docs" / "results" / "cluster").glob("choose_*.json"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_the_committed_examples_are_what_the_chooser_says(path: Path) -> None:
+    saved = json.loads(path.read_text())
+    inp = saved["inputs"]
+    mb = str(saved["model"]["bytes"] / 1e6)  # the same bytes, without building the model
+    fresh = ch.choose(inp["nodes"], inp["procs_per_node"], inp["link"], mb)
+    assert fresh["pick"] == saved["pick"]
+    assert [r["topology"] for r in fresh["rows"]] == [r["topology"] for r in saved["rows"]]
+    for new, old in zip(fresh["rows"], saved["rows"]):
+        for key in ("step_s", "rate_per_step", "host_link_bytes"):
+            assert new[key] == pytest.approx(old[key], rel=1e-9), (new["topology"], key)
+    assert fresh["model_error"] == saved["model_error"]
+
+
+def test_the_cluster_guide_shows_the_committed_example() -> None:
+    saved = json.loads(EXAMPLES[0].read_text())
+    assert EXAMPLES[0].name == "choose_2x8_10gbit_gpt2_124m.json"
+    guide = (ROOT / "docs" / "cluster.md").read_text()
+    rows = [line for line in ch.table(saved).splitlines() if line.startswith("| ")]
+    assert len(rows) == len(saved["rows"]) + 1  # and the header
+    for line in rows:
+        assert line in guide
+    assert f"pick: {saved['why']}" in guide
+    # the errors it quotes are the validation's (the wire table, the paper's points)
+    for kind, quoted in (("testbed", ["16 of 25", "0.68 to 1.33"]), ("paper", ["+29.0%", "-6.1%"])):
+        for text in quoted:
+            assert text in ch.model_error(kind) and text in guide
