@@ -82,8 +82,12 @@ testbed-down: ## Remove everything testbed-up built
 testbed-run: ## train.py on every testbed host (one torchrun each, c10d rendezvous); ARGS=overrides
 	$(PY) -m experiments.network.testbed run -- $(ARGS)
 
-topo: ## Topology table for 64 workers: period, spectral gap, contraction
-	$(PY) -m decent_dp.topo --world-size 64
+topo: ## Topology table: period, spectral gap, contraction (64 workers; ARGS="--world-size 32 --inter ring")
+	$(PY) -m decent_dp.topo $(or $(ARGS),--world-size 64)
+
+.PHONY: choose
+choose: ## Rank the topologies for a cluster; ARGS="--nodes 2 --procs-per-node 8 --link 25gbit --model resnet50"
+	$(PY) -m experiments.network.choose $(or $(ARGS),--help)
 
 clean: ## Remove caches and run outputs (keeps .venv)
 	rm -rf outputs multirun wandb .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
