@@ -3,7 +3,9 @@
 A sample's seed is drawn from its batch's generator (:meth:`ShardLoader._batch_generator`),
 so its random transform depends neither on which worker loads it nor on what that worker
 loaded before, and a resumed epoch skips batches without reading them. Image folders
-(:mod:`experiments.data.imagenet`) pass the seed to their transforms. Batches come from pinned memory on
+(:mod:`experiments.data.imagenet`) pass the seed to their transforms; a user's dataset
+(:mod:`experiments.data.target`) is read through :class:`SeededSamples`, under which
+torch's and Python's global generators are seeded by it. Batches come from pinned memory on
 CUDA (``pin_memory``, ``non_blocking=True``). Each loader keeps one ``DataLoader``, whose
 workers persist across epochs and evaluations.
 """
@@ -11,6 +13,7 @@ workers persist across epochs and evaluations.
 from __future__ import annotations
 
 import functools
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,7 +22,36 @@ from torch import Tensor
 
 from experiments.data.loaders import EvalLoader, Shard, ShardLoader, in_format, worker_init
 
-__all__ = ["SeededShardLoader", "SeededEvalLoader"]
+__all__ = ["SeededSamples", "SeededShardLoader", "SeededEvalLoader"]
+
+
+class SeededSamples(torch.utils.data.Dataset):
+    """A map-style dataset read by ``(index, sample_seed)`` keys, its randomness seeded by them.
+
+    ``dataset[index]`` is read with torch's CPU generator and Python's ``random`` seeded by
+    the key's seed, and both restored afterwards: a transform that draws from them gives the
+    same sample on a resumed run, and the training process's own draws are untouched.
+
+    Args:
+        dataset: Any map-style dataset.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        index, sample_seed = key
+        state = random.getstate()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(sample_seed)
+                random.seed(sample_seed)
+                return self.dataset[index]
+        finally:
+            random.setstate(state)
 
 
 class _Batches(torch.utils.data.Sampler):
