@@ -9,14 +9,17 @@ from a ``_target_`` run's checkpoint must end where the uninterrupted one does.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from omegaconf import open_dict
 
 from decent_dp.mixing import period_contraction
+from experiments.data import build_data, builtin_values
 from experiments.schema import ConfigError
 from experiments.train.checkpoint import list_checkpoints, load_shard
 from experiments.train.run import run, validate
@@ -129,3 +132,39 @@ def test_targets_train_exactly_as_the_builtins_and_resume(tmp_path: Path) -> Non
             assert ours.keys() == theirs.keys()
             for key in ours:
                 torch.testing.assert_close(ours[key], theirs[key], rtol=0, atol=0)
+
+
+def test_a_language_model_of_ones_own_on_token_windows_of_ones_own(
+    tmp_path: Path, world_of_one: None
+) -> None:
+    cfg = compose_config(
+        *QUICK, "train.max_steps=4", "train.batch_size=8", "optim=adamw", "scheduler=constant"
+    )
+    with open_dict(cfg):
+        cfg.dataset = {"_target_": "tests.support.own_targets.Tokens", "task": "language_model"}
+        cfg.model = {"_target_": "tests.support.own_targets.TokenModel"}  # called as model(x)
+    summary = run(cfg, run_dir=tmp_path / "run")
+    assert summary["eval/acc"] is None and summary["tokens"] == 4 * 8 * 8
+    assert summary["eval/ppl"] == pytest.approx(math.exp(summary["eval/loss"]))
+    assert summary["eval/loss"] < math.log(16) + 1.0  # 16 ids
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"name": "digits"},
+        {"name": "synthetic", "num_samples": 64, "image_size": 6, "in_channels": 2},
+    ],
+)
+def test_builtin_values_are_those_of_the_built_data(section: dict) -> None:
+    data = build_data(
+        section, rank=0, world_size=1, batch_size=8, seed=0, device=torch.device("cpu")
+    )
+    values = builtin_values(section)
+    assert (values["num_classes"], values["in_channels"], values["image_size"]) == (
+        data.num_classes,
+        data.in_channels,
+        data.image_size,
+    )
+    x, _ = next(iter(data.train))
+    assert tuple(x.shape[1:]) == (data.in_channels, data.image_size, data.image_size)
