@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,22 +22,23 @@ from tests.support.launch import QUIET, ROOT, clean_env, launch, torchrun
 CONF = ROOT / "examples" / "own_model" / "conf"
 ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}
 
-pytestmark = pytest.mark.slow  # two torchrun launches of 2 ranks: ~40 s on 2 cores
+pytestmark = pytest.mark.slow  # two torchrun launches of 2 ranks: ~20-40 s on 2 cores
+
+
+def _example(*overrides: str, timeout: float) -> subprocess.CompletedProcess:
+    """``train.py --config-dir examples/own_model/conf overrides`` on 2 ranks, quiet."""
+    args = ["--config-dir", str(CONF), *overrides, *QUIET]
+    return torchrun(2, *args, timeout=timeout, env=clean_env(**ENV))
 
 
 def test_the_example_trains_sweeps_two_topologies_and_is_reported(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = torchrun(
-        2,
-        "--config-dir",
-        str(CONF),
+    proc = _example(
         "-m",
         "experiment=own_model",
         "topology=own_hub,ring",
-        *QUIET,
         f"hydra.sweep.dir={sweep}",
         timeout=300,
-        env=clean_env(**ENV),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = [json.loads((sweep / job / "summary.json").read_text()) for job in ("0", "1")]
@@ -55,17 +57,13 @@ def test_the_example_trains_sweeps_two_topologies_and_is_reported(tmp_path: Path
 
 def test_a_bad_target_value_stops_both_ranks_with_one_line(tmp_path: Path) -> None:
     start = time.monotonic()
-    proc = torchrun(
-        2,
-        "--config-dir",
-        str(CONF),
+    run_dir = tmp_path / "run"
+    proc = _example(
         "experiment=own_model",
         "model.hidden=0",
-        *QUIET,
         "dist.timeout_s=30",
-        f"hydra.run.dir={tmp_path / 'run'}",
+        f"hydra.run.dir={run_dir}",
         timeout=120,
-        env=clean_env(**ENV),
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
@@ -74,4 +72,4 @@ def test_a_bad_target_value_stops_both_ranks_with_one_line(tmp_path: Path) -> No
         "ValueError: hidden=0 is invalid; it must be >= 1"
     ], proc.stderr[-3000:]
     assert time.monotonic() - start < 90  # no rank waited for the timeout
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (run_dir / "metrics.jsonl").exists()
