@@ -6,6 +6,12 @@ declares a dataclass per option of its group and checks what a type cannot expre
 :func:`require`. Builders read their section through :func:`typed_section`, so a plain
 dict and a composed config reach them with the same defaults and the same messages:
 ``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
+
+A section may instead name a user's class or function with Hydra's ``_target_`` key
+(:func:`is_target`). :func:`target_section` types it with its group's target schema: the
+keys the framework reads (``partition``, ``bucket_size_in_mb``, ...) are checked as fields,
+the others become the call's keyword arguments under ``kwargs``, and ``name`` is set to
+the ``_target_`` path, so logs and summaries name it as they name a registered option.
 """
 
 from __future__ import annotations
@@ -21,12 +27,18 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 __all__ = [
     "ConfigError",
     "NameEnum",
+    "TARGET",
     "is_int",
+    "is_target",
     "name_enum",
     "plain",
     "require",
+    "target_section",
     "typed_section",
 ]
+
+TARGET = "_target_"
+"""Hydra's key naming the class or function a section builds (``their_pkg.module.Name``)."""
 
 
 class ConfigError(ValueError):
@@ -136,6 +148,55 @@ def typed_section(
             f"{group}.{exc.full_key}={exc.value} is invalid; it must be {_allowed(kind)}"
         ) from None
     return cast(DictConfig, merged)  # a dataclass merges into a mapping
+
+
+def is_target(section: Any) -> bool:
+    """Whether a config section names a class or function by ``_target_`` (not by ``name``)."""
+    return isinstance(section, Mapping | DictConfig) and TARGET in section
+
+
+def target_section(section: Any, group: str, schema: type) -> DictConfig:
+    """A ``_target_`` section in its group's target schema: framework keys typed, the rest ``kwargs``.
+
+    The fields of ``schema`` other than ``name`` and ``kwargs`` are the keys the framework
+    reads; every other key of the section is an argument of the target and goes, as given,
+    into ``kwargs``. ``name`` becomes the ``_target_`` path. A section already in this form
+    (a config this function returned) comes back unchanged.
+
+    Args:
+        section: The section: a dict or a ``DictConfig`` with a ``_target_`` key.
+        group: The group's name, for messages (``dataset``).
+        schema: The group's target dataclass, with the fields ``_target_``, ``name`` and
+            ``kwargs`` beside the framework's keys.
+
+    Returns:
+        A ``DictConfig`` of ``schema``.
+
+    Raises:
+        ConfigError: One line naming the key, for a ``_target_`` that is not a dotted path
+            or a framework key of the wrong type.
+    """
+    if isinstance(section, DictConfig) and OmegaConf.get_type(section) is schema:
+        return section
+    if isinstance(section, DictConfig):
+        section = OmegaConf.to_container(section, resolve=True)
+    values = dict(section)
+    path = values.get(TARGET)
+    dotted = isinstance(path, str) and all(part.isidentifier() for part in path.split("."))
+    require(f"{group}.{TARGET}", path, dotted, "a dotted import path such as their_pkg.module.Name")
+    own = {f.name for f in fields(schema)} - {"name", "kwargs"}
+    framework = {k: v for k, v in values.items() if k in own and v is not None}
+    kwargs = {k: v for k, v in values.items() if k not in own}
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(schema), {**framework, "name": path, "kwargs": kwargs}
+        )
+    except ValidationError as exc:
+        kind = get_type_hints(schema).get(str(exc.full_key))
+        raise ConfigError(
+            f"{group}.{exc.full_key}={exc.value} is invalid; it must be {_allowed(kind)}"
+        ) from None
+    return cast(DictConfig, merged)
 
 
 def plain(value: Any) -> Any:

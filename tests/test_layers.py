@@ -4,6 +4,8 @@
 - ``experiments`` may import ``decent_dp`` and third-party packages, never an entry
   point (``train.py``) or the tests.
 - Nothing below the tests imports ``tests``.
+- ``examples`` are users' packages: torch, ``decent_dp`` and the standard library, never the
+  framework (``train.py`` reaches them through ``_target_``).
 - ``decent_dp``'s modules import each other without a cycle.
 
 Imports are read with :mod:`ast`, so a lazy import inside a function counts too.
@@ -49,7 +51,13 @@ def test_the_library_imports_torch_and_the_standard_library_only(path: Path) -> 
 
 @pytest.mark.parametrize("path", _sources("experiments"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_framework_never_imports_upward(path: Path) -> None:
-    assert imported_roots(path) & {"train", "tests"} == set(), path
+    assert imported_roots(path) & {"train", "tests", "examples", "own_model"} == set(), path
+
+
+@pytest.mark.parametrize("path", _sources("examples"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_import_torch_and_the_library_only(path: Path) -> None:
+    own = {p.name for p in (ROOT / "examples").iterdir() if p.is_dir()}
+    assert _forbidden_in_library(imported_roots(path)) - own == set(), path
 
 
 def test_the_checks_catch_a_wrong_import(tmp_path: Path) -> None:

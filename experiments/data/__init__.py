@@ -12,6 +12,10 @@ slice of the evaluation set. :data:`DATASETS` maps every name to its family's bu
   models; its builder returns a :class:`~experiments.data.tokens.TokenData`, whose
   ``block_size`` is the section's (the trainer fills it in from the model when null).
 
+A section with ``_target_`` in place of ``name`` is a user's map-style dataset
+(:mod:`experiments.data.target`), sharded like the built-ins; its builder returns a
+:class:`~experiments.data.target.TargetData`.
+
 The section's keys and defaults are those of the schemas in
 :mod:`experiments.data.schema`; a plain dict is filled in and checked like a composed
 config. The split comes from :mod:`experiments.data.partition`, the loaders from
@@ -32,11 +36,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from experiments.data import cifar, digits, imagenet, synthetic, tokens
+from experiments.data import cifar, digits, imagenet, synthetic, target, tokens
 from experiments.data.loaders import Data, EvalLoader, Placement, ShardLoader
 from experiments.data.partition import PARTITIONS, derive_seed, partition_indices
 from experiments.data.schema import dataset_section
-from experiments.schema import is_int, require
+from experiments.schema import is_int, is_target, require
 
 __all__ = [
     "DATASETS",
@@ -45,6 +49,7 @@ __all__ = [
     "EvalLoader",
     "ShardLoader",
     "build_data",
+    "builtin_values",
     "derive_seed",
     "partition_indices",
 ]
@@ -81,7 +86,8 @@ def build_data(
     Args:
         cfg: The dataset config section (a dict or an OmegaConf ``DictConfig``): ``name``
             (one of :data:`DATASETS`, default ``digits``) and the keys of its schema in
-            :mod:`experiments.data.schema`; left-out keys take the schema's defaults.
+            :mod:`experiments.data.schema`; left-out keys take the schema's defaults. Or a
+            ``_target_`` and its arguments (:mod:`experiments.data.target`).
         rank: This process's rank, in ``[0, world_size)``.
         world_size: Number of ranks sharing the training set.
         batch_size: Training samples per batch on each rank.
@@ -95,7 +101,8 @@ def build_data(
     Raises:
         ValueError: A one-line :class:`~experiments.train.config.ConfigError` for a bad
             section or argument (unknown name or key, a non-positive size or alpha, a rank
-            outside ``[0, world_size)``); a plain ``ValueError`` for a per-rank shard smaller
+            outside ``[0, world_size)``, a ``_target_`` that does not import, raises, or
+            returns no map-style dataset of pairs); a plain ``ValueError`` for a per-rank shard smaller
             than one batch, an empty Dirichlet shard, malformed CIFAR files, or an image
             folder without images.
         FileNotFoundError: If CIFAR or ImageNet files are missing (the message names the path
@@ -107,4 +114,44 @@ def build_data(
     ranks = f"an integer in [0, {int(world_size) - 1}]"
     require("rank", rank, is_int(rank) and 0 <= rank < world_size, ranks)
     place = Placement(int(rank), int(world_size), int(batch_size), int(seed), torch.device(device))
-    return DATASETS[str(section.name)](section, place)
+    builder = target.build if is_target(section) else DATASETS[str(section.name)]
+    return builder(section, place)
+
+
+def builtin_values(cfg: Mapping[str, Any] | None, model_block: int | None = None) -> dict[str, Any]:
+    """What a model gets from a built-in dataset, known without loading it.
+
+    Args:
+        cfg: The ``dataset`` section of a registered dataset.
+        model_block: The model's block size (the default of ``tokens``' block size).
+
+    Returns:
+        ``num_classes``, ``in_channels``, ``image_size``, ``vocab_size`` and ``block_size``,
+        ``None`` where the dataset does not give one before it is read (ImageNet's classes
+        are its folders).
+
+    Raises:
+        ConfigError: For a bad section (``tokens``: no vocabulary size or block size).
+    """
+    d = dataset_section(cfg)
+    name = str(d.name)
+    values: dict[str, Any] = dict.fromkeys(
+        ("num_classes", "in_channels", "image_size", "vocab_size", "block_size")
+    )
+    if name == "tokens":
+        block, vocab = tokens.token_sizes(d, model_block)
+        values.update(vocab_size=vocab, block_size=block)
+    elif name == "digits":
+        channels, side = digits.IMAGE_SHAPE
+        values.update(num_classes=digits.NUM_CLASSES, in_channels=channels, image_size=side)
+    elif name in cifar.CIFAR:
+        values.update(num_classes=cifar.CIFAR[name].num_classes, in_channels=3, image_size=32)
+    elif name == "synthetic":
+        values.update(
+            num_classes=int(d.num_classes),
+            in_channels=int(d.in_channels),
+            image_size=int(d.image_size),
+        )
+    elif name == "imagenet":
+        values.update(in_channels=3, image_size=int(d.image_size))
+    return values

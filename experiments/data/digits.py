@@ -14,7 +14,11 @@ from omegaconf import DictConfig
 from experiments.data.augment import TensorAugment
 from experiments.data.loaders import Data, InMemory, Placement, build_in_memory
 
-__all__ = ["load_digits", "build"]
+__all__ = ["NUM_CLASSES", "IMAGE_SHAPE", "load_digits", "build"]
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = (1, 8)
+"""``(channels, side)`` of the images."""
 
 
 def load_digits(augment: bool) -> InMemory:
@@ -41,7 +45,7 @@ def load_digits(augment: bool) -> InMemory:
         labels[train_idx],
         images[test_idx],
         labels[test_idx],
-        num_classes=10,
+        num_classes=NUM_CLASSES,
         augment=TensorAugment(pad=1, flip=False) if augment else None,
     )
 

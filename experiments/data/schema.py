@@ -7,22 +7,28 @@ to :func:`experiments.data.build_data`) with the same defaults. The token files'
 :class:`TokensConfig`, is here too; :mod:`experiments.data.tokens` re-exports it. ``experiments.train.config``
 imports this module, registers its schemas in Hydra's ConfigStore and re-exports its names;
 import them from there.
+
+A section with ``_target_`` instead of ``name`` is a user's dataset
+(:mod:`experiments.data.target`); :class:`DatasetTargetConfig` types the keys the framework
+reads from it, and every other key is an argument of the target.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from experiments.schema import name_enum, require, typed_section
+from experiments.schema import is_target, name_enum, require, target_section, typed_section
 
 __all__ = [
     "DatasetName",
     "PartitionName",
+    "TaskName",
     "DatasetConfig",
+    "DatasetTargetConfig",
     "CifarConfig",
     "ImageNetConfig",
     "SyntheticConfig",
@@ -38,6 +44,7 @@ DatasetName = name_enum(
     "DatasetName", ["digits", "cifar10", "cifar100", "imagenet", "synthetic", "tokens"], __name__
 )
 PartitionName = name_enum("PartitionName", ["iid", "dirichlet"], __name__)
+TaskName = name_enum("TaskName", ["classification", "language_model"], __name__)
 
 
 @dataclass
@@ -120,6 +127,41 @@ class TokensConfig:
     num_workers: int = 0
 
 
+@dataclass
+class DatasetTargetConfig:
+    """A user's dataset, ``_target_: their_pkg.module.Name``: the keys the framework reads.
+
+    The target is called twice, with its arguments (``kwargs``: every other key of the
+    section) and ``split="train"``, then ``split="val"``; each call returns a map-style
+    ``torch.utils.data.Dataset`` of ``(input, target)`` pairs (:mod:`experiments.data.target`).
+
+    Attributes:
+        _target_: The class or function, as a dotted import path.
+        name: Set to the ``_target_`` path, for logs and summaries.
+        task: ``classification`` (integer class targets: cross-entropy, accuracy) or
+            ``language_model`` (token ids in, the next ids as targets).
+        partition: ``iid`` or ``dirichlet``, as for the built-in datasets.
+        alpha: Dirichlet concentration.
+        num_workers: ``DataLoader`` worker processes reading the dataset (0: in the
+            training process).
+        num_classes: Classes of a classification set; null takes the dataset's
+            ``num_classes`` attribute.
+        vocab_size: Token ids of a language-model set are below it; null takes the
+            dataset's ``vocab_size`` attribute.
+        kwargs: The target's own arguments.
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    task: TaskName = TaskName["classification"]  # type: ignore[valid-type]
+    partition: PartitionName = PartitionName["iid"]  # type: ignore[valid-type]
+    alpha: float = 0.5
+    num_workers: int = 0
+    num_classes: int | None = None
+    vocab_size: int | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 def tokens_section(section: Any) -> DictConfig:
     """The ``dataset=tokens`` section with the defaults of :class:`TokensConfig`, checked.
 
@@ -183,6 +225,21 @@ def dataset_section(section: Any) -> DictConfig:
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
+    if is_target(section):
+        d = target_section(section, "dataset", DatasetTargetConfig)
+        require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
+        check_partition(d.partition, d.alpha)
+        lm = d.task == "language_model"
+        require(
+            "dataset.partition",
+            d.partition,
+            not lm or d.partition == "iid",
+            "iid for task=language_model",
+        )
+        for key in ("num_classes", "vocab_size"):
+            value = d.get(key)
+            require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0 or null")
+        return d
     d = typed_section(section, "dataset", SCHEMAS, default="digits")
     if d.name == "tokens":  # windows of a token stream: no partition, no augmentation
         return tokens_section(d)

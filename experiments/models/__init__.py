@@ -5,7 +5,9 @@
 :mod:`experiments.models.gpt`, and another family joins by adding its builders to the
 mapping. A vision builder takes the images' shape (``num_classes``, ``in_channels``,
 ``image_size``); a language model's takes the data's ``vocab_size``. The section's keys and defaults are those of the schemas in
-:mod:`experiments.models.schema`.
+:mod:`experiments.models.schema`. A section with ``_target_`` in place of ``name`` is a
+user's model (:mod:`experiments.models.target`), given those of the data's values that its
+signature names.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from torch import nn
 
 from experiments.models.gpt import build_gpt
 from experiments.models.schema import LANGUAGE_MODELS, model_section
+from experiments.models.target import build_target_model
 from experiments.models.vision import VISION_MODELS, ModelBuilder, SmallCNN, VisionTransformer
-from experiments.schema import is_int, require
+from experiments.schema import is_int, is_target, require
 
 __all__ = ["MODELS", "ModelBuilder", "SmallCNN", "VisionTransformer", "build_model"]
 
@@ -34,6 +37,7 @@ def build_model(
     in_channels: int | None = None,
     image_size: int | None = None,
     vocab_size: int | None = None,
+    block_size: int | None = None,
 ) -> nn.Module:
     """Build the model named by ``cfg["name"]``.
 
@@ -48,6 +52,7 @@ def build_model(
         in_channels: Channels of the input images (vision models).
         image_size: Side of the square input images (vision models).
         vocab_size: The data's vocabulary size (language models).
+        block_size: The data's tokens per sample (given to a ``_target_`` that takes it).
 
     Returns:
         The freshly initialised model, on the CPU.
@@ -56,8 +61,17 @@ def build_model(
         ValueError: A one-line :class:`~experiments.train.config.ConfigError` if the name or
             a key is unknown, a size is not a positive integer, or a ``vit_small`` key is
             inconsistent (``patch_size`` must divide ``image_size``, ``heads`` must divide
-            ``dim``).
+            ``dim``), or for a ``_target_`` as :func:`~experiments.models.target.build_target_model`.
     """
+    if is_target(cfg):
+        values = {
+            "num_classes": num_classes,
+            "in_channels": in_channels,
+            "image_size": image_size,
+            "vocab_size": vocab_size,
+            "block_size": block_size,
+        }
+        return build_target_model(cfg, values)
     name = str(dict(cfg or {}).get("name") or "small_cnn")
     if name in LANGUAGE_MODELS:
         return MODELS[name](model_section(cfg), vocab_size=vocab_size)

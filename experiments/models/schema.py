@@ -7,23 +7,28 @@ same defaults. The language model's schema, :class:`~experiments.models.gpt.GPTC
 beside its builder in :mod:`experiments.models.gpt` and is listed here under ``gpt``.
 ``experiments.train.config`` imports this module, registers its schemas in
 Hydra's ConfigStore and re-exports its names; import them from there.
+
+A section with ``_target_`` instead of ``name`` is a user's model
+(:mod:`experiments.models.target`): :class:`ModelTargetConfig` keeps ``channels_last`` for the
+framework and every other key as an argument of the target.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
 from experiments.models.gpt import GPTConfig, gpt_section
-from experiments.schema import name_enum, require, typed_section
+from experiments.schema import is_target, name_enum, require, target_section, typed_section
 
 __all__ = [
     "ModelName",
     "NormName",
     "ModelConfig",
+    "ModelTargetConfig",
     "SmallCNNConfig",
     "VitConfig",
     "GPTConfig",
@@ -71,6 +76,24 @@ class VitConfig(ModelConfig):
     mlp_ratio: float = 4.0
 
 
+@dataclass
+class ModelTargetConfig:
+    """A user's model, ``_target_: their_pkg.module.Name``, called with its arguments.
+
+    Attributes:
+        _target_: The class or function returning an ``nn.Module``, as a dotted import path.
+        name: Set to the ``_target_`` path, for logs and summaries.
+        channels_last: Convert the model and its input batches to ``torch.channels_last``,
+            as for the built-in models.
+        kwargs: The target's own arguments (every other key of the section).
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    channels_last: bool = False
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 LANGUAGE_MODELS = frozenset({"gpt"})
 """The model names that read token sequences (``dataset=tokens``) instead of images."""
 
@@ -98,6 +121,8 @@ def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
+    if is_target(section):
+        return target_section(section, "model", ModelTargetConfig)
     m = typed_section(section, "model", SCHEMAS, default="small_cnn")
     if m.name == "gpt":
         return gpt_section(m)

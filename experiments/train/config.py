@@ -148,6 +148,7 @@ __all__ = [
     "ConstantConfig",
     "StepConfig",
     "TopologyConfig",
+    "TopologyTargetConfig",
     "NetworkConfig",
     "CompressionName",
     "CompressionConfig",
@@ -208,6 +209,30 @@ class TopologyConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
     bucket_size_in_mb: float = 25.0
     sync_buffer_in_global_avg: bool = True
+
+
+@dataclass
+class TopologyTargetConfig:
+    """``topology`` as ``_target_: their_pkg.module.MyTopology``, a ``Topology`` subclass.
+
+    The class is built as ``MyTopology(world_size, local_world_size, **kwargs)``, its
+    arguments being every key of the section but these (:mod:`experiments.train.targets`).
+
+    Attributes:
+        _target_: The ``decent_dp.topo.Topology`` subclass, as a dotted import path.
+        name: Set to the ``_target_`` path, for logs, summaries and checkpoints.
+        local_world_size: Ranks per node; ``None`` reads ``LOCAL_WORLD_SIZE``.
+        bucket_size_in_mb: As for a registered topology.
+        sync_buffer_in_global_avg: As for a registered topology.
+        kwargs: The class's own arguments.
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    local_world_size: int | None = None
+    bucket_size_in_mb: float = 25.0
+    sync_buffer_in_global_avg: bool = True
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

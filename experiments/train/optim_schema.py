@@ -4,6 +4,9 @@ Each option file of ``conf/optim/`` and ``conf/scheduler/`` starts its
 defaults list with one of these (``- /schema/optim/<name>@_here_``), so a
 misspelt key or a value of the wrong type fails while Hydra composes;
 :mod:`experiments.train.config` registers them with the other groups'.
+A section with ``_target_`` instead of ``name`` names any optimizer or
+scheduler class (or a function of the optimizer): :class:`OptimTargetConfig`
+and :class:`SchedulerTargetConfig` type what the framework reads of it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ __all__ = [
     "CosineWarmupConfig",
     "ConstantConfig",
     "StepConfig",
+    "OptimTargetConfig",
+    "SchedulerTargetConfig",
 ]
 
 OptimName = name_enum(
@@ -184,3 +189,45 @@ class StepConfig:
     name: SchedulerName = MISSING  # type: ignore[valid-type]
     step_size_epochs: float = 30.0
     gamma: float = 0.1
+
+
+# ---------------------------------------------------------------- _target_
+
+
+@dataclass
+class OptimTargetConfig:
+    """``optim`` as ``_target_: torch.optim.SGD`` (any optimizer class) with its arguments.
+
+    The target is called as ``target(param_groups, **kwargs)`` for every bucket, the
+    parameters split by shape as the built-in factories split them: ``weight_decay`` (the
+    section's, else the class's default) on weights, 0 on biases and norms.
+
+    Attributes:
+        _target_: The optimizer class, as a dotted import path.
+        name: Set to the ``_target_`` path, for logs and summaries.
+        state_sync: Named optimizer states averaged with the gossip (:class:`StateSyncConfig`).
+        kwargs: The optimizer's own arguments (every other key of the section).
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    state_sync: StateSyncConfig = field(default_factory=StateSyncConfig)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulerTargetConfig:
+    """``scheduler`` as ``_target_: torch.optim.lr_scheduler.CosineAnnealingLR`` with its arguments.
+
+    The target, a scheduler class or a function of the optimizer, is called as
+    ``target(optimizer, **kwargs)`` for every bucket and stepped once per optimizer step.
+
+    Attributes:
+        _target_: The scheduler class or function, as a dotted import path.
+        name: Set to the ``_target_`` path, for logs and summaries.
+        kwargs: Its own arguments (every key of the section but ``_target_``).
+    """
+
+    _target_: str = MISSING
+    name: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)

@@ -6,9 +6,10 @@ on each:
 
 1. Validate the config (:func:`validate`) with no communication at all, so a
    bad value raises the same one-line :class:`ConfigError` on every rank and
-   nothing waits for a peer that has already stopped. Under SLURM without
-   torchrun the torchrun variables are first derived from SLURM's
-   (:func:`slurm_env`).
+   nothing waits for a peer that has already stopped. A section naming a
+   user's class or function by ``_target_`` is typed first, then imported and
+   built (:mod:`experiments.train.targets`). Under SLURM without torchrun the
+   torchrun variables are first derived from SLURM's (:func:`slurm_env`).
 2. Set up the process group once per process
    (:func:`decent_dp.utils.initialize_dist`; later jobs of a multirun reuse it).
 3. One ``all_gather_object``: the hash of the resolved config
@@ -46,7 +47,6 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from decent_dp._state_sync import check_state_sync
-from decent_dp.topo import TopologyReg
 from decent_dp.utils import get_device, initialize_dist
 from experiments.network.netem import profile_from_cfg
 from experiments.schema import require
@@ -63,6 +63,7 @@ from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
 from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.preempt import preemption_signal
+from experiments.train.targets import build_topology, check_targets, resolve_targets
 from experiments.train.task import task_for
 from experiments.train.trainer import Trainer, per_worker_batch
 
@@ -139,6 +140,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     The same config and world size give the same outcome on every rank, so
     all ranks stop together with the same message.
 
+    A ``_target_`` section is imported and built here too (the dataset's splits are kept
+    for the job's build).
+
     Args:
         cfg: The composed config.
         world_size: Number of ranks.
@@ -146,6 +150,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
+    cfg = resolve_targets(cfg)
     t, d, s, topo = cfg.train, cfg.dataset, cfg.scheduler, cfg.topology
     steps_ok = (
         _is_int(t.epochs) and t.epochs > 0
@@ -239,15 +244,11 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     # the factories check their own hyper-parameters (lr >= 0, betas, accum_iter, ...)
     try:
         build_optim_fn(cfg.optim)([(torch.zeros(2, 2), "probe")])
+    except ConfigError:  # a _target_'s own line
+        raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"optim={cfg.optim.name}: {exc}") from None
-    if topo.name != ALLREDUCE:
-        try:
-            TopologyReg.create(
-                str(topo.name), world_size, topo.local_world_size, **dict(topo.kwargs)
-            )
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"topology={topo.name} with world size {world_size}: {exc}") from None
+    build_topology(topo, world_size)
     outer_every(cfg.get("outer"), topo)  # its own one-line errors
     sync = state_sync_arg(cfg.optim.get("state_sync"))
     if sync:
@@ -269,6 +270,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         profile_from_cfg(cfg.network)
     except ValueError as exc:
         raise ConfigError(f"network={cfg.network.name}: {exc}") from None
+    check_targets(cfg)  # last: it imports the user's code and builds the dataset
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -405,6 +407,7 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
     """
     wall_start = time.time()
     os.environ.update(slurm_env())
+    cfg = resolve_targets(cfg)
     # a bad value stops every rank alike, before the rendezvous and any collective
     validate(cfg, _planned_world_size())
     rank, world_size = initialize_dist(

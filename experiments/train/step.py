@@ -52,6 +52,7 @@ from decent_dp.utils import unwrap_compiled
 from experiments.train.config import ALLREDUCE
 from experiments.train.metrics import TrainWindow
 from experiments.train.peer_loss import PeerLostError, comm_failure
+from experiments.train.targets import build_topology
 from experiments.train.task import ImageClassification, Task
 
 __all__ = ["TrainStep", "NanPolicy", "amp_setup"]
@@ -237,7 +238,7 @@ class TrainStep:
         self.scheduler: Any = None
         self._handles: list[Any] = []  # hooks this job put on the model and optimizer
         self._optimizer_stepped = False
-        self.model = self._wrap(model, topology_cfg, optim_fn, scheduler_fn)
+        self.model = self._wrap(model, topology_cfg, optim_fn, scheduler_fn, world_size)
         self.nan = NanPolicy(
             str(train_cfg.nan_policy), rank=rank, world_size=world_size, device=self.device
         )
@@ -253,19 +254,20 @@ class TrainStep:
         topo: Any,
         optim_fn: Callable[..., Any],
         scheduler_fn: Callable[..., Any],
+        world_size: int,
     ) -> nn.Module:
         if self.decentralized:
+            # a registered name and a user's _target_ alike: the topology, built for this world
+            topology = build_topology(topo, world_size)
             return DecentralizedDataParallel(
                 model,
                 optim_fn=optim_fn,
                 lr_scheduler_fn=scheduler_fn,
-                topology=self.topology,
+                topology=topology,
                 scaler=self.scaler,
                 grad_clip_norm=self.grad_clip_norm,
                 sync_buffer_in_global_avg=bool(topo.sync_buffer_in_global_avg),
                 bucket_size_in_mb=float(topo.bucket_size_in_mb),
-                local_world_size=topo.local_world_size,
-                topology_kwargs=dict(topo.kwargs),
                 compression=self.compression,
                 state_sync=self._state_sync or None,
                 **self._outer,

@@ -15,7 +15,10 @@ The trainer's loop, the step, the checkpoints and the gossip are the same for bo
 :func:`task_for` picks the task of a config: a language model (``model=gpt``) needs
 ``dataset=tokens`` and every other model needs an image dataset; :meth:`Task.check`
 finds a mismatch, and a dataset block size above the model's or an unknown vocabulary,
-before any collective.
+before any collective. A user's dataset (``dataset._target_``) says its task with
+``dataset.task`` (``classification`` or ``language_model``), and a user's model
+(``model._target_``) learns the task of its data; such a language model is called as
+``model(x)`` and returns logits, from which the task computes the loss.
 
 Example::
 
@@ -39,9 +42,31 @@ from experiments.data import build_data
 from experiments.data.tokens import token_sizes
 from experiments.models import build_model
 from experiments.models.schema import LANGUAGE_MODELS
-from experiments.schema import ConfigError
+from experiments.schema import ConfigError, is_target
 
-__all__ = ["Task", "ImageClassification", "LanguageModeling", "task_for"]
+__all__ = [
+    "Task",
+    "ImageClassification",
+    "LanguageModeling",
+    "task_for",
+    "data_task",
+    "model_block",
+]
+
+
+def data_task(dataset_cfg: Any) -> str:
+    """What a dataset is for: ``language_model`` (``tokens``, or a target saying so) or ``classification``."""
+    if is_target(dataset_cfg):
+        return str(dataset_cfg.get("task", "classification"))
+    return "language_model" if str(dataset_cfg.name) == "tokens" else "classification"
+
+
+def model_block(model_cfg: Any) -> int | None:
+    """``gpt``'s block size, a target model's ``block_size`` argument, else ``None``."""
+    if is_target(model_cfg):
+        block = dict(model_cfg.get("kwargs") or {}).get("block_size")
+        return None if block is None else int(block)
+    return int(model_cfg.block_size) if str(model_cfg.name) in LANGUAGE_MODELS else None
 
 
 class Task:
@@ -150,10 +175,11 @@ class ImageClassification(Task):
         self.criterion = nn.CrossEntropyLoss(label_smoothing=self.label_smoothing)
 
     def check(self, cfg: Any) -> None:
-        if str(cfg.dataset.name) == "tokens":
+        if data_task(cfg.dataset) == "language_model":
+            what = "dataset=tokens" if not is_target(cfg.dataset) else "dataset.task=language_model"
             raise ConfigError(
-                f"dataset=tokens is invalid with model={cfg.model.name}; it needs a language "
-                f"model: one of {', '.join(sorted(LANGUAGE_MODELS))}"
+                f"{what} is invalid with model={cfg.model.name}; it needs a language "
+                f"model: one of {', '.join(sorted(LANGUAGE_MODELS))}, or a model._target_"
             )
 
     def build_model(self, model_cfg: Any) -> nn.Module:
@@ -191,20 +217,32 @@ class LanguageModeling(Task):
 
     A sample is a window of ``block_size`` tokens: the dataset's ``block_size`` if set,
     else the model's. ``train.label_smoothing`` does not apply to next-token prediction.
+
+    Args:
+        train_cfg: The ``train`` config section.
+        targets_in_forward: Call the model as ``model(x, y)``, which may return
+            ``(logits, loss)`` (the built-in ``gpt``); else as ``model(x)``, returning logits.
     """
 
     eval_width = 2  # loss sum, tokens
 
+    def __init__(self, train_cfg: Any, *, targets_in_forward: bool = True) -> None:
+        super().__init__(train_cfg)
+        self.targets_in_forward = targets_in_forward
+
     def check(self, cfg: Any) -> None:
-        if str(cfg.dataset.name) != "tokens":
+        if data_task(cfg.dataset) != "language_model":
             raise ConfigError(
-                f"dataset={cfg.dataset.name} is invalid with model={cfg.model.name}; "
-                "a language model needs dataset=tokens"
+                f"dataset={cfg.dataset.name} is invalid with model={cfg.model.name}; a language "
+                "model needs dataset=tokens or a dataset._target_ with dataset.task=language_model"
             )
-        token_sizes(cfg.dataset, int(cfg.model.block_size))
+        if not is_target(cfg.dataset):
+            token_sizes(cfg.dataset, model_block(cfg.model))
 
     def _dataset_section(self, dataset_cfg: Any, model_cfg: Any) -> Any:
-        block, _ = token_sizes(dataset_cfg, int(model_cfg.block_size))
+        if is_target(dataset_cfg):
+            return dataset_cfg
+        block, _ = token_sizes(dataset_cfg, model_block(model_cfg))
         return {**dict(dataset_cfg), "block_size": block}
 
     def build_data(self, dataset_cfg: Any, model_cfg: Any, **placement: Any) -> Any:
@@ -213,7 +251,8 @@ class LanguageModeling(Task):
         return data
 
     def build_model(self, model_cfg: Any) -> nn.Module:
-        model = build_model(model_cfg, vocab_size=self.data.vocab_size)
+        data = self.data
+        model = build_model(model_cfg, vocab_size=data.vocab_size, block_size=data.block_size)
         bare = getattr(model, "_orig_mod", model)  # under model.compile=whole
         counted = getattr(bare, "flops_per_token", None)
         params = sum(p.numel() for p in bare.parameters())
@@ -223,7 +262,7 @@ class LanguageModeling(Task):
     def forward(
         self, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        out = model(x, y)
+        out = model(x, y) if self.targets_in_forward else model(x)
         loss = out[1] if isinstance(out, tuple) else self._token_loss(out, y, "mean")
         # no token accuracy: 0 predictions counted, so train/acc is left out of the lines
         return loss, loss.new_zeros(()), 0
@@ -272,11 +311,16 @@ def task_for(cfg: Any) -> Task:
     """The task of a composed config: :class:`LanguageModeling` for a language model.
 
     Args:
-        cfg: The composed config (``model.name`` chooses; ``train`` configures).
+        cfg: The composed config (a registered ``model.name`` chooses, a ``model._target_``
+            takes its data's task; ``train`` configures).
 
     Returns:
         A fresh task, before any data or model is built.
     """
+    if is_target(cfg.model):
+        if data_task(cfg.dataset) == "language_model":
+            return LanguageModeling(cfg.train, targets_in_forward=False)
+        return ImageClassification(cfg.train)
     if str(cfg.model.name) in LANGUAGE_MODELS:
         return LanguageModeling(cfg.train)
     return ImageClassification(cfg.train)

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
@@ -158,6 +159,23 @@ def _empty_image_folders(tmp_path: Path, request: pytest.FixtureRequest) -> Outc
     return _run_in_process(
         tmp_path, "dataset=imagenet", f"dataset.root={tmp_path / 'imagenet'}", "train.batch_size=2"
     )
+
+
+# ----------------------------------------------------------------- _target_ sections
+
+TARGET_CONF = Path(__file__).resolve().parents[1] / "fixtures" / "target_conf"
+
+
+def _target_error(*overrides: str) -> Callable[[Path, pytest.FixtureRequest], Outcome]:
+    """``run(cfg)`` of a config with ``_target_`` sections; no process group may come up."""
+
+    def attempt(tmp_path: Path, request: pytest.FixtureRequest) -> Outcome:
+        request.getfixturevalue("world_of_one")
+        outcome = _run_in_process(tmp_path, f"hydra.searchpath=[file://{TARGET_CONF}]", *overrides)
+        assert not dist.is_initialized()  # it stopped before the rendezvous
+        return outcome
+
+    return attempt
 
 
 # ----------------------------------------------------------------- checkpoints and numerics
@@ -363,6 +381,32 @@ CASES: dict[str, Case] = {
         "ValueError",
         ("no images found", "imagenet/train"),
         ("root/train/<class>/*.JPEG",),
+    ),
+    "target-does-not-import": Case(
+        _target_error("model=small_cnn_target", "model._target_=experiments.models.vision.CNN"),
+        "ConfigError",
+        ("model._target_=experiments.models.vision.CNN", "has no attribute 'CNN'"),
+        ("importable module",),
+    ),
+    "target-unknown-key": Case(
+        _target_error("model=small_cnn_target", "+model.norme=batch"),
+        "ConfigError",
+        ("model.norme=batch",),
+        ("it must be one of num_classes, in_channels, norm",),
+    ),
+    "target-constructor-raises": Case(
+        _target_error("model=small_cnn_target", "+model.norm=layer"),
+        "ConfigError",
+        ("model._target_=experiments.models.vision.SmallCNN raised", "model.norm=layer"),
+        ("one of group, batch",),
+    ),
+    "target-dataset-not-pairs": Case(
+        _target_error(
+            "dataset=digits_target", "dataset._target_=tests.support.own_targets.Unpaired"
+        ),
+        "ConfigError",
+        ("dataset._target_=tests.support.own_targets.Unpaired", "is of type Tensor"),
+        ("map-style torch.utils.data.Dataset", "(input, target) pairs"),
     ),
     "batch-size-0": Case(
         _run_error("train.batch_size=0"), "ConfigError", ("train.batch_size=0",), ("> 0",)

@@ -7,8 +7,8 @@ import os
 import torch
 
 from experiments.data import build_data
-from experiments.data.imagenet import FolderEvalLoader, FolderShardLoader
 from experiments.data.loaders import Shard, set_memory_format
+from experiments.data.seeded import SeededEvalLoader, SeededShardLoader
 
 CPU = torch.device("cpu")
 
@@ -30,8 +30,8 @@ def _pids(batches) -> set[int]:
 
 def test_folder_workers_survive_epochs_and_evaluations() -> None:
     shard = Shard(torch.arange(8), batch_size=2, num_batches=4, seed=0, rank=0)
-    train = FolderShardLoader(shard, _PidImages(), num_workers=1, device=CPU)
-    test = FolderEvalLoader(_PidImages(), 0, 8, batch_size=4, num_workers=1, device=CPU)
+    train = SeededShardLoader(shard, _PidImages(), num_workers=1, device=CPU)
+    test = SeededEvalLoader(_PidImages(), 0, 8, batch_size=4, num_workers=1, device=CPU)
     set_memory_format(_Data(train, test), torch.channels_last)
 
     first = list(train.iterate(0))
