@@ -32,6 +32,17 @@ def _clear_hydra() -> Iterator[None]:
     GlobalHydra.instance().clear()
 
 
+@pytest.fixture(autouse=True)
+def _restore_topology_registry() -> Iterator[None]:
+    """A topology a test's own code registers (a user's package, say) is gone for the next test."""
+    from decent_dp.topo import TopologyReg
+
+    saved = dict(TopologyReg.registry)
+    yield
+    TopologyReg.registry.clear()
+    TopologyReg.registry.update(saved)
+
+
 @pytest.fixture
 def world_of_one() -> Iterator[None]:
     """Let ``run()`` create its one-process group; restore the environment and destroy it after."""
