@@ -10,7 +10,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _make(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # A make that runs this suite (`make test ARGS=...`) hands its own ARGS down through
+    # MAKEFLAGS; the target under test must see only the arguments given here.
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS")
+    }
+    env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         ["make", "-s", "-C", str(ROOT), *args],
         capture_output=True,
