@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from experiments.report.doc_data import Source
+from experiments.report.doc_data import DataError, Source
 
 Fn = Callable[[Source], float]
 
@@ -103,7 +103,230 @@ def V(fn: Fn, fmt: str) -> Value:  # noqa: N802 - reads as a constructor in the 
     return Value(fn, fmt)
 
 
+def version(s: Source) -> str:
+    """The package's version, as ``pyproject.toml`` declares it."""
+    s.read.append("pyproject.toml")
+    for line in (s.root / "pyproject.toml").read_text().splitlines():
+        if line.startswith("version"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise DataError("pyproject.toml", "no version")
+
+
+def within_20(field: str) -> Fn:
+    """How many cells of the wire study a prediction (``field``: its ratio) puts within 20%."""
+
+    def count(s: Source) -> int:
+        rows = [r[field] for r in s.json(WIRE) if r.get(field) is not None]
+        return sum(abs(r - 1) <= 0.2 for r in rows)
+
+    return count
+
+
+def cells(field: str) -> Fn:
+    """How many cells of the wire study a prediction (``field``) covers."""
+    return lambda s: sum(r.get(field) is not None for r in s.json(WIRE))
+
+
+def link_speedup(arm: str) -> Fn:
+    """How much sooner than ``allreduce`` an arm reaches DiLoCo's final loss on the slow link."""
+
+    def value(s: Source) -> float:
+        arms = {a["name"]: a for a in s.json("docs/results/streaming/link/link_time.json")["arms"]}
+        return arms["allreduce-adamw"]["time_to_target"][1] / arms[arm]["time_to_target"][1]
+
+    return value
+
+
 F3 = "{:.3f}"
 F2 = "{:.2f}"
+F0 = "{:,.0f}"
+RES = "docs/results/README.md"
 
-CLAIMS: list[Claim] = []
+_W32 = (f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final")
+_W8 = (f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final")
+_W128 = (f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final")
+_SGD = (f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final")
+_LATE = (f"{GAP}/allreduce-adamw/final", f"{GAP}/allreduce-delayed/final")
+_DILOCO_T = f"{GAP}/diloco-H16-outer/final"
+_LOCAL_T = f"{GAP}/local-sgd-H16-lr2e-3/final"
+_INT8 = f"{STREAM}/streaming-f4-int8/final"
+_DILOCO = f"{STREAM}/diloco-H16/final"
+
+
+def _comp(topology: str, compression: str, key: str = "eval/acc") -> Fn:
+    return mean(f"{COMP}/{topology}_{compression}_seed*", key)
+
+
+CLAIMS: list[Claim] = [
+    # README.md
+    claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
+    # docs/results/README.md: the wire
+    claim(
+        RES,
+        r"`network=custom` predicts (\d+) of these (\d+) cells within 20%\s+\((\d+) at the line",
+        V(within_20("calibrated_ratio"), "{}"),
+        V(cells("calibrated_ratio"), "{}"),
+        V(within_20("emulated_ratio"), "{}"),
+    ),
+    claim(
+        RES,
+        r"its link carries ([\d,]+) bytes per step less than flat",
+        V(
+            diff(
+                wire_field("4x2", "10mbit", "one-peer-exp", "wire_bytes_per_step", HIER),
+                wire_field("4x2", "10mbit", "hierarchical", "wire_bytes_per_step", HIER),
+            ),
+            F0,
+        ),
+    ),
+    # docs/results/README.md: language models
+    claim(
+        RES,
+        r"`accum_iter` 8 ended at (\d\.\d{3}) with seed 0",
+        V(lambda s: s.run(f"{LM}/one-peer-exp-accum8/stage1/0"), F3),
+    ),
+    claim(
+        RES,
+        r"`complete` is level with\s+`allreduce` \(([−-]\d\.\d{3}) ± (\d\.\d{3})\)",
+        V(gap_mean(*_SGD), "{:+.3f}"),
+        V(gap_sd(*_SGD), F3),
+    ),
+    claim(
+        RES,
+        r"ends \+(\d\.\d{3}) ± (\d\.\d{3}) behind; `complete` keeps a\s+quarter of each point "
+        r"fresh and loses (\d\.\d{3})",
+        V(gap_mean(*_LATE), F3),
+        V(gap_sd(*_LATE), F3),
+        V(gap_mean(*_W32), F3),
+    ),
+    claim(
+        RES,
+        r"`exp_avg_sq` every 16 steps\s+(\d\.\d{3}) over 3 seeds; both moments every step "
+        r"(\d\.\d{3}) on seed 0, against (\d\.\d{3})\), nor does giving\s+each worker "
+        r"`allreduce`'s own `v` \((\d\.\d{3})\)",
+        V(mean(f"{GAP}/complete-v/final"), F3),
+        V(seed(f"{GAP}/complete-mv/stage1", 0), F3),
+        V(seed(f"{GAP}/complete-adamw-lr0.004/final", 0), F3),
+        V(lambda s: s.run(f"{GAP}/complete-lagged-v1/stage1/lr2e-3"), F3),
+    ),
+    claim(
+        RES,
+        r"`complete` is\s+\+(\d\.\d{3}) ± (\d\.\d{3}) behind `allreduce`, within 0.05, and at "
+        r"(\d\.\d{3}) it beats `allreduce` at 32 windows\s+by (\d\.\d{3})\. At 128 windows the "
+        r"gap stays \+(\d\.\d{3}) ± (\d\.\d{3})",
+        V(gap_mean(*_W8), F3),
+        V(gap_sd(*_W8), F3),
+        V(mean(_W8[1]), F3),
+        V(diff(mean(_W32[0]), mean(_W8[1])), F3),
+        V(gap_mean(*_W128), F3),
+        V(gap_sd(*_W128), F3),
+    ),
+    # docs/results/README.md: compression
+    claim(
+        RES,
+        r"`compression=int8` sends (\d\.\d{3})x the bytes",
+        V(
+            ratio(
+                _comp("ring", "int8", "comm/bytes_per_step"),
+                _comp("ring", "none", "comm/bytes_per_step"),
+            ),
+            F3,
+        ),
+    ),
+    claim(
+        RES,
+        r"\(`ring` (\d\.\d{4}) both, `one-peer-exp` (\d\.\d{4}) against (\d\.\d{4}), 3 seeds",
+        V(_comp("ring", "int8"), "{:.4f}"),
+        V(_comp("one-peer-exp", "int8"), "{:.4f}"),
+        V(_comp("one-peer-exp", "none"), "{:.4f}"),
+    ),
+    claim(
+        RES,
+        r"at (\d\.\d\d)x \(`ring`\) and (\d\.\d\d)x \(`one-peer-exp`\) the",
+        V(
+            ratio(
+                _comp("ring", "int8", "perf/samples_per_s"),
+                _comp("ring", "none", "perf/samples_per_s"),
+            ),
+            F2,
+        ),
+        V(
+            ratio(
+                _comp("one-peer-exp", "int8", "perf/samples_per_s"),
+                _comp("one-peer-exp", "none", "perf/samples_per_s"),
+            ),
+            F2,
+        ),
+    ),
+    claim(
+        RES,
+        r"(\d\.\d\d)x at 10 Mb/s and (\d\.\d\d)x at 5 Mb/s",
+        V(ratio(sps("4x1", "10mbit", "ring-int8"), sps("4x1", "10mbit", "ring")), F2),
+        V(ratio(sps("4x1", "5mbit", "ring-int8"), sps("4x1", "5mbit", "ring")), F2),
+    ),
+    # docs/results/README.md: outer optimizers
+    claim(
+        RES,
+        r"`allreduce` ends at (\d\.\d\d)\. DiLoCo",
+        V(mean(f"{OUTER}/allreduce-adamw/final"), F2),
+    ),
+    claim(
+        RES,
+        r"by (\d\.\d\d) nats on average at H=16 and (\d\.\d\d) at H=64",
+        V(diff(mean(f"{OUTER}/diloco-H16/final"), mean(f"{OUTER}/local-sgd-H16/final")), F2),
+        V(diff(mean(f"{OUTER}/diloco-H64/final"), mean(f"{OUTER}/local-sgd-H64/final")), F2),
+    ),
+    claim(
+        RES,
+        r"`local-sgd` ends at (\d\.\d{3}) ± (\d\.\d{3}), with seed 1's\s+stall gone, and DiLoCo at "
+        r"(\d\.\d{3}) ± (\d\.\d{3}), its seed 1 still (\d\.\d\d) above",
+        V(mean(_LOCAL_T), F3),
+        V(sd(_LOCAL_T), F3),
+        V(mean(_DILOCO_T), F3),
+        V(sd(_DILOCO_T), F3),
+        V(
+            lambda s: s.seeds(_DILOCO_T)[1] - (s.seeds(_DILOCO_T)[0] + s.seeds(_DILOCO_T)[2]) / 2,
+            F2,
+        ),
+    ),
+    claim(
+        RES,
+        r"still behind plain averaging on each seed, by (\d\.\d\d) on average",
+        V(diff(mean(_DILOCO_T), mean(_LOCAL_T)), F2),
+    ),
+    claim(
+        RES,
+        r"ends at\s+(\d\.\d\d) ± (\d\.\d\d)\. That is ahead of DiLoCo at the same inner lr "
+        r"\((\d\.\d\d)\) on each seed, by (\d\.\d\d) on\s+average, at (\d\.\d{3}) of its peak and "
+        r"(\d\.\d{3}) of its mean bytes; it is \*\*behind\*\* DiLoCo with its\s+inner lr tuned "
+        r"\((\d\.\d{3}) ± (\d\.\d{3})\), by (\d\.\d\d)\. In float32 it ends at (\d\.\d\d)",
+        V(mean(_INT8), F2),
+        V(sd(_INT8), F2),
+        V(mean(_DILOCO), F2),
+        V(diff(mean(_DILOCO), mean(_INT8)), F2),
+        V(
+            ratio(
+                mean(_INT8, "comm/peak_bytes_per_step"), mean(_DILOCO, "comm/peak_bytes_per_step")
+            ),
+            F3,
+        ),
+        V(ratio(mean(_INT8, "comm/bytes_per_step"), mean(_DILOCO, "comm/bytes_per_step")), F3),
+        V(mean(_DILOCO_T), F3),
+        V(sd(_DILOCO_T), F3),
+        V(diff(mean(_INT8), mean(_DILOCO_T)), F2),
+        V(mean(f"{STREAM}/streaming-f4/final"), F2),
+    ),
+    claim(
+        RES,
+        r"DiLoCo's final loss\s+(\d\.\d\d) times sooner than `allreduce`",
+        V(link_speedup("streaming-f4-int8"), F2),
+    ),
+    claim(
+        RES,
+        r"ends at (\d\.\d{3}) ± (\d\.\d{3}), behind the unscaled (\d\.\d{3}) ± (\d\.\d{3})",
+        V(mean(f"{STREAM}/slowmo-ope-f4-scaled/final"), F3),
+        V(sd(f"{STREAM}/slowmo-ope-f4-scaled/final"), F3),
+        V(mean(f"{STREAM}/slowmo-ope-f4/final"), F3),
+        V(sd(f"{STREAM}/slowmo-ope-f4/final"), F3),
+    ),
+]

@@ -56,7 +56,11 @@ class Source:
         """The value at the dotted ``path`` of JSON file ``rel`` (list indices as numbers)."""
         value = self.json(rel)
         for part in path.split("."):
-            if isinstance(value, list) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
+            if (
+                isinstance(value, list)
+                and part.lstrip("-").isdigit()
+                and -len(value) <= int(part) < len(value)
+            ):
                 value = value[int(part)]
             elif isinstance(value, dict) and part in value:
                 value = value[part]
@@ -77,7 +81,9 @@ class Source:
             raise DataError(rel, f"{len(found)} rows {wanted}")
         return found[0]
 
-    def wire(self, rel: str, shape: str, rate: str, arm: str, field: str = "samples_per_s") -> float:
+    def wire(
+        self, rel: str, shape: str, rate: str, arm: str, field: str = "samples_per_s"
+    ) -> float:
         """A field of the wire study's row for digits at ``shape`` (``"4x1"``), ``rate``, ``arm``."""
         hosts, _, procs = shape.partition("x")
         row = self.row(
@@ -106,6 +112,14 @@ class Source:
                 raise DataError(str(file.relative_to(self.root)), f"no key '{key}'")
             values.append(float(summary[key]))
         return values
+
+    def run(self, rel_dir: str, key: str = "eval/loss") -> float:
+        """``key`` of one run's ``summary.json`` (``rel_dir`` is the run's folder)."""
+        rel = f"{rel_dir}/summary.json"
+        value = self.json(rel).get(key)
+        if value is None:
+            raise DataError(rel, f"no key '{key}'")
+        return float(value)
 
     def override(self, rel_dir: str, key: str) -> str:
         """The value ``key`` was given in the first seed's ``.hydra/overrides.yaml``."""

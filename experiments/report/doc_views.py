@@ -89,7 +89,9 @@ def wire_rates(
     for rate in rates.split(","):
         src.wire(file, shape, rate, bottom)  # the rate must be in the file
         row = [rate_label(rate), *(_n(_sps(src, file, shape, rate, a)) for a in arm_list)]
-        row.append(_ratio(src.wire(file, shape, rate, top), src.wire(file, shape, rate, bottom), True))
+        row.append(
+            _ratio(src.wire(file, shape, rate, top), src.wire(file, shape, rate, bottom), True)
+        )
         if emulated == "yes":
             em_top = src.wire(file, shape, rate, top, "emulated_step_s")
             em_bottom = src.wire(file, shape, rate, bottom, "emulated_step_s")
@@ -156,7 +158,12 @@ def lm_tuned(src: Source, runs: str = LM, rows: str = "all") -> str:
         gap_text = "0" if name == "allreduce-adamw" else f"{gap:+.3f}"
         lr = lr_label(src.override(final, "optim.lr"))
         out.append([label, lr, _ms(src, final), gap_text])
-    header = ["arm (4 workers, 3 seeds)", "`optim.lr`", "final eval/loss (nats)", "gap to allreduce"]
+    header = [
+        "arm (4 workers, 3 seeds)",
+        "`optim.lr`",
+        "final eval/loss (nats)",
+        "gap to allreduce",
+    ]
     return _table(header, ["---", "---:", "---:", "---:"], out)
 
 
@@ -212,7 +219,9 @@ def glance(src: Source) -> str:
     none_b = src.mean(f"{COMPRESSION}/ring_none_seed*", "comm/bytes_per_step")
     int8_b = src.mean(f"{COMPRESSION}/ring_int8_seed*", "comm/bytes_per_step")
     acc = {(t, c): _acc(src, t, c) for t in ("ring", "one-peer-exp") for c in ("int8", "none")}
-    h = {a: src.wire(HIER, "4x2", "10mbit", a) for a in ("hierarchical", "allreduce", "one-peer-exp")}
+    h = {
+        a: src.wire(HIER, "4x2", "10mbit", a) for a in ("hierarchical", "allreduce", "one-peer-exp")
+    }
     base32 = src.mean(f"{GAP}/allreduce-adamw/final")
     gap32 = src.mean(f"{GAP}/complete-adamw-lr0.004/final") - base32
     gap8 = src.paired_gap(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final")
