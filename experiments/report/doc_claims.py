@@ -141,6 +141,15 @@ F3 = "{:.3f}"
 F2 = "{:.2f}"
 F0 = "{:,.0f}"
 RES = "docs/results/README.md"
+NET = "docs/results/network/README.md"
+HIER_PAGE = "docs/results/hierarchical/README.md"
+_H_ARMS = ("hierarchical", "one-peer-exp", "allreduce")
+
+
+def kb(fn: Fn) -> Fn:
+    """Bytes as KB (1000 bytes), as the pages write them."""
+    return lambda s: fn(s) / 1000
+
 
 _W32 = (f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final")
 _W8 = (f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final")
@@ -328,5 +337,120 @@ CLAIMS: list[Claim] = [
         V(sd(f"{STREAM}/slowmo-ope-f4-scaled/final"), F3),
         V(mean(f"{STREAM}/slowmo-ope-f4/final"), F3),
         V(sd(f"{STREAM}/slowmo-ope-f4/final"), F3),
+    ),
+    # docs/results/network/README.md
+    claim(
+        NET,
+        r"at every rate: (\d\.\d\d)x at\s+5 Mb/s \((\d+) against (\d+) samples/s\), (\d\.\d\d)x at "
+        r"10 Mb/s, (\d\.\d\d)x at 100 Mb/s and\s+(\d\.\d\d)x at 1 Gb/s",
+        V(ratio(sps("4x1", "5mbit", "ring"), sps("4x1", "5mbit", "allreduce")), F2),
+        V(sps("4x1", "5mbit", "ring"), F0),
+        V(sps("4x1", "5mbit", "allreduce"), F0),
+        V(ratio(sps("4x1", "10mbit", "ring"), sps("4x1", "10mbit", "allreduce")), F2),
+        V(ratio(sps("4x1", "100mbit", "ring"), sps("4x1", "100mbit", "allreduce")), F2),
+        V(ratio(sps("4x1", "1gbit", "ring"), sps("4x1", "1gbit", "allreduce")), F2),
+    ),
+    claim(
+        NET,
+        r"is (\d\.\d)x uncompressed `ring` at 5 Mb/s and\s+(\d\.\d)x at 10 Mb/s",
+        V(ratio(sps("4x1", "5mbit", "ring-int8"), sps("4x1", "5mbit", "ring")), "{:.1f}"),
+        V(ratio(sps("4x1", "10mbit", "ring-int8"), sps("4x1", "10mbit", "ring")), "{:.1f}"),
+    ),
+    claim(
+        NET,
+        r"`ring` is (\d\.\d\d)x `allreduce` \(([\d,]+) against (\d+)\)",
+        V(ratio(sps("8x1", "10mbit", "ring"), sps("8x1", "10mbit", "allreduce")), F2),
+        V(sps("8x1", "10mbit", "ring"), F0),
+        V(sps("8x1", "10mbit", "allreduce"), F0),
+    ),
+    claim(
+        NET,
+        r"at 4 x 2, 10 Mb/s: `hierarchical`\s+(\d+) KB, flat `one-peer-exp` (\d+) KB, `allreduce` (\d+) KB",
+        *(V(kb(wire_field("4x2", "10mbit", a, "wire_bytes_per_step")), F0) for a in _H_ARMS),
+    ),
+    claim(
+        NET,
+        r"`one-peer-exp` carries (\d+) KB per step more than `hierarchical`",
+        V(
+            kb(
+                diff(
+                    wire_field("4x2", "10mbit", "one-peer-exp", "wire_bytes_per_step"),
+                    wire_field("4x2", "10mbit", "hierarchical", "wire_bytes_per_step"),
+                )
+            ),
+            F0,
+        ),
+    ),
+    claim(
+        NET,
+        r"it beats flat `one-peer-exp` \((\d\.\d\d)x at 4 x 2\)",
+        V(ratio(sps("4x2", "10mbit", "hierarchical"), sps("4x2", "10mbit", "one-peer-exp")), F2),
+    ),
+    claim(
+        NET,
+        r"\(`one-peer-exp` (\d\.\d{3})-(\d\.\d{3}) s\)",
+        V(wire_field("4x1", "100mbit", "one-peer-exp", "step_min_s"), F3),
+        V(wire_field("4x1", "100mbit", "one-peer-exp", "step_max_s"), F3),
+    ),
+    claim(
+        NET,
+        r"\| emulator, line rate \| (\d+) of (\d+) cells \|\n\| emulator, calibrated \| \*\*(\d+) of (\d+)\*\* \|"
+        r"\n\| simulator, line rate \| (\d+) of (\d+) \|\n\| simulator, calibrated \| (\d+) of (\d+) \|",
+        V(within_20("emulated_ratio"), "{}"),
+        V(cells("emulated_ratio"), "{}"),
+        V(within_20("calibrated_ratio"), "{}"),
+        V(cells("calibrated_ratio"), "{}"),
+        V(within_20("simulated_ratio"), "{}"),
+        V(cells("simulated_ratio"), "{}"),
+        V(within_20("simulated_cal_ratio"), "{}"),
+        V(cells("simulated_cal_ratio"), "{}"),
+    ),
+    # docs/results/hierarchical/README.md
+    claim(
+        HIER_PAGE,
+        r"`hierarchical` is (\d\.\d\d)x \(2 x 4\) to (\d\.\d\d)x \(4 x 2\) `allreduce` and ahead of "
+        r"flat\s+`one-peer-exp` \((\d\.\d\d)x at 4 x 2\)",
+        V(
+            ratio(
+                sps("2x4", "10mbit", "hierarchical", HIER), sps("2x4", "10mbit", "allreduce", HIER)
+            ),
+            F2,
+        ),
+        V(
+            ratio(
+                sps("4x2", "10mbit", "hierarchical", HIER), sps("4x2", "10mbit", "allreduce", HIER)
+            ),
+            F2,
+        ),
+        V(
+            ratio(
+                sps("4x2", "10mbit", "hierarchical", HIER),
+                sps("4x2", "10mbit", "one-peer-exp", HIER),
+            ),
+            F2,
+        ),
+    ),
+    *(
+        claim(
+            HIER_PAGE,
+            rf"\| {label} \| ([\d,]+) \|",
+            V(wire_field("4x2", "10mbit", arm, "wire_bytes_per_step", HIER), F0),
+        )
+        for label, arm in (
+            ("`hierarchical`", "hierarchical"),
+            ("`one-peer-exp`", "one-peer-exp"),
+            (r"`allreduce` \(torch DDP\)", "allreduce"),
+        )
+    ),
+    claim(
+        HIER_PAGE,
+        r"The two decentralized arms differ by ([\d,]+) bytes per step",
+        V(
+            diff(
+                wire_field("4x2", "10mbit", "one-peer-exp", "wire_bytes_per_step", HIER),
+                wire_field("4x2", "10mbit", "hierarchical", "wire_bytes_per_step", HIER),
+            ),
+            F0,
+        ),
     ),
 ]
