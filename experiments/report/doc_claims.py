@@ -143,6 +143,8 @@ F0 = "{:,.0f}"
 RES = "docs/results/README.md"
 NET = "docs/results/network/README.md"
 HIER_PAGE = "docs/results/hierarchical/README.md"
+LM_PAGE = "docs/results/lm/README.md"
+GAP_PAGE = "docs/results/lm_gap/README.md"
 _H_ARMS = ("hierarchical", "one-peer-exp", "allreduce")
 
 
@@ -164,6 +166,32 @@ _DILOCO = f"{STREAM}/diloco-H16/final"
 
 def _comp(topology: str, compression: str, key: str = "eval/acc") -> Fn:
     return mean(f"{COMP}/{topology}_{compression}_seed*", key)
+
+
+_N = r"(\d\.\d{3})"
+_G = r"([+\u2212-]\d\.\d{3})"
+
+
+def seed_row(page: str, prefix: str, runs: str, sd_too: bool = True) -> Claim:
+    """A table row ``| prefix | seed 0 | seed 1 | seed 2 | mean[ ± sd] |`` from ``runs``' seeds."""
+    tail = rf" \| \**{_N} ± {_N}\**" if sd_too else rf" \| \**{_N}\**"
+    values = [V(seed(runs, i), F3) for i in range(3)] + [V(mean(runs), F3)]
+    if sd_too:
+        values.append(V(sd(runs), F3))
+    return Claim(page, rf"^\| {prefix} \| {_N} \| {_N} \| {_N}{tail} \|", tuple(values))
+
+
+def gap_row(page: str, prefix: str, base: str, other: str) -> Claim:
+    """A row ``| prefix | gap 0 | gap 1 | gap 2 | mean ± sd |``, ``other - base`` paired by seed."""
+
+    def one(i: int) -> Fn:
+        return lambda s: s.paired_gap(base, other)[i]
+
+    values = [V(one(i), "{:+.3f}") for i in range(3)]
+    values += [V(gap_mean(base, other), "{:+.3f}"), V(gap_sd(base, other), F3)]
+    return Claim(
+        page, rf"^\| {prefix} \| {_G} \| {_G} \| {_G} \| \**{_G} ± {_N}\** \|", tuple(values)
+    )
 
 
 CLAIMS: list[Claim] = [
@@ -452,5 +480,79 @@ CLAIMS: list[Claim] = [
             ),
             F0,
         ),
+    ),
+    # docs/results/lm/README.md
+    claim(
+        LM_PAGE,
+        r"ends at (\d\.\d{3}) with seed 0, against (\d\.\d{3}) with `accum_iter` 1 and (\d\.\d{3}) with 4",
+        V(lambda s: s.run(f"{LM}/one-peer-exp-accum8/stage1/0"), F3),
+        V(lambda s: s.run(f"{LM}/one-peer-exp-accum/stage1/0"), F3),
+        V(lambda s: s.run(f"{LM}/one-peer-exp-accum/stage1/1"), F3),
+    ),
+    claim(
+        LM_PAGE,
+        r"It is (\d\.\d\d) nats behind AdamW at 4e-3",
+        V(
+            diff(
+                mean(f"{LM}/one-peer-exp-accum/final"),
+                mean(f"{LM}/one-peer-exp-adamw-lr0.004/final"),
+            ),
+            F2,
+        ),
+    ),
+    claim(
+        LM_PAGE,
+        r"from seed 0 \((\d\.\d{3}) and (\d\.\d{3}), interior",
+        V(lambda s: s.run(f"{LM}/complete-adamw/stage1/3"), F3),
+        V(lambda s: s.run(f"{LM}/one-peer-exp-adamw/stage1/3"), F3),
+    ),
+    # docs/results/lm_gap/README.md
+    claim(
+        GAP_PAGE,
+        r"seed 1 at 4e-3 gave (\d\.\d+), the committed value",
+        V(seed(f"{GAP}/local-sgd-H16-lr/final", 1), "{!r}"),
+    ),
+    seed_row(GAP_PAGE, r"`allreduce` \| \u2013", f"{GAP}/allreduce-adamw/final", sd_too=False),
+    seed_row(GAP_PAGE, r"`complete` \| off", f"{GAP}/complete-adamw-lr0.004/final", sd_too=False),
+    seed_row(
+        GAP_PAGE,
+        r"`complete`, v shared \| 16 \(best of seed 0\)",
+        f"{GAP}/complete-v/final",
+        sd_too=False,
+    ),
+    seed_row(
+        GAP_PAGE, r"`one-peer-exp` \| off", f"{GAP}/one-peer-exp-adamw-lr0.004/final", sd_too=False
+    ),
+    seed_row(GAP_PAGE, r"2e-3", _LOCAL_T),
+    seed_row(GAP_PAGE, r"2e-3 \(best of seed 0\)", _DILOCO_T),
+    seed_row(GAP_PAGE, r"`allreduce`", f"{GAP}/allreduce-sgd/final"),
+    seed_row(GAP_PAGE, r"`complete`", f"{GAP}/complete-sgd/final"),
+    gap_row(GAP_PAGE, r"gap, paired by seed", *_SGD),
+    gap_row(GAP_PAGE, r"8 windows, 2048 steps", *_W8),
+    gap_row(GAP_PAGE, r"32 windows, 512 steps", *_W32),
+    gap_row(GAP_PAGE, r"128 windows, 128 steps", *_W128),
+    *(
+        claim(
+            GAP_PAGE,
+            rf"^\| {w} \| {gb} \| {st} \| {wu} \| 4\.19M \| {_N} ± {_N} \({lr}\) \| {_N} ± {_N} \({lr}\) \|",
+            V(mean(a), F3),
+            V(sd(a), F3),
+            V(mean(c), F3),
+            V(sd(c), F3),
+        )
+        for w, gb, st, wu, lr, (a, c) in (
+            ("8", "32", "2048", "128", "8e-3", _W8),
+            (r"32 \(`lm_small`\)", "128", "512", "32", "4e-3", _W32),
+            ("128", "512", "128", "8", "2e-3", _W128),
+        )
+    ),
+    claim(
+        GAP_PAGE,
+        rf"3 seeds: {_N}, {_N}, {_N}, \*\*{_N} ± {_N}\*\*, a gap of\s+\*\*\+{_N} ± {_N}\*\*",
+        *(V(seed(_LATE[1], i), F3) for i in range(3)),
+        V(mean(_LATE[1]), F3),
+        V(sd(_LATE[1]), F3),
+        V(gap_mean(*_LATE), F3),
+        V(gap_sd(*_LATE), F3),
     ),
 ]
