@@ -145,6 +145,8 @@ NET = "docs/results/network/README.md"
 HIER_PAGE = "docs/results/hierarchical/README.md"
 LM_PAGE = "docs/results/lm/README.md"
 GAP_PAGE = "docs/results/lm_gap/README.md"
+STREAM_PAGE = "docs/results/streaming/README.md"
+OUTER_PAGE = "docs/results/outer/lm_small/README.md"
 _H_ARMS = ("hierarchical", "one-peer-exp", "allreduce")
 
 
@@ -192,6 +194,18 @@ def gap_row(page: str, prefix: str, base: str, other: str) -> Claim:
     return Claim(
         page, rf"^\| {prefix} \| {_G} \| {_G} \| {_G} \| \**{_G} ± {_N}\** \|", tuple(values)
     )
+
+
+def spread_row(page: str, prefix: str, runs: str, skip: int = 1, inline: bool = False) -> Claim:
+    """A row with ``mean ± sd`` and the seeds' values, ``skip`` cells after ``prefix``.
+
+    ``inline``: the seeds in brackets in the same cell (``3.895 ± 0.307 (3.691, 4.249, 3.746)``),
+    else in the next cell.
+    """
+    cells = r" \|[^|\n]*" * skip
+    seeds = rf" \({_N}, {_N}, {_N}\)" if inline else rf" \| {_N}, {_N}, {_N}"
+    values = [V(mean(runs), F3), V(sd(runs), F3)] + [V(seed(runs, i), F3) for i in range(3)]
+    return Claim(page, rf"^\| {prefix}{cells} \| {_N} ± {_N}{seeds} \|", tuple(values))
 
 
 CLAIMS: list[Claim] = [
@@ -554,5 +568,55 @@ CLAIMS: list[Claim] = [
         V(sd(_LATE[1]), F3),
         V(gap_mean(*_LATE), F3),
         V(gap_sd(*_LATE), F3),
+    ),
+    # docs/results/streaming/README.md
+    *(
+        spread_row(STREAM_PAGE, prefix, f"{STREAM}/{name}/final")
+        for prefix, name in (
+            ("`allreduce`", "allreduce-adamw"),
+            ("DiLoCo, F=1", "diloco-H16"),
+            ("streaming DiLoCo, F=4, float32", "streaming-f4"),
+            ("streaming DiLoCo, F=4, int8", "streaming-f4-int8"),
+            ("streaming SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
+            (
+                r"the same, SlowMo's own update scaled by the inner lr \(`outer.scale_by_inner_lr=true`\)",
+                "slowmo-ope-f4-scaled",
+            ),
+        )
+    ),
+    claim(
+        STREAM_PAGE,
+        r"ahead of this page's DiLoCo \(inner lr 4e-3, (\d\.\d{3})\) on each seed, by (\d\.\d\d) nats on "
+        r"average\. It\s+is \*\*not\*\* ahead of DiLoCo with its inner lr tuned: at 2e-3 DiLoCo ends at "
+        r"(\d\.\d{3}) ± (\d\.\d{3})\s+\(\[[^\]]*\]\([^)]*\)\), (\d\.\d\d) below",
+        V(mean(_DILOCO), F3),
+        V(diff(mean(_DILOCO), mean(_INT8)), F2),
+        V(mean(_DILOCO_T), F3),
+        V(sd(_DILOCO_T), F3),
+        V(diff(mean(_INT8), mean(_DILOCO_T)), F2),
+    ),
+    claim(
+        STREAM_PAGE,
+        r"Over 3 seeds it ends at (\d\.\d{3}) ± (\d\.\d{3}), behind",
+        V(mean(f"{STREAM}/slowmo-ope-f4-scaled/final"), F3),
+        V(sd(f"{STREAM}/slowmo-ope-f4-scaled/final"), F3),
+    ),
+    # docs/results/outer/lm_small/README.md
+    *(
+        spread_row(OUTER_PAGE, prefix, f"{OUTER}/{name}/final", inline=True)
+        for prefix, name in (
+            ("`local-sgd` H=16", "local-sgd-H16"),
+            ("DiLoCo H=16, outer lr 0.5", "diloco-H16"),
+            ("`local-sgd` H=64", "local-sgd-H64"),
+            ("DiLoCo H=64, outer lr 0.5", "diloco-H64"),
+        )
+    ),
+    claim(
+        OUTER_PAGE,
+        r"`local-sgd` ends at (\d\.\d{3}) ± (\d\.\d{3}) and DiLoCo at (\d\.\d{3}) ± (\d\.\d{3})",
+        V(mean(_LOCAL_T), F3),
+        V(sd(_LOCAL_T), F3),
+        V(mean(_DILOCO_T), F3),
+        V(sd(_DILOCO_T), F3),
     ),
 ]
