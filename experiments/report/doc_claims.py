@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views import UPSTREAM, step_s
 
 Fn = Callable[[Source], float]
 
@@ -206,6 +207,11 @@ def spread_row(page: str, prefix: str, runs: str, skip: int = 1, inline: bool = 
     seeds = rf" \({_N}, {_N}, {_N}\)" if inline else rf" \| {_N}, {_N}, {_N}"
     values = [V(mean(runs), F3), V(sd(runs), F3)] + [V(seed(runs, i), F3) for i in range(3)]
     return Claim(page, rf"^\| {prefix}{cells} \| {_N} ± {_N}{seeds} \|", tuple(values))
+
+
+def upstream_ms(model: str, procs: int, impl: str) -> Fn:
+    """``make bench-upstream``'s median step in ms (``bench-upstream/gpt.json``)."""
+    return lambda s: step_s(s, UPSTREAM, model, procs, impl) * 1e3
 
 
 CLAIMS: list[Claim] = [
@@ -618,5 +624,28 @@ CLAIMS: list[Claim] = [
         V(sd(_LOCAL_T), F3),
         V(mean(_DILOCO_T), F3),
         V(sd(_DILOCO_T), F3),
+    ),
+    # docs/results/README.md: lm_quick
+    claim(
+        RES,
+        r"unigram entropy is (\d\.\d{3}) nats; every run",
+        V(lambda s: s.run("docs/results/lm_quick/runs/0", "unigram_entropy"), F3),
+    ),
+    # docs/performance.md: make bench-upstream
+    *(
+        claim(
+            "docs/performance.md",
+            rf"^\| {model} \| {procs} \| {topo} \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d) \| \**(\d\.\d\d)\** \|",
+            V(upstream_ms(model, procs, "ours"), "{:.1f}"),
+            V(upstream_ms(model, procs, "0.2.3"), "{:.1f}"),
+            V(upstream_ms(model, procs, "torch-ddp"), "{:.1f}"),
+            V(ratio(upstream_ms(model, procs, "ours"), upstream_ms(model, procs, "0.2.3")), F2),
+        )
+        for model, procs, topo in (
+            ("gpt", 2, "ring"),
+            ("gpt", 4, "one-peer-exp"),
+            ("mlp", 2, "ring"),
+            ("mlp", 4, "one-peer-exp"),
+        )
     ),
 ]

@@ -181,7 +181,8 @@ def outer_h(src: Source, runs: str = "docs/results/outer/lm_small/runs") -> str:
     return _table(["arm", "H=16", "H=64"], ["---", "---:", "---:"], rows)
 
 
-def _step(src: Source, file: str, model: str, procs: int, impl: str) -> float:
+def step_s(src: Source, file: str, model: str, procs: int, impl: str) -> float:
+    """The median step (s) of ``impl`` for ``model`` on ``procs`` processes in a bench JSON."""
     for i, config in enumerate(src.json(file)["configs"]):
         if config["model"] == model and config["procs"] == procs:
             for j, row in enumerate(config["rows"]):
@@ -198,7 +199,9 @@ def upstream(src: Source, file: str = UPSTREAM) -> str:
     rows = []
     for config in src.json(file)["configs"]:
         model, procs = config["model"], config["procs"]
-        ours, old, ddp = (_step(src, file, model, procs, i) for i in ("ours", "0.2.3", "torch-ddp"))
+        ours, old, ddp = (
+            step_s(src, file, model, procs, i) for i in ("ours", "0.2.3", "torch-ddp")
+        )
         label = _MODEL_LABEL.get(model, "{}").format(config["rows"][0]["params_m"])
         rows.append(
             [label, str(procs), f"{ours * 1e3:.1f}", f"{old * 1e3:.1f}", f"{ddp * 1e3:.1f}"]
@@ -226,7 +229,7 @@ def glance(src: Source) -> str:
     gap32 = src.mean(f"{GAP}/complete-adamw-lr0.004/final") - base32
     gap8 = src.paired_gap(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final")
     steps = {
-        (m, p): _step(src, UPSTREAM, m, p, "ours") / _step(src, UPSTREAM, m, p, "0.2.3")
+        (m, p): step_s(src, UPSTREAM, m, p, "ours") / step_s(src, UPSTREAM, m, p, "0.2.3")
         for m, p in (("mlp", 2), ("mlp", 4), ("gpt", 2), ("gpt", 4))
     }
     rows = [
@@ -266,7 +269,50 @@ def glance(src: Source) -> str:
     return _table(["result", "measured", "page"], ["---", "---", "---"], rows)
 
 
+_TOPOLOGY_LABEL = {"base-k": "base-k (k=1)", "local-sgd": "local-sgd (H=8)"}
+
+
+def by_topology(src: Source, runs: str = "docs/results/lm_quick/runs") -> str:
+    """Runs of several topologies in one folder (one run per folder, its topology in its
+    ``summary.json``), grouped by topology: final eval/loss over seeds, the gap to
+    ``allreduce``, tokens/s and its ratio to ``allreduce``'s, best loss first."""
+    groups: dict[str, list[dict]] = {}
+    for name in sorted(p.parent.name for p in (src.root / runs).glob("*/summary.json")):
+        summary = src.json(f"{runs}/{name}/summary.json")
+        groups.setdefault(summary["topology"], []).append(summary)
+    src.read[:] = [runs]
+    if "allreduce" not in groups:
+        raise DataError(runs, "no allreduce run")
+
+    def stat(topology: str, key: str) -> list[float]:
+        return [float(r[key]) for r in groups[topology]]
+
+    base = statistics.mean(stat("allreduce", "eval/loss"))
+    base_tps = statistics.mean(stat("allreduce", "perf/tokens_per_s"))
+    order = sorted(groups, key=lambda t: (t != "allreduce", statistics.mean(stat(t, "eval/loss"))))
+    rows = []
+    for topology in order:
+        loss, tps = (
+            stat(topology, "eval/loss"),
+            statistics.mean(stat(topology, "perf/tokens_per_s")),
+        )
+        gap = statistics.mean(loss) - base
+        rows.append(
+            [
+                _TOPOLOGY_LABEL.get(topology, topology),
+                f"{statistics.mean(loss):.3f} ± {statistics.stdev(loss):.3f}",
+                "0" if topology == "allreduce" else f"{gap:+.3f}",
+                f"{tps:,.0f}",
+                f"{tps / base_tps:.2f}x",
+            ]
+        )
+    header = ["topology", "final eval/loss (nats)", "gap to allreduce", "tokens/s (4 workers)"]
+    header.append("vs allreduce")
+    return _table(header, ["---", "---:", "---:", "---:", "---:"], rows)
+
+
 VIEWS: dict[str, Callable[..., str]] = {
+    "by-topology": by_topology,
     "wire-rates": wire_rates,
     "wire-shapes": wire_shapes,
     "lm-tuned": lm_tuned,
