@@ -214,6 +214,21 @@ def upstream_ms(model: str, procs: int, impl: str) -> Fn:
     return lambda s: step_s(s, UPSTREAM, model, procs, impl) * 1e3
 
 
+CHOOSE_25G = "docs/results/cluster/choose_2x8_25gbit_resnet50.json"
+
+
+def chooser_mb(file: str, topology: str) -> Fn:
+    """MB per host link per step of a topology in a committed chooser JSON."""
+
+    def value(s: Source) -> float:
+        rows = [r for r in s.json(file)["rows"] if r["topology"] == topology]
+        if not rows:
+            raise DataError(file, f"no row topology={topology}")
+        return rows[0]["host_link_bytes"] / 1e6
+
+    return value
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -647,5 +662,30 @@ CLAIMS: list[Claim] = [
             ("mlp", 2, "ring"),
             ("mlp", 4, "one-peer-exp"),
         )
+    ),
+    # docs/cluster.md
+    claim(
+        "docs/cluster.md",
+        r"\((\d+) of (\d+) cells within 20%,\s+predicted/measured (\d\.\d\d) to (\d\.\d\d),",
+        V(within_20("simulated_cal_ratio"), "{}"),
+        V(cells("simulated_cal_ratio"), "{}"),
+        V(
+            lambda s: min(
+                r["simulated_cal_ratio"] for r in s.json(WIRE) if r.get("simulated_cal_ratio")
+            ),
+            F2,
+        ),
+        V(
+            lambda s: max(
+                r["simulated_cal_ratio"] for r in s.json(WIRE) if r.get("simulated_cal_ratio")
+            ),
+            F2,
+        ),
+    ),
+    claim(
+        "docs/cluster.md",
+        r"`complete` and (\d+) MB per host link\s+against (\d+) MB",
+        V(chooser_mb(CHOOSE_25G, "hierarchical"), F0),
+        V(chooser_mb(CHOOSE_25G, "complete"), F0),
     ),
 ]

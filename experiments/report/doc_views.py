@@ -311,7 +311,37 @@ def by_topology(src: Source, runs: str = "docs/results/lm_quick/runs") -> str:
     return _table(header, ["---", "---:", "---:", "---:", "---:"], rows)
 
 
+def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2_124m.json") -> str:
+    """The chooser's ranking (``python -m experiments.network.choose --json``) and its pick."""
+    data = src.json(file)
+    pick = src.key(file, "pick")
+    rows = []
+    for row in data["rows"]:
+        if row["topology"] == pick:
+            note = "**pick**"
+        elif not row.get("candidate", True):
+            note = "listed, not a candidate (--topologies)"
+        else:
+            note = row.get("reason") or ""
+        rows.append(
+            [
+                str(row["rank"]),
+                row["topology"],
+                f"{row['step_s']:.3f} s",
+                str(row["period"]),
+                f"{row['rate_per_step']:.4f}",
+                f"{row['host_link_bytes'] / 1e6:,.2f}",
+                note,
+            ]
+        )
+    header = ["rank", "topology", "step, predicted", "period", "consensus rate per step"]
+    header += ["MB per host link per step", ""]
+    table = _table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows)
+    return table + f"\n\n> pick: {src.key(file, 'why')}"
+
+
 VIEWS: dict[str, Callable[..., str]] = {
+    "choose": choose,
     "by-topology": by_topology,
     "wire-rates": wire_rates,
     "wire-shapes": wire_shapes,
