@@ -229,6 +229,44 @@ def chooser_mb(file: str, topology: str) -> Fn:
     return value
 
 
+NONIID = "docs/results/noniid/summary.md"
+NONIID_PAGE = "docs/results/noniid/README.md"
+
+
+def noniid(alpha: str, topology: str, optim: str, part: int) -> Fn:
+    """From the non-IID sweep's ``summary.md``: the accuracy's mean (``part`` 0), its std (1),
+    or the gap to ``allreduce`` in points (2)."""
+
+    def value(s: Source) -> float:
+        row = {"alpha": alpha, "topology": topology, "optim": optim}
+        if part == 2:
+            return float(s.md_cell(NONIID, "gap to allreduce (pts)", **row))
+        cell = s.md_cell(NONIID, "eval/acc (mean ± std)", **row)
+        return float(cell.split("±")[part])
+
+    return value
+
+
+def closed(alpha: str, topology: str) -> Fn:
+    """The share (%) of the SGD arm's gap to ``allreduce`` that ``qgm_sgd`` closes."""
+    return lambda s: (
+        100 * (1 - noniid(alpha, topology, "qgm_sgd", 2)(s) / noniid(alpha, topology, "sgd", 2)(s))
+    )
+
+
+def neg(fn: Fn) -> Fn:
+    """``-fn``."""
+    return lambda s: -fn(s)
+
+
+_NONIID_ROWS = [
+    (a, t, o)
+    for a in ("0.1", "1.0")
+    for t in ("ring", "one-peer-exp", "local-sgd")
+    for o in ("sgd", "qgm_sgd")
+]
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -687,5 +725,104 @@ CLAIMS: list[Claim] = [
         r"`complete` and (\d+) MB per host link\s+against (\d+) MB",
         V(chooser_mb(CHOOSE_25G, "hierarchical"), F0),
         V(chooser_mb(CHOOSE_25G, "complete"), F0),
+    ),
+    # docs/results/noniid/README.md and the non-IID section of docs/results/README.md
+    *(
+        claim(
+            NONIID_PAGE,
+            rf"^\| {a} \| {t}(?: \(H=8\))? \| {o} \| (\d+\.\d\d) ± (\d+\.\d\d) \| ([\u2212-]\d+\.\d\d) \|",
+            V(noniid(a, t, o, 0), F2),
+            V(noniid(a, t, o, 1), F2),
+            V(noniid(a, t, o, 2), F2),
+        )
+        for a, t, o in _NONIID_ROWS
+    ),
+    *(
+        claim(
+            NONIID_PAGE,
+            rf"^\| {a} \| allreduce \| sgd \| (\d+\.\d\d) ± (\d+\.\d\d) \| 0 \|",
+            V(noniid(a, "allreduce", "sgd", 0), F2),
+            V(noniid(a, "allreduce", "sgd", 1), F2),
+        )
+        for a in ("0.1", "1.0")
+    ),
+    claim(
+        NONIID_PAGE,
+        r"(\d+)% of it on the\s+ring \((\d+\.\d) → (\d+\.\d) points\), (\d+)% on one-peer-exp "
+        r"\((\d+\.\d) → (\d+\.\d) points\) and (\d+)% for local SGD with\s+H = 8 "
+        r"\((\d+\.\d) → (\d+\.\d) points\)",
+        *(
+            v
+            for t in ("ring", "one-peer-exp", "local-sgd")
+            for v in (
+                V(closed("0.1", t), F0),
+                V(neg(noniid("0.1", t, "sgd", 2)), "{:.1f}"),
+                V(neg(noniid("0.1", t, "qgm_sgd", 2)), "{:.1f}"),
+            )
+        ),
+    ),
+    claim(
+        NONIID_PAGE,
+        r"\(std (\d+\.\d) → (\d+\.\d) on the ring,\s+(\d+\.\d) → (\d+\.\d) for local SGD\)",
+        V(noniid("0.1", "ring", "sgd", 1), "{:.1f}"),
+        V(noniid("0.1", "ring", "qgm_sgd", 1), "{:.1f}"),
+        V(noniid("0.1", "local-sgd", "sgd", 1), "{:.1f}"),
+        V(noniid("0.1", "local-sgd", "qgm_sgd", 1), "{:.1f}"),
+    ),
+    *(
+        claim(
+            page,
+            r"ring and one-peer-exp \((\d\.\d\d) and (\d\.\d\d)\)",
+            V(neg(noniid("1.0", "ring", "sgd", 2)), F2),
+            V(neg(noniid("1.0", "one-peer-exp", "sgd", 2)), F2),
+        )
+        for page in (NONIID_PAGE,)
+    ),
+    claim(
+        RES,
+        r"\(alpha 1\.0\):\*\* plain momentum is about 1 point behind all-reduce on the ring and "
+        r"one-peer-exp\s+\((\d\.\d\d) and (\d\.\d\d) points\) and (\d\.\d\d) with local SGD; QGM "
+        r"is (\d\.\d\d) to (\d\.\d\d) points",
+        V(neg(noniid("1.0", "ring", "sgd", 2)), F2),
+        V(neg(noniid("1.0", "one-peer-exp", "sgd", 2)), F2),
+        V(neg(noniid("1.0", "local-sgd", "sgd", 2)), F2),
+        V(
+            diff(
+                noniid("1.0", "one-peer-exp", "sgd", 2), noniid("1.0", "one-peer-exp", "qgm_sgd", 2)
+            ),
+            F2,
+        ),
+        V(diff(noniid("1.0", "ring", "sgd", 2), noniid("1.0", "ring", "qgm_sgd", 2)), F2),
+    ),
+    claim(
+        NONIID_PAGE,
+        r"and QGM is (\d\.\d\d) to (\d\.\d\d) points \*worse\* there",
+        V(
+            diff(
+                noniid("1.0", "one-peer-exp", "sgd", 2), noniid("1.0", "one-peer-exp", "qgm_sgd", 2)
+            ),
+            F2,
+        ),
+        V(diff(noniid("1.0", "ring", "sgd", 2), noniid("1.0", "ring", "qgm_sgd", 2)), F2),
+    ),
+    claim(
+        RES,
+        r"Ring: (\d+)% of the gap \((\d+\.\d) to (\d+\.\d) points\)\.\n\s+- One-peer-exp: (\d+)% "
+        r"\((\d+\.\d) to (\d+\.\d) points\)\.\n\s+- Local SGD: (\d+)% \((\d+\.\d) to (\d+\.\d) points\)",
+        *(
+            v
+            for t in ("ring", "one-peer-exp", "local-sgd")
+            for v in (
+                V(closed("0.1", t), F0),
+                V(neg(noniid("0.1", t, "sgd", 2)), "{:.1f}"),
+                V(neg(noniid("0.1", t, "qgm_sgd", 2)), "{:.1f}"),
+            )
+        ),
+    ),
+    claim(
+        RES,
+        r"on the ring the standard deviation falls from (\d\.\d) to (\d\.\d) points",
+        V(noniid("0.1", "ring", "sgd", 1), "{:.1f}"),
+        V(noniid("0.1", "ring", "qgm_sgd", 1), "{:.1f}"),
     ),
 ]

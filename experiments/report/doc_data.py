@@ -113,6 +113,36 @@ class Source:
             values.append(float(summary[key]))
         return values
 
+    def md_rows(self, rel: str) -> list[dict[str, str]]:
+        """The rows of the first markdown table of ``rel``, each a map of header to cell."""
+        self._note(rel)
+        path = self.root / rel
+        if not path.is_file():
+            raise DataError(rel, "no such file")
+        lines = [line.strip() for line in path.read_text().splitlines()]
+        start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+        if start is None:
+            raise DataError(rel, "no table")
+        header = [c.strip() for c in lines[start].strip("|").split("|")]
+        rows = []
+        for line in lines[start + 2 :]:
+            if not line.startswith("|"):
+                break
+            rows.append(
+                dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=False))
+            )
+        return rows
+
+    def md_cell(self, rel: str, column: str, **match: str) -> str:
+        """The ``column`` cell of the one row of ``rel``'s table whose cells equal ``match``."""
+        found = [r for r in self.md_rows(rel) if all(r.get(k) == v for k, v in match.items())]
+        wanted = " ".join(f"{k}={v}" for k, v in match.items())
+        if len(found) != 1:
+            raise DataError(rel, f"{len(found)} rows {wanted}")
+        if column not in found[0]:
+            raise DataError(rel, f"no column '{column}'")
+        return found[0][column]
+
     def run(self, rel_dir: str, key: str = "eval/loss") -> float:
         """``key`` of one run's ``summary.json`` (``rel_dir`` is the run's folder)."""
         rel = f"{rel_dir}/summary.json"
