@@ -142,6 +142,8 @@ F3 = "{:.3f}"
 F2 = "{:.2f}"
 F0 = "{:,.0f}"
 RES = "docs/results/README.md"
+COMP_PAGE = "docs/results/compression/README.md"
+COMP_SUMMARY = "docs/results/compression/summary.md"
 NET = "docs/results/network/README.md"
 HIER_PAGE = "docs/results/hierarchical/README.md"
 LM_PAGE = "docs/results/lm/README.md"
@@ -165,6 +167,9 @@ _DILOCO_T = f"{GAP}/diloco-H16-outer/final"
 _LOCAL_T = f"{GAP}/local-sgd-H16-lr2e-3/final"
 _INT8 = f"{STREAM}/streaming-f4-int8/final"
 _DILOCO = f"{STREAM}/diloco-H16/final"
+
+
+_LEVEL = {"none": "none", "bf16": "bf16", "int8": "int8", "randk": r"randk:0\.1"}
 
 
 def _comp(topology: str, compression: str, key: str = "eval/acc") -> Fn:
@@ -824,5 +829,80 @@ CLAIMS: list[Claim] = [
         r"on the ring the standard deviation falls from (\d\.\d) to (\d\.\d) points",
         V(noniid("0.1", "ring", "sgd", 1), "{:.1f}"),
         V(noniid("0.1", "ring", "qgm_sgd", 1), "{:.1f}"),
+    ),
+    # docs/results/compression/summary.md (written by the sweep) and README.md
+    *(
+        claim(
+            COMP_SUMMARY,
+            rf"^\| {t} \| {_LEVEL[c]} \| 3 \| (\d\.\d{{4}}) ± (\d\.\d{{4}}) \| ([+-]\d\.\d\d) \| ([\d,]+) \| "
+            r"(\d\.\d{3})x \| (\d+) ± (\d+) \| (\d\.\d\d)x \|",
+            V(_comp(t, c), "{:.4f}"),
+            V(sd(f"{COMP}/{t}_{c}_seed*", "eval/acc"), "{:.4f}"),
+            V(lambda s, t=t, c=c: 100 * (_comp(t, c)(s) - _comp(t, "none")(s)), "{:+.2f}"),
+            V(_comp(t, c, "comm/bytes_per_step"), F0),
+            V(
+                ratio(_comp(t, c, "comm/bytes_per_step"), _comp(t, "none", "comm/bytes_per_step")),
+                F3,
+            ),
+            V(_comp(t, c, "perf/samples_per_s"), "{:.0f}"),
+            V(sd(f"{COMP}/{t}_{c}_seed*", "perf/samples_per_s"), "{:.0f}"),
+            V(ratio(_comp(t, c, "perf/samples_per_s"), _comp(t, "none", "perf/samples_per_s")), F2),
+        )
+        for t in ("ring", "one-peer-exp")
+        for c in ("none", "bf16", "int8", "randk")
+    ),
+    claim(
+        COMP_PAGE,
+        r"\*\*int8 meets the goal\*\*: (\d\.\d{3})x the bytes of uncompressed gossip \(([\d,]+) against "
+        r"([\d,]+)\s+bytes per step\)",
+        V(
+            ratio(
+                _comp("ring", "int8", "comm/bytes_per_step"),
+                _comp("ring", "none", "comm/bytes_per_step"),
+            ),
+            F3,
+        ),
+        V(_comp("ring", "int8", "comm/bytes_per_step"), F0),
+        V(_comp("ring", "none", "comm/bytes_per_step"), F0),
+    ),
+    claim(
+        COMP_PAGE,
+        r"on `ring`\s+\((\d\.\d{4}) both\) and (\d\.\d\d) points lower on `one-peer-exp` \((\d\.\d{4}) against "
+        r"(\d\.\d{4})\)",
+        V(_comp("ring", "int8"), "{:.4f}"),
+        V(
+            lambda s: 100 * (_comp("one-peer-exp", "none")(s) - _comp("one-peer-exp", "int8")(s)),
+            F2,
+        ),
+        V(_comp("one-peer-exp", "int8"), "{:.4f}"),
+        V(_comp("one-peer-exp", "none"), "{:.4f}"),
+    ),
+    claim(
+        COMP_PAGE,
+        r"link sets the step time: (\d+) to (\d+) samples/s uncompressed,\s+(\d\.\d)x with bf16, "
+        r"(\d\.\d\d) to (\d\.\d\d)x with int8",
+        V(_comp("one-peer-exp", "none", "perf/samples_per_s"), "{:.0f}"),
+        V(_comp("ring", "none", "perf/samples_per_s"), "{:.0f}"),
+        V(
+            ratio(
+                _comp("ring", "bf16", "perf/samples_per_s"),
+                _comp("ring", "none", "perf/samples_per_s"),
+            ),
+            "{:.1f}",
+        ),
+        V(
+            ratio(
+                _comp("ring", "int8", "perf/samples_per_s"),
+                _comp("ring", "none", "perf/samples_per_s"),
+            ),
+            F2,
+        ),
+        V(
+            ratio(
+                _comp("one-peer-exp", "int8", "perf/samples_per_s"),
+                _comp("one-peer-exp", "none", "perf/samples_per_s"),
+            ),
+            F2,
+        ),
     ),
 ]
