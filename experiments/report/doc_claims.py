@@ -272,6 +272,21 @@ _NONIID_ROWS = [
 ]
 
 
+PAPER = "docs/results/simulate/paper_transformer_fig6/simulate.json"
+
+
+def calibration(profile: str, method: str, key: str) -> Fn:
+    """A field of the simulator's calibration row against the reference paper."""
+
+    def value(s: Source) -> float:
+        for i, row in enumerate(s.json(PAPER)["calibration"]):
+            if row["profile"] == profile and row["method"] == method:
+                return float(s.key(PAPER, f"calibration.{i}.{key}"))
+        raise DataError(PAPER, f"no calibration row {profile} {method}")
+
+    return value
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -904,5 +919,48 @@ CLAIMS: list[Claim] = [
             ),
             F2,
         ),
+    ),
+    # docs/network-and-simulation.md: the simulator against the reference paper
+    *(
+        claim(
+            "docs/network-and-simulation.md",
+            rf"^\| {label} \| {method} \| (\d+\.\d) \| (\d+\.\d) \| {tail}",
+            V(calibration(profile, method, "measured_ms"), "{:.1f}"),
+            V(calibration(profile, method, "predicted_ms"), "{:.1f}"),
+            *(
+                (V(lambda s, p=profile, m=method: 100 * calibration(p, m, "error")(s), "{:+.1f}"),)
+                if tail != "fitted"
+                else ()
+            ),
+        )
+        for label, profile, method, tail in (
+            ("A40, 25 GbE", "a40_ethernet_25g", "allreduce", "fitted"),
+            ("A40, 25 GbE", "a40_ethernet_25g", "alternating-exp-ring", r"\*\*([+-]\d+\.\d)%\*\*"),
+            ("A100, InfiniBand", "a100_infiniband_hdr", "allreduce", r"([+-]\d+\.\d)%"),
+            ("A100, InfiniBand", "a100_infiniband_hdr", "alternating-exp-ring", r"([+-]\d+\.\d)%"),
+        )
+    ),
+    claim(
+        "docs/network-and-simulation.md",
+        r"The predicted speedup on 25 GbE is (\d\.\d\d)x, against (\d\.\d\d)x measured",
+        V(
+            ratio(
+                calibration("a40_ethernet_25g", "allreduce", "predicted_ms"),
+                calibration("a40_ethernet_25g", "alternating-exp-ring", "predicted_ms"),
+            ),
+            F2,
+        ),
+        V(
+            ratio(
+                calibration("a40_ethernet_25g", "allreduce", "measured_ms"),
+                calibration("a40_ethernet_25g", "alternating-exp-ring", "measured_ms"),
+            ),
+            F2,
+        ),
+    ),
+    claim(
+        "docs/network-and-simulation.md",
+        r"Only the Ethernet efficiency is fitted \((\d\.\d{3}),",
+        V(calibration("a40_ethernet_25g", "allreduce", "efficiency"), F3),
     ),
 ]
