@@ -287,6 +287,11 @@ def calibration(profile: str, method: str, key: str) -> Fn:
     return value
 
 
+def one_run(page: str, prefix: str, run_dir: str) -> Claim:
+    """A table row ``| prefix | value |``: one run's final ``eval/loss``."""
+    return Claim(page, rf"^\| {prefix} \| {_N} \|", (V(lambda s: s.run(run_dir), F3),))
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -962,5 +967,55 @@ CLAIMS: list[Claim] = [
         "docs/network-and-simulation.md",
         r"Only the Ethernet efficiency is fitted \((\d\.\d{3}),",
         V(calibration("a40_ethernet_25g", "allreduce", "efficiency"), F3),
+    ),
+    # docs/results/lm_gap/README.md: one-seed arms
+    *(
+        one_run(GAP_PAGE, prefix, f"{GAP}/{run}")
+        for prefix, run in (
+            (r"`complete`, v shared \| 1", "complete-v/stage1/0"),
+            (r"`complete`, v shared \| 4", "complete-v/stage1/1"),
+            (r"`one-peer-exp`, v shared \| 1", "one-peer-exp-v/stage1/0"),
+            (r"`one-peer-exp`, v shared \| 4", "one-peer-exp-v/stage1/1"),
+            (r"`one-peer-exp`, v shared \| 16", "one-peer-exp-v/stage1/2"),
+            (r"`complete` \| none", "complete-adamw-lr0.004/final/seed0"),
+            (r"`complete` \| `exp_avg_sq`", "complete-v/stage1/0"),
+            (r"`complete` \| `exp_avg`", "complete-m/stage1/0"),
+            (r"`complete` \| `exp_avg` and `exp_avg_sq`", "complete-mv/stage1/0"),
+            (r"`allreduce` \| \u2013", "allreduce-adamw/final/seed0"),
+            (r"AdamW \(the baseline\) \| 4e-3", "complete-adamw-lr0.004/final/seed0"),
+            (
+                r"LaggedVAdamW, nothing shared \(the lag and clip alone\) \| 4e-3",
+                "complete-lagged-v0/stage1/0",
+            ),
+            (r"LaggedVAdamW, `v` from the mean gradient \| 4e-3", "complete-lagged-v1/stage1/0"),
+            (
+                r"LaggedVAdamW, `v` from the mean gradient \| 2e-3",
+                "complete-lagged-v1/stage1/lr2e-3",
+            ),
+            (
+                r"LaggedVAdamW, `v` from the mean gradient \| 1e-3",
+                "complete-lagged-v1/stage1/lr0.001",
+            ),
+            (
+                r"LaggedVAdamW, `v` from the mean gradient, `m` shared \| 4e-3",
+                "complete-lagged-m1/stage1/0",
+            ),
+            (
+                r"LaggedVAdamW, `v` from the mean gradient, `m` shared \| 2e-3",
+                "complete-lagged-m1/stage1/lr2e-3",
+            ),
+        )
+    ),
+    claim(
+        "docs/cluster.md",
+        r"gossip (\+\d+\.\d)% on 25 GbE, (-\d+\.\d)% on\s+InfiniBand",
+        V(
+            lambda s: 100 * calibration("a40_ethernet_25g", "alternating-exp-ring", "error")(s),
+            "{:+.1f}",
+        ),
+        V(
+            lambda s: 100 * calibration("a100_infiniband_hdr", "alternating-exp-ring", "error")(s),
+            "{:+.1f}",
+        ),
     ),
 ]

@@ -96,7 +96,7 @@ def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
             "lm-tuned runs=docs/results/lm/nope",
             "docs/results/lm/nope/allreduce-adamw/final: no run",
         ),
-        ("no-such-view", "unknown view 'no-such-view' (known: by-topology, glance, lm-tuned"),
+        ("no-such-view", "unknown view 'no-such-view' (known: by-topology, choose, glance, lm-tuned"),
         (
             "glance colour=red",
             "view 'glance': glance() got an unexpected keyword argument 'colour'",
@@ -164,3 +164,18 @@ def test_the_command_exits_1_with_one_line_per_problem(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("README.md:") and err[-1].startswith("check-docs: 1 figure(s)")
     assert main(["--data-root", str(ROOT), "--root", str(ROOT)]) == 0
+
+
+def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
+    # the README's 4 x 1 table before this check: 10 Mb/s typed as 390, 726 and 1.86x
+    marker = f"<!-- data: wire-rates file={WIRE} shape=4x1 rates=10mbit emulated=no -->"
+    old = "| 10 Mb/s | 390 | 726 | **1.86x** |"
+    header = "| link | `allreduce` | `ring` | `ring` / `allreduce` |\n|---|---:|---:|---:|"
+    _page(tmp_path, f"{marker}\n{header}\n{old}\n<!-- /data -->")
+    problems = check(tmp_path, data_root=ROOT, claims=[])
+    assert problems == [
+        f"docs/page.md:6: '390' (row '10 Mb/s', column '`allreduce`') but {WIRE} gives '432'",
+        f"docs/page.md:6: '726' (row '10 Mb/s', column '`ring`') but {WIRE} gives '687'",
+        f"docs/page.md:6: '**1.86x**' (row '10 Mb/s', column '`ring` / `allreduce`') "
+        f"but {WIRE} gives '**1.59x**'",
+    ]
