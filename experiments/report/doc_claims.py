@@ -292,6 +292,40 @@ def one_run(page: str, prefix: str, run_dir: str) -> Claim:
     return Claim(page, rf"^\| {prefix} \| {_N} \|", (V(lambda s: s.run(run_dir), F3),))
 
 
+BENCH = "docs/results/bench.json"
+
+
+def bench_vs_ddp(
+    model: str, procs: int | None, variant: str | None = None, pick: Callable = min
+) -> Fn:
+    """``make bench``'s step over torch DDP's: one variant's, or ``pick`` over the gossip
+    variants (``decent/...`` but ``local-sgd``), at ``procs`` (None: both)."""
+
+    def value(s: Source) -> float:
+        rows = s.json(BENCH)
+        ddp = {
+            (r["model"], r["world_size"]): r["median_step_s"]
+            for r in rows
+            if r["variant"] == "torch-ddp"
+        }
+        ratios = [
+            r["median_step_s"] / ddp[r["model"], r["world_size"]]
+            for r in rows
+            if r["model"] == model
+            and (procs is None or r["world_size"] == procs)
+            and (
+                r["variant"] == variant
+                if variant
+                else r["variant"].startswith("decent/") and r["variant"] != "decent/local-sgd"
+            )
+        ]
+        if not ratios:
+            raise DataError(BENCH, f"no row model={model} procs={procs} variant={variant}")
+        return pick(ratios)
+
+    return value
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -1017,5 +1051,18 @@ CLAIMS: list[Claim] = [
             lambda s: 100 * calibration("a100_infiniband_hdr", "alternating-exp-ring", "error")(s),
             "{:+.1f}",
         ),
+    ),
+    # docs/performance.md: make bench
+    claim(
+        "docs/performance.md",
+        r"the wrapper runs at (\d\.\d\d)-(\d\.\d\d)x torch DDP\s+on the MLP at 4 processes \(one-peer-exp "
+        r"(\d\.\d\d)x\) and (\d\.\d\d)-(\d\.\d\d)x at 2, and at\s+(\d\.\d\d)-(\d\.\d\d)x on ResNet-18",
+        V(bench_vs_ddp("mlp", 4), F2),
+        V(bench_vs_ddp("mlp", 4, pick=max), F2),
+        V(bench_vs_ddp("mlp", 4, "decent/one-peer-exp"), F2),
+        V(bench_vs_ddp("mlp", 2), F2),
+        V(bench_vs_ddp("mlp", 2, pick=max), F2),
+        V(bench_vs_ddp("resnet18", None), F2),
+        V(bench_vs_ddp("resnet18", None, pick=max), F2),
     ),
 ]

@@ -340,7 +340,51 @@ def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2
     return table + f"\n\n> pick: {src.key(file, 'why')}"
 
 
+def bench(src: Source, file: str = "docs/results/bench.json") -> str:
+    """``make bench``'s rows: median step, its ratio to torch DDP and to ``local``, the wrapper's
+    timers and its extra memory, in the file's order."""
+    rows = src.json(file)
+
+    def base(row: dict, variant: str) -> float:
+        for other in rows:
+            if (other["model"], other["world_size"], other["variant"]) == (
+                row["model"],
+                row["world_size"],
+                variant,
+            ):
+                return float(other["median_step_s"])
+        raise DataError(
+            file, f"no row model={row['model']} world_size={row['world_size']} {variant}"
+        )
+
+    def ms(row: dict, key: str) -> str:
+        return "" if row.get(key) is None else f"{row[key] * 1e3:.1f}"
+
+    out = []
+    for row in rows:
+        step = float(row["median_step_s"])
+        mem = row.get("extra_memory_x_params")
+        out.append(
+            [
+                f"{row['model']} ({row['params_m']:.1f}M)",
+                str(row["world_size"]),
+                row["variant"],
+                f"{step * 1e3:.1f}",
+                f"{step / base(row, 'torch-ddp'):.2f}",
+                f"{step / base(row, 'local'):.2f}",
+                ms(row, "wait_s_per_step"),
+                ms(row, "mix_s_per_step"),
+                ms(row, "optim_s_per_step"),
+                "" if mem is None else f"{mem:.2f}",
+            ]
+        )
+    header = ["model", "procs", "variant", "median step (ms)", "vs torch DDP", "vs local"]
+    header += ["wait (ms)", "mix (ms)", "optim (ms)", "extra mem (x params)"]
+    return _table(header, ["---", "---:", "---", *["---:"] * 7], out)
+
+
 VIEWS: dict[str, Callable[..., str]] = {
+    "bench": bench,
     "choose": choose,
     "by-topology": by_topology,
     "wire-rates": wire_rates,
