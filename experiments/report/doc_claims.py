@@ -326,6 +326,40 @@ def bench_vs_ddp(
     return value
 
 
+LINK = "docs/results/streaming/link/link_time.json"
+
+
+def link_arm(arm: str, key: str, index: int | None = None) -> Fn:
+    """A field of an arm of the slow-link timing (``link_time.json``)."""
+
+    def value(s: Source) -> float:
+        for i, a in enumerate(s.json(LINK)["arms"]):
+            if a["name"] == arm:
+                got = s.key(LINK, f"arms.{i}.{key}" + ("" if index is None else f".{index}"))
+                return float(got)
+        raise DataError(LINK, f"no arm {arm}")
+
+    return value
+
+
+def at(rel_dir: str, value: float, key: str = "optim.lr") -> Fn:
+    """The final ``eval/loss`` of the run in ``rel_dir`` whose override ``key`` is ``value``."""
+    return lambda s: s.at(rel_dir, key, value)
+
+
+def grid_row(page: str, prefix: str, rel_dir: str, lrs: tuple[float | None, ...]) -> Claim:
+    """A grid row ``| prefix | v1 | v2 | ... |``, a cell per lr (None: an empty cell; a value may
+    be bold, the best)."""
+    cells = "".join(r" \| \**" + _N + r"\**" if lr is not None else r" \|" for lr in lrs)
+    values = tuple(V(at(rel_dir, lr), F3) for lr in lrs if lr is not None)
+    return Claim(page, rf"^\| {prefix}{cells} \|", values)
+
+
+_BATCH_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
+_W128_LRS = (None, 1e-3, 2e-3, 4e-3, 8e-3, None)
+_SGD_LRS = (0.125, 0.25, 0.5, 1.0, 2.0)
+
+
 CLAIMS: list[Claim] = [
     # README.md
     claim("README.md", r"This is decent-dp (\d+\.\d+\.\d+)\.", V(version, "{}")),
@@ -1064,5 +1098,85 @@ CLAIMS: list[Claim] = [
         V(bench_vs_ddp("mlp", 2, pick=max), F2),
         V(bench_vs_ddp("resnet18", None), F2),
         V(bench_vs_ddp("resnet18", None, pick=max), F2),
+    ),
+    # docs/results/streaming/README.md: the slow link
+    claim(
+        STREAM_PAGE,
+        r"\| time to (\d\.\d{3}) \(DiLoCo's final mean\) \|",
+        V(lambda s: float(s.key(LINK, "target")), F3),
+    ),
+    *(
+        claim(
+            STREAM_PAGE,
+            rf"^\| {label} \| (\d\.\d{{3}}) \| ([\d,]+) \| (\d+) s \(step (\d+)\) \| (\d\.\d\d)× \|",
+            V(link_arm(arm, "step_s"), F3),
+            V(link_arm(arm, "tokens_per_s"), F0),
+            V(link_arm(arm, "time_to_target", 1), "{:.0f}"),
+            V(link_arm(arm, "time_to_target", 0), "{:.0f}"),
+            V(
+                ratio(
+                    link_arm("allreduce-adamw", "time_to_target", 1),
+                    link_arm(arm, "time_to_target", 1),
+                ),
+                F2,
+            ),
+        )
+        for label, arm in (
+            ("`allreduce`", "allreduce-adamw"),
+            ("DiLoCo, F=1", "diloco-H16"),
+            ("streaming, F=4, float32", "streaming-f4"),
+            ("streaming, F=4, int8", "streaming-f4-int8"),
+            ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
+        )
+    ),
+    # docs/results/lm_gap/README.md: the learning-rate grids (seed 0)
+    grid_row(GAP_PAGE, "`allreduce`, 8 windows", f"{GAP}/allreduce-w8/stage1", _BATCH_LRS),
+    grid_row(GAP_PAGE, "`complete`, 8 windows", f"{GAP}/complete-w8/stage1", _BATCH_LRS),
+    grid_row(GAP_PAGE, "`allreduce`, 128 windows", f"{GAP}/allreduce-w128/stage1", _W128_LRS),
+    grid_row(GAP_PAGE, "`complete`, 128 windows", f"{GAP}/complete-w128/stage1", _W128_LRS),
+    grid_row(
+        GAP_PAGE,
+        "`allreduce`, AdamW one step late",
+        f"{GAP}/allreduce-delayed/stage1",
+        _BATCH_LRS[:5],
+    ),
+    grid_row(
+        GAP_PAGE,
+        r"`allreduce` \(\[\.\./lm\]\(\.\./lm/README\.md\)\)",
+        f"{LM}/allreduce-adamw/stage1",
+        (None, 1e-3, 2e-3, 4e-3, 8e-3),
+    ),
+    grid_row(GAP_PAGE, "`allreduce`", f"{GAP}/allreduce-sgd/stage1", _SGD_LRS),
+    grid_row(GAP_PAGE, "`complete`", f"{GAP}/complete-sgd/stage1", _SGD_LRS),
+    claim(
+        GAP_PAGE,
+        rf"^\| 5e-4 \| {_N} \| \| \| \|\n\| 1e-3 \| {_N} \| \| \| \|\n(?:.*\n){{2}}\| 8e-3 \| {_N} \|",
+        *(V(at(f"{GAP}/local-sgd-H16-lr/stage1", lr), F3) for lr in (5e-4, 1e-3, 8e-3)),
+    ),
+    seed_row(GAP_PAGE, r"4e-3 \(allreduce's, committed\)", f"{OUTER}/local-sgd-H16/final"),
+    claim(
+        GAP_PAGE,
+        rf"^\| 1e-3 \| {_N} \| \| \| \|\n.*\n\| 4e-3 \(allreduce's, committed\) \| {_N} \| \| \| \|\n"
+        rf"\| 8e-3 \| {_N} \|",
+        *(V(at(f"{GAP}/diloco-H16-lr/stage1", lr), F3) for lr in (1e-3, 4e-3, 8e-3)),
+    ),
+    claim(
+        GAP_PAGE,
+        rf"0\.3 → {_N}, \*\*0\.5 → {_N}\*\*,\s+0\.7 → {_N}, 1\.0 → {_N}\.",
+        *(
+            V(at(f"{GAP}/diloco-H16-outer/stage1", lr, "outer.lr"), F3)
+            for lr in (0.3, 0.5, 0.7, 1.0)
+        ),
+    ),
+    # docs/results/outer/lm_small/README.md: the outer lr grids
+    claim(
+        OUTER_PAGE,
+        rf"At H=16 it gave {_N}, \*\*{_N}\*\*, {_N}\s+and {_N}; at H=64 \(8 outer rounds\), {_N}, \*\*{_N}\*\*, "
+        rf"{_N} and {_N}\.",
+        *(
+            V(at(f"{OUTER}/diloco-H{h}/stage1", lr, "outer.lr"), F3)
+            for h in (16, 64)
+            for lr in (0.3, 0.5, 0.7, 1.0)
+        ),
     ),
 ]

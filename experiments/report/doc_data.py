@@ -151,6 +151,19 @@ class Source:
             raise DataError(rel, f"no key '{key}'")
         return float(value)
 
+    def at(self, rel_dir: str, key: str, value: float, metric: str = "eval/loss") -> float:
+        """``metric`` of the one run in ``rel_dir``'s folders whose override ``key`` is ``value``."""
+        found = []
+        for path in sorted((self.root / rel_dir).glob("*/.hydra/overrides.yaml")):
+            for line in path.read_text().splitlines():
+                name, _, given = line.removeprefix("- ").partition("=")
+                if name.strip() == key and float(given) == value:
+                    found.append(path.parent.parent)
+        self._note(rel_dir)
+        if len(found) != 1:
+            raise DataError(rel_dir, f"{len(found)} runs with {key}={value}")
+        return self.run(str(found[0].relative_to(self.root)), metric)
+
     def override(self, rel_dir: str, key: str) -> str:
         """The value ``key`` was given in the first seed's ``.hydra/overrides.yaml``."""
         files = sorted((self.root / rel_dir).glob("*/.hydra/overrides.yaml"))
