@@ -26,7 +26,7 @@ Fn = Callable[[Source], float]
 class Value:
     """Where a figure comes from (``fn``) and how it is written (``fmt``)."""
 
-    fn: Fn
+    fn: Callable[[Source], object]
     fmt: str
 
 
@@ -150,6 +150,7 @@ LM_PAGE = "docs/results/lm/README.md"
 GAP_PAGE = "docs/results/lm_gap/README.md"
 STREAM_PAGE = "docs/results/streaming/README.md"
 OUTER_PAGE = "docs/results/outer/lm_small/README.md"
+BEFORE = "docs/results/hierarchical/before-driver/digits"
 _H_ARMS = ("hierarchical", "one-peer-exp", "allreduce")
 
 
@@ -358,6 +359,39 @@ def grid_row(page: str, prefix: str, rel_dir: str, lrs: tuple[float | None, ...]
 _BATCH_LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)
 _W128_LRS = (None, 1e-3, 2e-3, 4e-3, 8e-3, None)
 _SGD_LRS = (0.125, 0.25, 0.5, 1.0, 2.0)
+
+
+RERUN = "docs/results/lm_gap/rerun/rerun.json"
+CALIBRATION = "docs/results/network/calibration.json"
+_WORDS = {
+    n: w
+    for n, w in enumerate(
+        ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    )
+}
+
+
+def rerun_stat(stat: str) -> Callable[[Source], object]:
+    """Of the reruns (``rerun.json``): ``n``, ``largest`` difference (as ``7e-5``), or how many
+    agree to the 6 printed decimals (``same``, as a word)."""
+
+    def value(s: Source) -> object:
+        rows = s.json(RERUN)
+        if stat == "n":
+            return len(rows)
+        if stat == "largest":
+            mantissa, _, exponent = (
+                f"{max(abs(r['committed'] - r['rerun']) for r in rows):.0e}".partition("e")
+            )
+            return f"{mantissa}e{int(exponent)}"
+        return _WORDS[sum(f"{r['committed']:.6f}" == f"{r['rerun']:.6f}" for r in rows)]
+
+    return value
+
+
+def calibrated(rate: str, key: str) -> Fn:
+    """A term the calibration measured on the testbed's pair exchanges at ``rate``."""
+    return lambda s: float(s.key(CALIBRATION, f"rates.{rate}.{key}"))
 
 
 CLAIMS: list[Claim] = [
@@ -1178,5 +1212,46 @@ CLAIMS: list[Claim] = [
             for h in (16, 64)
             for lr in (0.3, 0.5, 0.7, 1.0)
         ),
+    ),
+    # the reruns, on the lm_gap page and the results page
+    claim(
+        GAP_PAGE,
+        r"All (\d+) land within 0\.01 nats of the committed value; the\s+largest difference is (\d+e-\d+) "
+        r"\(`local-sgd`\), (\w+) are exact to the printed digit",
+        V(rerun_stat("n"), "{}"),
+        V(rerun_stat("largest"), "{}"),
+        V(rerun_stat("same"), "{}"),
+    ),
+    # docs/results/network/README.md: the calibration's terms
+    claim(
+        NET,
+        r"efficiency (\d\.\d\d) / (\d\.\d\d) / (\d\.\d) and a cost per\s+collective of (\d) / (\d\.\d) / "
+        r"(\d\.\d) ms at 10 / 100 / 1000 Mb/s, and the network stack's CPU, (\d+)-(\d+) ms per\s+MB sent beyond "
+        r"loopback's at 10 and 100 Mb/s and (\d+) ms at 1 Gb/s",
+        V(calibrated("10mbit", "efficiency"), F2),
+        V(calibrated("100mbit", "efficiency"), F2),
+        V(calibrated("1gbit", "efficiency"), "{:.1f}"),
+        V(calibrated("10mbit", "collective_ms"), "{:.0f}"),
+        V(calibrated("100mbit", "collective_ms"), "{:.1f}"),
+        V(calibrated("1gbit", "collective_ms"), "{:.1f}"),
+        V(calibrated("10mbit", "stack_cpu_ms_per_mb"), "{:.0f}"),
+        V(calibrated("100mbit", "stack_cpu_ms_per_mb"), "{:.0f}"),
+        V(calibrated("1gbit", "stack_cpu_ms_per_mb"), "{:.0f}"),
+    ),
+    # docs/results/hierarchical/README.md: before and after the phase driver
+    *(
+        claim(
+            HIER_PAGE,
+            rf"^\| {h} x {p} \| {label} \| ([\d,]+) \| ([\d,]+) \|",
+            V(
+                lambda s, h=h, p=p, r=r: s.run(
+                    f"{BEFORE}/{h}x{p}/{r}/hierarchical/wire", "perf/samples_per_s"
+                ),
+                F0,
+            ),
+            V(sps(f"{h}x{p}", r, "hierarchical", HIER), F0),
+        )
+        for h, p in ((4, 2), (2, 4))
+        for label, r in (("10 Mb/s", "10mbit"), ("100 Mb/s", "100mbit"))
     ),
 ]
