@@ -337,7 +337,8 @@ def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2
     header = ["rank", "topology", "step, predicted", "period", "consensus rate per step"]
     header += ["MB per host link per step", ""]
     table = _table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows)
-    return table + f"\n\n> pick: {src.key(file, 'why')}"
+    head, _, body = table.partition("\n")  # the chooser's header ends in an empty "| |"
+    return f"{head.removesuffix('|  |')}| |\n{body}\n\n> pick: {src.key(file, 'why')}"
 
 
 def bench(src: Source, file: str = "docs/results/bench.json") -> str:
