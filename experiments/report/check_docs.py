@@ -12,7 +12,7 @@ Two kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
   files and returns the block's text. ``--write`` rewrites every block from its data; the check
   regenerates each one in memory and reports every cell that differs.
 - **Claims.** A figure in prose is tied to its data by a declared claim
-  (:mod:`experiments.report.doc_claims`): the page, a pattern whose groups capture the numbers as
+  (:mod:`experiments.report.claims`): the page, a pattern whose groups capture the numbers as
   written, and for each group the value from its file with its rounding. A claim whose pattern no
   longer matches its page fails too, so that editing a sentence cannot silently drop its check.
 
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.report.doc_claims import CLAIMS, Claim
+from experiments.report.claims import CLAIMS, Claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import VIEWS
 
@@ -141,7 +141,7 @@ def check_claim(claim: Claim, text: str, data_root: Path) -> list[str]:
     if not matches:
         return [
             f"{claim.page}: the phrase /{claim.pattern}/ is not on the page "
-            "(update its claim in experiments/report/doc_claims.py)"
+            "(update its claim in experiments/report/claims/)"
         ]
     problems = []
     for match in matches:

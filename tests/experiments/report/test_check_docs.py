@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments.report.check_docs import check, main
-from experiments.report.doc_claims import Claim, V, claim, mean
+from experiments.report.claims import Claim, V, claim, mean
 from experiments.report.doc_data import DataError, Source
 
 ROOT = Path(__file__).resolve().parents[3]
