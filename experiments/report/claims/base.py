@@ -392,3 +392,23 @@ def rerun_stat(stat: str) -> Callable[[Source], object]:
 def calibrated(rate: str, key: str) -> Fn:
     """A term the calibration measured on the testbed's pair exchanges at ``rate``."""
     return lambda s: float(s.key(CALIBRATION, f"rates.{rate}.{key}"))
+
+
+def report_range(file: str, network: str, column: str, pick: Callable = min) -> Fn:
+    """``pick`` of a column of a run report's table (``python -m experiments.report``) over its
+    decentralized rows on one network (``""``: none, else the ``(emulated NAME)`` of the row)."""
+
+    def value(s: Source) -> float:
+        cells = [
+            float(row[column].rstrip("x"))
+            for row in s.md_rows(file)
+            if not row["run"].startswith("allreduce")
+            and (
+                f"(emulated {network})" in row["run"] if network else "(emulated" not in row["run"]
+            )
+        ]
+        if not cells:
+            raise DataError(file, f"no decentralized row on network '{network or 'none'}'")
+        return pick(cells)
+
+    return value

@@ -38,6 +38,7 @@ from experiments.report.claims.base import (
     link_speedup,
     mean,
     ratio,
+    report_range,
     sd,
     seed,
     sps,
@@ -45,6 +46,10 @@ from experiments.report.claims.base import (
     wire_field,
     within_20,
 )
+
+DIGITS = "docs/results/digits/report.md"
+SYNTHETIC = "docs/results/synthetic/report.md"
+SPEEDUP = "speedup vs allreduce"
 
 CLAIMS: list[Claim] = [
     # README.md
@@ -368,5 +373,27 @@ CLAIMS: list[Claim] = [
         )
         for h, p in ((4, 2), (2, 4))
         for label, r in (("10 Mb/s", "10mbit"), ("100 Mb/s", "100mbit"))
+    ),
+    # docs/results/README.md: the CPU sweep's reports (their runs are not committed)
+    claim(
+        RES,
+        r"all topologies reach (\d\.\d{3})-(\d\.\d{3});\s+decentralized runs are (\d\.\d\d)-(\d\.\d\d)x the "
+        r"all-reduce throughput on loopback and\s+(\d\.\d\d)-(\d\.\d\d)x with emulated 25 Gb/s Ethernet",
+        V(lambda s: min(float(r["final eval/acc"]) for r in s.md_rows(DIGITS)), F3),
+        V(lambda s: max(float(r["final eval/acc"]) for r in s.md_rows(DIGITS)), F3),
+        V(report_range(DIGITS, "", SPEEDUP), F2),
+        V(report_range(DIGITS, "", SPEEDUP, max), F2),
+        V(report_range(DIGITS, "ethernet_25g", SPEEDUP), F2),
+        V(report_range(DIGITS, "ethernet_25g", SPEEDUP, max), F2),
+    ),
+    claim(
+        RES,
+        r"\(random data, throughput only\): (\d\.\d\d)-(\d\.\d\d)x on loopback, (\d\.\d\d)-(\d\.\d\d)x with\s+"
+        r"emulated 25 Gb/s Ethernet, and (\d\.\d\d)-(\d\.\d\d)x with an emulated 0\.5 Gb/s link",
+        *(
+            V(report_range(SYNTHETIC, net, SPEEDUP, pick), F2)
+            for net in ("", "ethernet_25g", "custom")
+            for pick in (min, max)
+        ),
     ),
 ]
