@@ -412,3 +412,27 @@ def report_range(file: str, network: str, column: str, pick: Callable = min) -> 
         return pick(cells)
 
     return value
+
+
+SIMULATE = "docs/results/simulate/simulate.json"
+
+
+def simulated_speedup(profile: str, methods: tuple[str, ...], pick: Callable = min) -> Fn:
+    """``pick`` of the simulator's speedup over all-reduce (``simulate.json``) for ``methods``
+    (empty: every topology) on ``profile``, from 2 nodes (16 workers) up."""
+
+    def value(s: Source) -> float:
+        speedups = [
+            r["speedup_vs_allreduce"]
+            for r in s.json(SIMULATE)["rows"]
+            if r["profile"] == profile
+            and r["fits"]
+            and r["n"] >= 16
+            and r["method"] != "allreduce"
+            and (not methods or r["method"] in methods)
+        ]
+        if not speedups:
+            raise DataError(SIMULATE, f"no row {profile} {methods}")
+        return pick(speedups)
+
+    return value

@@ -29,6 +29,7 @@ from experiments.report.claims.base import (
     noniid,
     ratio,
     sd,
+    simulated_speedup,
     upstream_ms,
     within_20,
 )
@@ -305,5 +306,23 @@ CLAIMS: list[Claim] = [
         V(bench_vs_ddp("mlp", 2, pick=max), F2),
         V(bench_vs_ddp("resnet18", None), F2),
         V(bench_vs_ddp("resnet18", None, pick=max), F2),
+    ),
+    # docs/network-and-simulation.md: the ResNet-50 simulation
+    claim(
+        "docs/network-and-simulation.md",
+        r"ring and alternating-exp-ring reach (\d\.\d\d) to (\d\.\d\d)x the all-reduce throughput;\n"
+        r"- one-peer-exp \((\d\.\d\d) to (\d\.\d\d)x\) and random-matching \((\d\.\d\d) to (\d\.\d\d)x\) fall "
+        r"behind, because 8 GPUs share one NIC;\n- on 100 Gb/s InfiniBand, every topology gains (\d\.\d\d) to "
+        r"(\d\.\d\d)x",
+        *(
+            V(simulated_speedup(profile, methods, pick), F2)
+            for profile, methods in (
+                ("ethernet_25g", ("ring", "alternating-exp-ring")),
+                ("ethernet_25g", ("one-peer-exp",)),
+                ("ethernet_25g", ("random-matching",)),
+                ("infiniband_100g", ()),
+            )
+            for pick in (min, max)
+        ),
     ),
 ]
