@@ -436,3 +436,19 @@ def simulated_speedup(profile: str, methods: tuple[str, ...], pick: Callable = m
         return pick(speedups)
 
     return value
+
+
+UPSTREAM_RESULTS = "docs/results/bench-upstream/results.json"
+
+
+def upstream_run(procs: int, impl: str, key: str = "median_step_s") -> Fn:
+    """A row of the first ``make bench-upstream`` run (``results.json``), in ms."""
+
+    def value(s: Source) -> float:
+        for config in s.json(UPSTREAM_RESULTS)["configs"]:
+            for row in config["rows"]:
+                if config["procs"] == procs and row["impl"] == impl:
+                    return float(row[key]) * 1e3
+        raise DataError(UPSTREAM_RESULTS, f"no row procs={procs} impl={impl}")
+
+    return value

@@ -31,6 +31,7 @@ from experiments.report.claims.base import (
     sd,
     simulated_speedup,
     upstream_ms,
+    upstream_run,
     within_20,
 )
 
@@ -324,5 +325,36 @@ CLAIMS: list[Claim] = [
             )
             for pick in (min, max)
         ),
+    ),
+    # docs/performance.md: the first make bench-upstream run (results.json)
+    *(
+        claim(
+            "docs/performance.md",
+            rf"^\| {procs} \| {topo} \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d) \| \*\*(\d\.\d\d)\*\* \|"
+            r"[^|]*\| \**(\d\.\d\d)\** \|",
+            *(
+                V(upstream_run(procs, impl), "{:.1f}")
+                for impl in ("ours", "0.2.3", "torch-ddp", "before")
+            ),
+            V(ratio(upstream_run(procs, "ours"), upstream_run(procs, "0.2.3")), F2),
+            V(ratio(upstream_run(procs, "ours"), upstream_run(procs, "torch-ddp")), F2),
+        )
+        for procs, topo in ((2, "ring"), (4, "one-peer-exp"))
+    ),
+    claim(
+        "docs/performance.md",
+        r"the ratios of\s+median steps \((\d\.\d\d), (\d\.\d\d)\) match the ratios of CPU time \((\d\.\d\d), "
+        r"(\d\.\d\d)\)\. Ours spends\s+(\d+) ms of CPU per rank and step, torch DDP (\d+) ms",
+        V(ratio(upstream_run(4, "ours"), upstream_run(4, "0.2.3")), F2),
+        V(ratio(upstream_run(4, "ours"), upstream_run(4, "torch-ddp")), F2),
+        V(ratio(upstream_run(4, "ours", "cpu_step_s"), upstream_run(4, "0.2.3", "cpu_step_s")), F2),
+        V(
+            ratio(
+                upstream_run(4, "ours", "cpu_step_s"), upstream_run(4, "torch-ddp", "cpu_step_s")
+            ),
+            F2,
+        ),
+        V(upstream_run(4, "ours", "cpu_step_s"), "{:.0f}"),
+        V(upstream_run(4, "torch-ddp", "cpu_step_s"), "{:.0f}"),
     ),
 ]
