@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -15,8 +15,12 @@ install: ## Create .venv and install the package with the experiments, ft (torch
 	$(PIP) install --upgrade pip
 	$(PIP) install -e ".[experiments,ft,dev]"
 
-test: ## Fast test suite (no `slow` tests)
+test: ## Fast test suite (no `slow` tests), then check-docs
 	$(PY) -m pytest -m "not slow" -q $(ARGS)
+	$(PY) -m experiments.report.check_docs
+
+check-docs: ## Every measured figure in README.md and docs/ against its committed data file (--write: ARGS=--write)
+	$(PY) -m experiments.report.check_docs $(ARGS)
 
 test-all: ## Every test, `slow` included
 	$(PY) -m pytest -q $(ARGS)

@@ -25,6 +25,11 @@ PAGES = [
     *sorted((ROOT / "docs").glob("*.md")),
     ROOT / "docs" / "results" / "README.md",
 ]
+# every page of docs/, results included (runs/ holds only the runs' own files), for links
+ALL_PAGES = [
+    ROOT / "README.md",
+    *sorted(p for p in (ROOT / "docs").rglob("*.md") if "runs" not in p.relative_to(ROOT).parts),
+]
 SHELL_INFO = {"bash", "sh", "shell", "console"}
 
 _FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([^\s`]*)")
@@ -202,7 +207,7 @@ def link_problems(page: Path, root: Path = ROOT) -> list[str]:
 def test_every_command_in_the_docs_exists() -> None:
     targets = makefile_targets()
     problems = []
-    for page in PAGES:
+    for page in ALL_PAGES:
         problems += command_problems(page.read_text(), str(page.relative_to(ROOT)), targets)
     assert not problems, "\n".join(problems)
 
@@ -223,7 +228,7 @@ def test_the_readme_links_every_page_of_docs() -> None:
 
 
 def test_every_relative_link_resolves() -> None:
-    problems = [problem for page in PAGES for problem in link_problems(page)]
+    problems = [problem for page in ALL_PAGES for problem in link_problems(page)]
     assert not problems, "\n".join(problems)
 
 
@@ -295,3 +300,19 @@ def test_broken_links_and_anchors_are_reported(tmp_path: Path) -> None:
     assert len(problems) == 2
     assert "page.md:3: link missing.md: no file missing.md" in problems[0]
     assert "no heading #nope in other.md" in problems[1]
+
+
+def test_the_readme_opens_in_one_screen_with_its_limits_first() -> None:
+    text = (ROOT / "README.md").read_text()
+    opening = text[: text.index("\n## Documentation")]
+    assert len(opening.splitlines()) <= 60
+    # the limits come before the results and the links
+    assert opening.index("No GPU has run this code") < opening.index("## Results at a glance")
+    assert "network namespaces" in opening and "share its 2 cores" in opening
+    assert "<!-- data: glance -->" in opening
+    asked = {t for _, line in command_lines(opening) for t in make_targets_of(line) or []}
+    assert {"install", "test", "train"} <= asked
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert version is not None
+    assert f"This is decent-dp {version.group(1)}." in opening
+    assert "pip install -e ." in opening

@@ -44,3 +44,18 @@ def test_make_choose_passes_args() -> None:
     assert proc.stdout.strip().endswith(
         "-m experiments.network.choose --nodes 2 --procs-per-node 8 --link 1gbit --model 100"
     )
+
+
+def test_make_test_runs_check_docs_after_the_suite() -> None:
+    proc = _make("-n", "test")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "-m pytest -m" in lines[0]
+    assert lines[-1].endswith("-m experiments.report.check_docs")
+
+
+def test_make_check_docs_passes_args_and_has_help() -> None:
+    proc = _make("-n", "check-docs", "ARGS=--write")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("-m experiments.report.check_docs --write")
+    assert "check-docs" in _make("help").stdout

@@ -1,0 +1,181 @@
+"""make check-docs: the docs' figures against their committed data, and that drift fails it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from experiments.report.check_docs import check, main
+from experiments.report.claims import Claim, V, claim, mean
+from experiments.report.doc_data import DataError, Source
+
+ROOT = Path(__file__).resolve().parents[3]
+WIRE = "docs/results/network/table.json"
+
+
+def _copy(tmp_path: Path, page: str) -> Path:
+    """A copy of one page of the repository under ``tmp_path`` (the data stays in ROOT)."""
+    target = tmp_path / page
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / page, target)
+    return target
+
+
+def _edit(page: Path, old: str, new: str) -> int:
+    """Replace the one occurrence of ``old``; the line number it is on."""
+    text = page.read_text()
+    assert text.count(old) == 1, old
+    page.write_text(text.replace(old, new))
+    return text[: text.index(old)].count("\n") + 1
+
+
+def test_the_repository_matches_its_data() -> None:
+    assert check(ROOT) == []
+
+
+def test_a_drifted_cell_of_a_generated_table_names_page_figure_and_file(tmp_path: Path) -> None:
+    page = _copy(tmp_path, "README.md")
+    line = _edit(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"README.md:{line}: '4 hosts x 1, 5 Mb/s, digits: `ring` 394")
+    assert "column 'measured'" in problems[0]
+    assert f"but {WIRE}" in problems[0]
+    assert problems[0].endswith("`ring` 349 samples/s, `allreduce` 220: **1.59x**'")
+
+
+def test_a_drifted_figure_in_prose_names_page_figure_and_file(tmp_path: Path) -> None:
+    page = _copy(tmp_path, "docs/results/README.md")
+    line = _edit(page, "3.576 over 3 seeds", "3.567 over 3 seeds")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"docs/results/README.md:{line}: '3.567' in ")
+    assert problems[0].endswith("but docs/results/lm_gap/runs/complete-v/final gives '3.576'")
+
+
+def test_a_figure_on_the_wrong_side_of_its_rounding_fails(tmp_path: Path) -> None:
+    # 0.9880 written as 0.9881: one digit off in the fourth place is still a different figure
+    page = _copy(tmp_path, "docs/results/README.md")
+    _edit(page, "`one-peer-exp` 0.9880 against", "`one-peer-exp` 0.9881 against")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1 and "'0.9881'" in problems[0] and "gives '0.9880'" in problems[0]
+    assert "docs/results/compression/runs/one-peer-exp_int8_seed*" in problems[0]
+
+
+def test_a_sentence_whose_claim_no_longer_matches_fails(tmp_path: Path) -> None:
+    page = _copy(tmp_path, "docs/results/README.md")
+    _edit(page, "`compression=int8` sends", "`compression=int8` moves")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1
+    assert problems[0].startswith("docs/results/README.md: the phrase /`compression=int8` sends")
+
+
+def _page(tmp_path: Path, body: str) -> Path:
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"# A page\n\n{body}\n")
+    return page
+
+
+def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
+    _page(tmp_path, "<!-- data: wire-rates file=docs/results/nope/table.json -->\n<!-- /data -->")
+    problems = check(tmp_path, data_root=ROOT, claims=[])
+    assert problems == [
+        "docs/page.md:3: data block 'wire-rates': docs/results/nope/table.json: no such file"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("marker", "why"),
+    [
+        (f"wire-rates file={WIRE} rates=2mbit", f"{WIRE}: no row model=digits"),
+        (f"wire-rates file={WIRE} arms=allreduce,ring-int4", f"{WIRE}: no arm 'ring-int4'"),
+        (
+            "lm-tuned runs=docs/results/lm/nope",
+            "docs/results/lm/nope/allreduce-adamw/final: no run",
+        ),
+        ("no-such-view", "unknown view 'no-such-view' (known: bench, by-topology, choose, glance"),
+        (
+            "glance colour=red",
+            "view 'glance': glance() got an unexpected keyword argument 'colour'",
+        ),
+    ],
+)
+def test_a_marker_naming_a_missing_key_fails(tmp_path: Path, marker: str, why: str) -> None:
+    _page(tmp_path, f"<!-- data: {marker} -->\n<!-- /data -->")
+    problems = check(tmp_path, data_root=ROOT, claims=[])
+    assert len(problems) == 1 and problems[0].startswith("docs/page.md:3: data block '")
+    assert why in problems[0]
+
+
+def test_an_unclosed_block_fails(tmp_path: Path) -> None:
+    _page(tmp_path, "<!-- data: glance -->\n| a |")
+    assert check(tmp_path, data_root=ROOT, claims=[]) == [
+        "docs/page.md:3: data block without its closing '<!-- /data -->'"
+    ]
+
+
+def test_write_regenerates_a_block_from_its_data(tmp_path: Path) -> None:
+    marker = f"<!-- data: wire-rates file={WIRE} shape=4x1 rates=5mbit,10mbit emulated=no -->"
+    page = _page(tmp_path, f"{marker}\n| stale |\n<!-- /data -->\n\nAfter.")
+    assert "the block has 1 lines where" in check(tmp_path, data_root=ROOT, claims=[])[0]
+    assert check(tmp_path, data_root=ROOT, write=True, claims=[]) == []
+    text = page.read_text()
+    src = Source(ROOT)
+    ring, allreduce = (src.wire(WIRE, "4x1", "10mbit", a) for a in ("ring", "allreduce"))
+    row = f"| 10 Mb/s | {allreduce:,.0f} | {ring:,.0f} | **{ring / allreduce:.2f}x** |"
+    assert row in text.splitlines()
+    assert text.endswith("<!-- /data -->\n\nAfter.\n")
+    assert check(tmp_path, data_root=ROOT, claims=[]) == []
+
+
+def test_claims_read_their_values_and_name_missing_data(tmp_path: Path) -> None:
+    runs = "docs/results/lm/runs/allreduce-adamw/final"
+    values = Source(ROOT).seeds(runs)
+    written = f"{sum(values) / len(values):.3f}"
+    _page(tmp_path, f"It ends at {written} nats, and then at 9.999 nats.")
+    good = claim("docs/page.md", r"It ends at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
+    assert check(tmp_path, data_root=ROOT, claims=[good]) == []
+    bad = claim("docs/page.md", r"then at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
+    assert check(tmp_path, data_root=ROOT, claims=[bad]) == [
+        f"docs/page.md:3: '9.999' in \"then at 9.999 nats\" but {runs} gives '{written}'"
+    ]
+    gone = Claim("docs/page.md", r"It ends at (\d\.\d{3})", (V(mean("docs/nope"), "{:.3f}"),))
+    assert check(tmp_path, data_root=ROOT, claims=[gone]) == [
+        f"docs/page.md:3: '{written}': docs/nope: no run (summary.json) there"
+    ]
+
+
+def test_json_keys_are_read_by_path_and_a_missing_one_is_named() -> None:
+    src = Source(ROOT)
+    assert src.key("docs/results/bench-upstream/gpt.json", "configs.0.model") == "mlp"
+    with pytest.raises(DataError, match=r"gpt.json: no key 'configs.0.nope' \(stops at 'nope'\)"):
+        src.key("docs/results/bench-upstream/gpt.json", "configs.0.nope")
+
+
+def test_the_command_exits_1_with_one_line_per_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = _copy(tmp_path, "README.md")
+    _edit(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
+    assert main(["--root", str(tmp_path), "--data-root", str(ROOT)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("README.md:") and err[-1].startswith("check-docs: 1 figure(s)")
+    assert main(["--data-root", str(ROOT), "--root", str(ROOT)]) == 0
+
+
+def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
+    # the README's 4 x 1 table before this check: 10 Mb/s typed as 390, 726 and 1.86x
+    marker = f"<!-- data: wire-rates file={WIRE} shape=4x1 rates=10mbit emulated=no -->"
+    old = "| 10 Mb/s | 390 | 726 | **1.86x** |"
+    header = "| link | `allreduce` | `ring` | `ring` / `allreduce` |\n|---|---:|---:|---:|"
+    _page(tmp_path, f"{marker}\n{header}\n{old}\n<!-- /data -->")
+    problems = check(tmp_path, data_root=ROOT, claims=[])
+    assert problems == [
+        f"docs/page.md:6: '390' (row '10 Mb/s', column '`allreduce`') but {WIRE} gives '432'",
+        f"docs/page.md:6: '726' (row '10 Mb/s', column '`ring`') but {WIRE} gives '687'",
+        f"docs/page.md:6: '**1.86x**' (row '10 Mb/s', column '`ring` / `allreduce`') "
+        f"but {WIRE} gives '**1.59x**'",
+    ]
