@@ -15,9 +15,9 @@ install: ## Create .venv and install the package with the experiments, ft (torch
 	$(PIP) install --upgrade pip
 	$(PIP) install -e ".[experiments,ft,dev]"
 
-test: ## Fast test suite (no `slow` tests), then check-docs
-	$(PY) -m pytest -m "not slow" -q $(ARGS)
+test: ## check-docs, then the fast test suite (no `slow` tests)
 	$(PY) -m experiments.report.check_docs
+	$(PY) -m pytest -m "not slow" -q $(ARGS)
 
 check-docs: ## Every measured figure in README.md and docs/ against its committed data file (--write: ARGS=--write)
 	$(PY) -m experiments.report.check_docs $(ARGS)
