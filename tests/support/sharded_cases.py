@@ -1,0 +1,144 @@
+"""The sharded wrapper's test pieces: FSDP2 over a 2-D gloo mesh, and its flat float64 replay.
+
+Rank ``(r, s)`` of an ``R x S`` mesh is global rank ``r * S + s``. A replica's
+gradient is the mean over its shard ranks' batches (FSDP's reduce-scatter), so
+the replay trains ``R`` whole models, worker ``r`` on the mean loss of the
+batches of ranks ``r * S .. r * S + S - 1``, and mixes them with the
+topology's matrices over the ``R`` replicas.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from decent_dp import DecentralizedDataParallel
+from decent_dp.topo import mixing_matrices
+from tests.support.ddp_cases import batch, flat, set_flat
+
+D_IN = 4
+
+
+class Tower(nn.Module):
+    """Three layers; the head's weight (1 x 6) leaves shard rank 1 of 2 an empty shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(D_IN, 6)
+        self.l2 = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+
+
+def make_tower(seed: int = 0) -> Tower:
+    torch.manual_seed(seed)
+    return Tower().double()
+
+
+def optim_of(cfg: dict[str, Any]) -> Any:
+    """The optimizer factory of ``cfg["optim"]``: ``sgd`` (momentum) or ``adamw``."""
+
+    def build(pairs: Any) -> torch.optim.Optimizer:
+        params = [p for p, _ in pairs]
+        if cfg.get("optim", "sgd") == "adamw":
+            return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+    return build
+
+
+def mesh_2d(replicas: int, shards: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (replicas, shards), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_tower(model: nn.Module, mesh: Any) -> nn.Module:
+    """``fully_shard`` on each layer and on the root, over ``mesh["shard"]``."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in (model.l1, model.l2, model.head):
+        fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    return model
+
+
+def wrap_sharded(model: nn.Module, mesh: Any, cfg: dict[str, Any]) -> DecentralizedDataParallel:
+    return DecentralizedDataParallel(
+        model,
+        optim_fn=optim_of(cfg),
+        topology=cfg["topology"],
+        device_mesh=mesh,
+        bucket_size_in_mb=cfg.get("bucket_mb", 0),
+        grad_clip_norm=cfg.get("clip", 0.0),
+        compression=cfg.get("compression"),
+        outer_optim_fn=cfg.get("outer") and partial(torch.optim.SGD, lr=0.7, momentum=0.9),
+        outer_every=cfg.get("outer"),
+    )
+
+
+def full_flat(model: nn.Module) -> torch.Tensor:
+    """The replica's whole parameters (an all-gather over the shard ranks), flattened."""
+    return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+
+
+def loss_at(model: nn.Module, rank: int, step: int) -> torch.Tensor:
+    a, b = batch(rank, step)
+    return ((model(a) - b) ** 2).mean()
+
+
+def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Train ``cfg["steps"]`` steps on a ``world / S x S`` mesh.
+
+    Replica ``r`` starts from seed ``r`` (its shard ranks agree, as FSDP needs), so
+    that the replicas start apart and only the wrapper's broadcast makes them agree.
+    """
+    shards = cfg["shards"]
+    mesh = mesh_2d(world // shards, shards)
+    model = shard_tower(make_tower(seed=rank // shards), mesh)
+    ddp = wrap_sharded(model, mesh, cfg)
+    sent = []
+    for t in range(1, cfg["steps"] + 1):
+        loss_at(ddp, rank, t).backward()
+    out: dict[str, Any] = {"flat": full_flat(model), "bytes": ddp.comm_bytes_per_step()}
+    if cfg.get("consensus"):
+        out["consensus"] = ddp.consensus_distance()
+        with ddp.averaged():
+            out["averaged"] = full_flat(model)
+        out["after"] = full_flat(model)
+    del sent
+    ddp.close()
+    return out
+
+
+def replay_sharded(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
+    """The flat replay: ``R`` whole models, each a replica, one step per iteration."""
+    shards = cfg["shards"]
+    replicas = world // shards
+    mats = mixing_matrices(cfg["topology"], replicas, 1)
+    start = make_tower(seed=0)
+    models = [make_tower(seed=0) for _ in range(replicas)]
+    for m in models:
+        set_flat(m, flat(start))
+    optims = [optim_of(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    for t in range(1, cfg["steps"] + 1):
+        old = [flat(m) for m in models]
+        for r, (m, opt) in enumerate(zip(models, optims)):
+            opt.zero_grad(set_to_none=True)
+            loss = sum(loss_at(m, r * shards + s, t) for s in range(shards)) / shards
+            loss.backward()
+            if cfg.get("clip"):
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
+            opt.step()
+        new = [flat(m) for m in models]
+        w = mats[(t - 1) % len(mats)]
+        stacked = torch.stack(old)
+        for r, m in enumerate(models):
+            mixed = (w[r].unsqueeze(1) * stacked).sum(0)
+            set_flat(m, mixed + (new[r] - old[r]))
+    return [flat(m) for m in models]
