@@ -77,7 +77,7 @@ def wrap_sharded(model: nn.Module, mesh: Any, cfg: dict[str, Any]) -> Decentrali
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
         grad_clip_norm=cfg.get("clip", 0.0),
         compression=cfg.get("compression"),
-        outer_optim_fn=cfg.get("outer") and partial(torch.optim.SGD, lr=0.7, momentum=0.9),
+        outer_optim_fn=partial(torch.optim.SGD, lr=0.7, momentum=0.9) if cfg.get("outer") else None,
         outer_every=cfg.get("outer"),
     )
 
@@ -102,7 +102,6 @@ def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
     mesh = mesh_2d(world // shards, shards)
     model = shard_tower(make_tower(seed=rank // shards), mesh)
     ddp = wrap_sharded(model, mesh, cfg)
-    sent = []
     for t in range(1, cfg["steps"] + 1):
         loss_at(ddp, rank, t).backward()
     out: dict[str, Any] = {"flat": full_flat(model), "bytes": ddp.comm_bytes_per_step()}
@@ -111,7 +110,6 @@ def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
         with ddp.averaged():
             out["averaged"] = full_flat(model)
         out["after"] = full_flat(model)
-    del sent
     ddp.close()
     return out
 
@@ -126,6 +124,9 @@ def replay_sharded(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
     for m in models:
         set_flat(m, flat(start))
     optims = [optim_of(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    every = cfg.get("outer")
+    x_outer = flat(start)
+    outer_opt = torch.optim.SGD([x_outer], lr=0.7, momentum=0.9) if every else None
     for t in range(1, cfg["steps"] + 1):
         old = [flat(m) for m in models]
         for r, (m, opt) in enumerate(zip(models, optims)):
@@ -138,7 +139,11 @@ def replay_sharded(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
         new = [flat(m) for m in models]
         w = mats[(t - 1) % len(mats)]
         stacked = torch.stack(old)
+        if every and t % every == 0:  # DiLoCo: the outer step on the replicas' mean
+            assert outer_opt is not None
+            x_outer.grad = x_outer - stacked.mean(0)
+            outer_opt.step()
         for r, m in enumerate(models):
-            mixed = (w[r].unsqueeze(1) * stacked).sum(0)
+            mixed = x_outer if every and t % every == 0 else (w[r].unsqueeze(1) * stacked).sum(0)
             set_flat(m, mixed + (new[r] - old[r]))
     return [flat(m) for m in models]

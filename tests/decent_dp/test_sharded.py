@@ -1,0 +1,199 @@
+"""The wrapper over a 2-D mesh (FSDP2 shards in a replica, gossip between replicas) on real gloo.
+
+Each replica's gathered full parameters must equal a flat float64 replay in
+which replica ``r`` is one worker whose gradient is the mean over its shard
+ranks' batches (:mod:`tests.support.sharded_cases`). Bytes are read from the
+tensors handed to ``all_reduce`` on the gossip groups, and the bad inputs must
+fail in one line on every rank, before any gossip group exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from decent_dp import DecentralizedDataParallel
+from decent_dp._bucket import aligned_offsets
+from tests.support.dist_harness import ok_values, run_distributed
+from tests.support.sharded_cases import (
+    loss_at,
+    make_tower,
+    mesh_2d,
+    optim_of,
+    replay_sharded,
+    shard_tower,
+    sharded_worker,
+)
+
+
+def _check(cfg: dict[str, Any], world: int) -> list[dict[str, Any]]:
+    results = ok_values(run_distributed(sharded_worker, world, cfg, timeout=120))
+    ref = replay_sharded(cfg, world)
+    for rank, res in enumerate(results):
+        torch.testing.assert_close(res["flat"], ref[rank // cfg["shards"]], rtol=0, atol=1e-10)
+    return results
+
+
+@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
+@pytest.mark.parametrize("optim", ["sgd", "adamw"])
+def test_two_replicas_of_two_shards_match_the_flat_replay(topology: str, optim: str) -> None:
+    results = _check({"shards": 2, "topology": topology, "steps": 4, "optim": optim}, 4)
+    # the replicas moved apart and back together: the gossip did something
+    assert not torch.equal(results[0]["flat"], results[2]["flat"])
+
+
+@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
+def test_four_replicas_of_two_shards_match_the_flat_replay(topology: str) -> None:
+    cfg = {"shards": 2, "topology": topology, "steps": 5, "optim": "adamw", "bucket_mb": 25}
+    _check(cfg, 8)
+
+
+def test_global_norm_clipping_is_over_the_whole_replica() -> None:
+    cfg = {"shards": 2, "topology": "ring", "steps": 3, "clip": 0.05, "bucket_mb": 25}
+    _check(cfg, 4)
+    # the bound binds: without it the replay ends elsewhere
+    unclipped = replay_sharded({**cfg, "clip": 0.0}, 4)
+    assert (unclipped[0] - replay_sharded(cfg, 4)[0]).abs().max() > 1e-3
+
+
+def test_diloco_outer_rounds_average_the_replicas() -> None:
+    cfg = {"shards": 2, "topology": "one-peer-exp", "steps": 5, "outer": 2, "bucket_mb": 25}
+    _check(cfg, 8)
+    plain = replay_sharded({**cfg, "outer": None}, 8)
+    assert (plain[0] - replay_sharded(cfg, 8)[0]).abs().max() > 1e-3
+
+
+def test_consensus_distance_and_averaged_are_over_the_replicas() -> None:
+    cfg = {"shards": 2, "topology": "one-peer-exp", "steps": 3, "consensus": True}
+    results = _check(cfg, 8)
+    ref = replay_sharded(cfg, 8)
+    mean = torch.stack(ref).mean(0)
+    distance = float(sum(((x - mean) ** 2).sum() for x in ref)) / len(ref)
+    assert distance > 0
+    for res in results:
+        assert res["consensus"] == pytest.approx(distance, rel=1e-9)
+        torch.testing.assert_close(res["averaged"], mean, rtol=0, atol=1e-12)
+        torch.testing.assert_close(res["after"], res["flat"], rtol=0, atol=0)
+
+
+def _bytes_worker(rank: int, world: int, shards: int) -> dict[str, Any]:
+    mesh = mesh_2d(world // shards, shards)
+    model = shard_tower(make_tower(seed=0), mesh)
+    ddp = DecentralizedDataParallel(
+        model, optim_fn=optim_of({}), topology="ring", device_mesh=mesh, bucket_size_in_mb=25
+    )
+    column = sorted(dist.get_process_group_ranks(mesh["replicate"].get_group()))
+    seen: list[tuple[int, int]] = []
+    real = dist.all_reduce
+
+    def recording(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group")
+        ranks = dist.get_process_group_ranks(group) if group is not None else []
+        # the gossip's collectives: those of this shard index across the replicas
+        if set(ranks) <= set(column) and len(ranks) > 1:
+            seen.append((tensor.numel() * tensor.element_size(), len(ranks)))
+        return real(tensor, *args, **kwargs)
+
+    steps = 4
+    dist.all_reduce = recording  # type: ignore[assignment]
+    try:
+        for t in range(1, steps + 1):
+            loss_at(ddp, rank, t).backward()
+    finally:
+        dist.all_reduce = real  # type: ignore[assignment]
+    locals_ = [p.to_local() for p in model.parameters()]
+    out = {
+        "seen": seen,
+        "steps": steps,
+        "reported": ddp.comm_bytes_per_step(),
+        "shard_numel": sum(t.numel() for t in locals_),
+        "aligned_numel": aligned_offsets(locals_, 8)[1],
+        "model_numel": sum(p.numel() for p in model.parameters()),
+    }
+    ddp.close()
+    return out
+
+
+def test_a_shard_rank_sends_its_shard_only() -> None:
+    shards = 2
+    results = ok_values(run_distributed(_bytes_worker, 4, shards, timeout=120))
+    model_numel = results[0]["model_numel"]
+    # the shards of one replica partition the model
+    assert sum(r["shard_numel"] for r in results[:shards]) == model_numel
+    for res in results:
+        # one exchange per step (one bucket), launched after each step, of the shard's block
+        assert len(res["seen"]) == res["steps"]
+        assert {nbytes for nbytes, _ in res["seen"]} == {res["aligned_numel"] * 8}
+        assert (
+            res["shard_numel"] <= -(-model_numel // shards) + 8
+        )  # 1/S, up to the rounding of rows
+        k = res["seen"][0][1]
+        assert res["reported"] == 2 * (k - 1) / k * res["aligned_numel"] * 8  # a ring all-reduce
+
+
+def _bad_worker(rank: int, world: int, case: str) -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = mesh_2d(2, 2)
+    model: Any = make_tower(seed=0)
+    kwargs: dict[str, Any] = {"topology": "ring"}
+    if case == "mesh_names":
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        fully_shard(model, mesh=mesh["tp"])
+    elif case == "mesh_1d":
+        mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("shard",))
+        fully_shard(model, mesh=mesh)
+    elif case == "plain_model":
+        pass
+    elif case == "wrong_shard_mesh":
+        fully_shard(model, mesh=init_device_mesh("cpu", (4,)))
+    else:
+        shard_tower(model, mesh)
+    if case == "topology_size":
+        from decent_dp.topo import TopologyReg
+
+        kwargs["topology"] = TopologyReg.create("ring", 4, 1)
+    elif case == "state_sync":
+        kwargs["state_sync"] = {"exp_avg_sq": 1}
+    elif case == "outer_compression":
+        from functools import partial
+
+        kwargs.update(
+            outer_optim_fn=partial(torch.optim.SGD, lr=0.5),
+            outer_every=2,
+            outer_compression="int8",
+        )
+    elif case == "hierarchical":
+        kwargs.update(topology="hierarchical", local_world_size=4)
+    elif case == "scaler":
+        kwargs["scaler"] = torch.amp.GradScaler("cpu")
+    try:
+        DecentralizedDataParallel(model, optim_fn=optim_of({}), device_mesh=mesh, **kwargs)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+BAD = {
+    "mesh_names": "dimensions ('dp', 'tp'); it must have exactly ('replicate', 'shard')",
+    "mesh_1d": "it must be a 2-D DeviceMesh",
+    "plain_model": "parameter 'l1.weight' is a plain Parameter, not sharded over device_mesh['shard']",
+    "wrong_shard_mesh": "is sharded over ranks [0, 1, 2, 3], not over device_mesh['shard']",
+    "topology_size": "built for world_size=4, but device_mesh has 2 replicas",
+    "state_sync": "state_sync={'exp_avg_sq': 1} with device_mesh",
+    "outer_compression": "outer_compression='int8' with device_mesh",
+    "hierarchical": "topology='hierarchical' with device_mesh",
+    "scaler": "with device_mesh: loss scaling is not supported",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_fails_in_one_line_on_every_rank(case: str) -> None:
+    messages = ok_values(run_distributed(_bad_worker, 4, case, timeout=60))
+    for msg in messages:
+        assert BAD[case] in msg, msg
+        assert "\n" not in msg
