@@ -23,6 +23,7 @@ from tests.support.sharded_cases import (
     make_tower,
     mesh_2d,
     optim_of,
+    replay_compressed,
     replay_sharded,
     shard_tower,
     sharded_worker,
@@ -64,6 +65,28 @@ def test_diloco_outer_rounds_average_the_replicas() -> None:
     _check(cfg, 8)
     plain = replay_sharded({**cfg, "outer": None}, 8)
     assert (plain[0] - replay_sharded(cfg, 8)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("world", "topology", "bucket_mb"), [(4, "ring", 25), (8, "one-peer-exp", 0)]
+)
+def test_int8_between_replicas_matches_the_compressed_replay(
+    world: int, topology: str, bucket_mb: float
+) -> None:
+    cfg = {
+        "shards": 2,
+        "topology": topology,
+        "steps": 5,
+        "compression": "int8",
+        "bucket_mb": bucket_mb,
+    }
+    results = ok_values(run_distributed(sharded_worker, world, cfg, timeout=120))
+    ref = replay_compressed(cfg, world, results[0]["layout"])
+    exact = replay_sharded(cfg, world)
+    for rank, res in enumerate(results):
+        torch.testing.assert_close(res["flat"], ref[rank // 2], rtol=0, atol=1e-12)
+    # the compression shows: the exact gossip ends elsewhere
+    assert (ref[0] - exact[0]).abs().max() > 1e-4
 
 
 def test_consensus_distance_and_averaged_are_over_the_replicas() -> None:

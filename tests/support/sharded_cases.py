@@ -16,7 +16,9 @@ import torch
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.topo import mixing_matrices
+from decent_dp._bucket import aligned_offsets
+from decent_dp.topo import TopologyReg, mixing_matrices
+from tests.support.codecs import compressed
 from tests.support.ddp_cases import batch, flat, set_flat
 
 D_IN = 4
@@ -104,7 +106,11 @@ def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
     ddp = wrap_sharded(model, mesh, cfg)
     for t in range(1, cfg["steps"] + 1):
         loss_at(ddp, rank, t).backward()
-    out: dict[str, Any] = {"flat": full_flat(model), "bytes": ddp.comm_bytes_per_step()}
+    out: dict[str, Any] = {
+        "flat": full_flat(model),
+        "bytes": ddp.comm_bytes_per_step(),
+        "layout": [info["names"] for info in ddp.buckets_info],
+    }
     if cfg.get("consensus"):
         out["consensus"] = ddp.consensus_distance()
         with ddp.averaged():
@@ -146,4 +152,99 @@ def replay_sharded(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
         for r, m in enumerate(models):
             mixed = x_outer if every and t % every == 0 else (w[r].unsqueeze(1) * stacked).sum(0)
             set_flat(m, mixed + (new[r] - old[r]))
+    return [flat(m) for m in models]
+
+
+def shard_blocks(
+    model: nn.Module, layout: list[list[str]], shards: int
+) -> list[list[torch.Tensor]]:
+    """``blocks[s][b]``: shard ``s``'s bucket ``b`` as the wrapper lays it out (rows as FSDP2 cuts them)."""
+    params = dict(model.named_parameters())
+    blocks: list[list[torch.Tensor]] = []
+    for s in range(shards):
+        mine = []
+        for names in layout:
+            parts = [_rows(params[n].detach(), s, shards) for n in names]
+            offsets, total = aligned_offsets(parts, 8)
+            block = torch.zeros(total, dtype=torch.float64)
+            for part, off in zip(parts, offsets):
+                block[off : off + part.numel()] = part.reshape(-1)
+            mine.append(block)
+        blocks.append(mine)
+    return blocks
+
+
+def set_shard_blocks(
+    model: nn.Module, layout: list[list[str]], shards: int, blocks: list[list[torch.Tensor]]
+) -> None:
+    """The inverse of :func:`shard_blocks`."""
+    params = dict(model.named_parameters())
+    for b, names in enumerate(layout):
+        for n in names:
+            p = params[n]
+            pieces = []
+            for s in range(shards):
+                like = _rows(p.detach(), s, shards)
+                offsets, _ = aligned_offsets(
+                    [_rows(params[m].detach(), s, shards) for m in names], 8
+                )
+                off = offsets[names.index(n)]
+                pieces.append(blocks[s][b][off : off + like.numel()].view(like.shape))
+            with torch.no_grad():
+                p.copy_(torch.cat(pieces, 0))
+
+
+def _rows(t: torch.Tensor, s: int, shards: int) -> torch.Tensor:
+    """Shard ``s`` of ``t`` along dim 0 as FSDP2 cuts it (``torch.chunk``; missing chunks empty)."""
+    chunks = torch.chunk(t, shards, dim=0)
+    return chunks[s] if s < len(chunks) else t[:0]
+
+
+def replay_compressed(
+    cfg: dict[str, Any], world: int, layout: list[list[str]]
+) -> list[torch.Tensor]:
+    """The flat replay with compressed gossip of pairs, shard by shard, on ``layout``'s buckets.
+
+    Each pair of replicas exchanges, for every shard index apart, the compressed
+    deviation of each bucket block from the reference the pair shares (one per
+    rank, round and bucket), which then moves by the mean of the decoded values.
+    """
+    shards = cfg["shards"]
+    replicas = world // shards
+    name = cfg["compression"]
+    topo = TopologyReg.create(cfg["topology"], replicas, 1)
+    start = make_tower(seed=0)
+    models = [make_tower(seed=0) for _ in range(replicas)]
+    for m in models:
+        set_flat(m, flat(start))
+    optims = [optim_of(cfg)([(p, n) for n, p in m.named_parameters()]) for m in models]
+    refs: dict[tuple[int, int, int, int], torch.Tensor] = {}  # (replica, shard, round, bucket)
+    for t in range(1, cfg["steps"] + 1):
+        old = [shard_blocks(m, layout, shards) for m in models]
+        for r, (m, opt) in enumerate(zip(models, optims)):
+            opt.zero_grad(set_to_none=True)
+            loss = sum(loss_at(m, r * shards + s, t) for s in range(shards)) / shards
+            loss.backward()
+            opt.step()
+        mixed = [shard_blocks(m, layout, shards) for m in models]
+        rnd = (t - 1) % topo.period
+        for edge in topo.rounds[rnd] if t > 1 else []:  # the first gossip is mixed at step 2
+            assert len(edge.ranks) in (1, 2), "pairs only"
+            if len(edge.ranks) == 1:
+                continue
+            w, p = edge.self_weight, edge.peer_weight
+            for s in range(shards):
+                for b in range(len(layout)):
+                    if old[0][s][b].numel() == 0:  # an empty shard of a bucket: no exchange
+                        continue
+                    ref = refs.setdefault(
+                        (edge.ranks[0], s, rnd, b), torch.zeros_like(old[0][s][b])
+                    )
+                    q = {j: compressed(name, old[j][s][b] - ref, t, b) for j in edge.ranks}
+                    total = sum(q.values())
+                    for j in edge.ranks:
+                        mixed[j][s][b] = mixed[j][s][b] + p * total + (w - p - 1.0) * q[j]
+                        refs[(j, s, rnd, b)] = ref + total / 2
+        for m, blocks in zip(models, mixed):
+            set_shard_blocks(m, layout, shards, blocks)
     return [flat(m) for m in models]
