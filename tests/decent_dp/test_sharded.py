@@ -60,6 +60,11 @@ def test_global_norm_clipping_is_over_the_whole_replica() -> None:
     assert (unclipped[0] - replay_sharded(cfg, 4)[0]).abs().max() > 1e-3
 
 
+def test_gradient_accumulation_sums_the_micro_batches() -> None:
+    cfg = {"shards": 2, "topology": "ring", "steps": 3, "accum": 2, "optim": "adamw"}
+    _check(cfg, 4)
+
+
 def test_diloco_outer_rounds_average_the_replicas() -> None:
     cfg = {"shards": 2, "topology": "one-peer-exp", "steps": 5, "outer": 2, "bucket_mb": 25}
     _check(cfg, 8)

@@ -89,8 +89,8 @@ def full_flat(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
 
 
-def loss_at(model: nn.Module, rank: int, step: int) -> torch.Tensor:
-    a, b = batch(rank, step)
+def loss_at(model: nn.Module, rank: int, step: int, micro: int = 0) -> torch.Tensor:
+    a, b = batch(rank, step, micro)
     return ((model(a) - b) ** 2).mean()
 
 
@@ -105,6 +105,9 @@ def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
     model = shard_tower(make_tower(seed=rank // shards), mesh)
     ddp = wrap_sharded(model, mesh, cfg)
     for t in range(1, cfg["steps"] + 1):
+        for micro in range(1, cfg.get("accum", 1)):  # gradient accumulation
+            with ddp.no_sync():
+                loss_at(ddp, rank, t, micro).backward()
         loss_at(ddp, rank, t).backward()
     out: dict[str, Any] = {
         "flat": full_flat(model),
@@ -137,8 +140,9 @@ def replay_sharded(cfg: dict[str, Any], world: int) -> list[torch.Tensor]:
         old = [flat(m) for m in models]
         for r, (m, opt) in enumerate(zip(models, optims)):
             opt.zero_grad(set_to_none=True)
-            loss = sum(loss_at(m, r * shards + s, t) for s in range(shards)) / shards
-            loss.backward()
+            for micro in range(cfg.get("accum", 1)):
+                loss = sum(loss_at(m, r * shards + s, t, micro) for s in range(shards)) / shards
+                loss.backward()
             if cfg.get("clip"):
                 torch.nn.utils.clip_grad_norm_(m.parameters(), cfg["clip"])
             opt.step()
