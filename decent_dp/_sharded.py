@@ -30,14 +30,15 @@ What composes: buckets and the in-backward step, gradient accumulation,
 ``1/S`` of the model), global-norm clipping (the norm over the whole
 replica, from the shard ranks' squared norms), ``global_avg``, ``averaged``
 and ``consensus_distance`` (over the replicas), compressed gossip, outer
-optimizers (DiLoCo, SlowMo, fragments; their outer round averages the
-replicas) and the state dicts (the model's is FSDP's, of ``DTensor``s, for
+optimizers (DiLoCo, SlowMo; their outer round averages the replicas) and
+the state dicts (the model's is FSDP's, of ``DTensor``s, for
 ``torch.distributed.checkpoint``). What is refused, in one line before any
 collective: :data:`REFUSED`.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -73,6 +74,7 @@ REFUSED = {
     "scaler": "loss scaling is not supported over a device mesh",
     "state_sync": "optimizer-state gossip is not supported over a device mesh",
     "outer_compression": "compressed outer rounds are not supported over a device mesh",
+    "outer_fragments": "streaming outer rounds are not supported over a device mesh (use 1)",
     "topology=hierarchical": (
         "a replica's shard ranks may span hosts, so hosts are no unit of the replicate "
         "dimension; use a flat topology over the replicas"
@@ -251,6 +253,11 @@ def _refuse(opts: Mapping[str, Any], topology: Topology) -> None:
             f"outer_compression={opts['outer_compression']!r} with device_mesh: "
             f"{REFUSED['outer_compression']}"
         )
+    if opts.get("outer_fragments", 1) != 1:
+        raise ValueError(
+            f"outer_fragments={opts['outer_fragments']!r} with device_mesh: "
+            f"{REFUSED['outer_fragments']}"
+        )
     if isinstance(topology, HierarchicalTopology):
         raise ValueError(
             f"topology='hierarchical' with device_mesh: {REFUSED['topology=hierarchical']}"
@@ -289,7 +296,7 @@ def build_sharded(
     """
     world, rank = dist.get_world_size(), dist.get_rank()
     layout = check_mesh(device_mesh, world, rank)
-    local_ws = opts.get("local_world_size")
+    local_ws = opts.get("local_world_size") or os.environ.get("LOCAL_WORLD_SIZE")
     # the replicas on one host: a replica's shard ranks are consecutive local ranks
     rep_local = max(1, int(local_ws) // layout.shards) if local_ws else 1
     inner = TopologyReg.create(

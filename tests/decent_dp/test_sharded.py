@@ -195,6 +195,12 @@ def _bad_worker(rank: int, world: int, case: str) -> str:
             outer_every=2,
             outer_compression="int8",
         )
+    elif case == "outer_fragments":
+        from functools import partial
+
+        kwargs.update(
+            outer_optim_fn=partial(torch.optim.SGD, lr=0.5), outer_every=2, outer_fragments=2
+        )
     elif case == "hierarchical":
         kwargs.update(topology="hierarchical", local_world_size=4)
     elif case == "scaler":
@@ -215,6 +221,7 @@ BAD = {
     "state_sync": "state_sync={'exp_avg_sq': 1} with device_mesh",
     "outer_compression": "outer_compression='int8' with device_mesh",
     "hierarchical": "topology='hierarchical' with device_mesh",
+    "outer_fragments": "outer_fragments=2 with device_mesh: streaming outer rounds",
     "scaler": "with device_mesh: loss scaling is not supported",
 }
 
