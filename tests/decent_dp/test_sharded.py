@@ -46,6 +46,7 @@ def test_two_replicas_of_two_shards_match_the_flat_replay(topology: str, optim: 
     assert not torch.equal(results[0]["flat"], results[2]["flat"])
 
 
+@pytest.mark.slow  # 8 ranks; the fast tier has 8-rank runs below (int8, DiLoCo, consensus)
 @pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
 def test_four_replicas_of_two_shards_match_the_flat_replay(topology: str) -> None:
     cfg = {"shards": 2, "topology": topology, "steps": 5, "optim": "adamw", "bucket_mb": 25}
