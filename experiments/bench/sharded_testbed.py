@@ -83,7 +83,11 @@ def _arm_rows(root: Path) -> list[dict[str, Any]]:
                 "tokens_per_s": s["perf/tokens_per_s"],
                 "eval_loss": s["eval/loss"],
                 "tx_bytes_per_host_per_step": wire.get("tx_bytes_per_step"),
-                "comm_bytes_per_step_per_rank": s.get("comm/bytes_per_step"),
+                # the wrapper's count; the allreduce arm's is the framework's estimate for
+                # torch DDP of the whole model, which HSDP is not: left out
+                "comm_bytes_per_step_per_rank": (
+                    None if arm == "allreduce" else s.get("comm/bytes_per_step")
+                ),
                 "rate_bps": wire.get("rate_bps"),
             }
         )
