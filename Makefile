@@ -61,7 +61,7 @@ bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 pro
 	$(PY) -m experiments.bench.step_time $(ARGS)
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
 
-bench-sharded: ## Peak memory per rank, FSDP2 shards (device_mesh) vs the unsharded wrapper -> docs/results/sharded/bench.json
+bench-sharded: ## Peak memory per rank: FSDP2 shards (device_mesh), HSDP and the unsharded wrapper -> docs/results/sharded/bench.json; SHARDED_ARGS=...
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
 
 bench-upstream: ## Step time vs decent-dp 0.2.3 (own venv in .bench/) and torch DDP; ARGS=--profile
