@@ -120,6 +120,10 @@ def sharded_worker(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]
             out["averaged"] = full_flat(model)
         out["after"] = full_flat(model)
     ddp.close()
+    # closed, the wrapper's hooks are gone: FSDP trains on as a plain module, nothing steps
+    loss_at(model, rank, 99).backward()
+    out["closed_unchanged"] = bool(torch.equal(full_flat(model), out["flat"]))
+    out["closed_grads"] = all(p.grad is not None for p in model.parameters())
     return out
 
 
