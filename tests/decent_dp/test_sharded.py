@@ -240,3 +240,32 @@ def test_bad_input_fails_in_one_line_on_every_rank() -> None:
         for case in cases:
             assert BAD[case] in messages[case], (case, messages[case])
             assert "\n" not in messages[case]
+
+
+def _overlap_worker(rank: int, world: int) -> dict[str, Any]:
+    mesh = mesh_2d(2, 2)
+    model = shard_tower(make_tower(seed=0), mesh)
+    ddp = DecentralizedDataParallel(
+        model, optim_fn=optim_of({}), topology="ring", device_mesh=mesh, bucket_size_in_mb=0
+    )
+    loss_at(ddp, rank, 1).backward()  # the first backward records the order, then buckets
+    ddp._engine.drain()  # step 1's gossip has arrived: no bucket of step 2 waits for it
+    seen: list[list[str]] = []
+
+    def when_l1_is_ready(_: torch.Tensor) -> None:
+        # registered after the wrapper's own hook: runs once l1.weight's gradient is handed over
+        seen.append([n for b in ddp._buckets or [] if b.stepped for n in b.names])
+
+    handle = model.l1.weight.register_post_accumulate_grad_hook(when_l1_is_ready)
+    loss_at(ddp, rank, 2).backward()
+    handle.remove()
+    ddp.close()
+    return {"stepped_before_l1": seen[0]}
+
+
+def test_buckets_step_inside_the_backward_pass_as_fsdp_hands_their_gradients_over() -> None:
+    for res in ok_values(run_distributed(_overlap_worker, 4, timeout=120)):
+        # the head's and l2's buckets stepped (and launched their gossip) before the
+        # backward reached l1: the step overlaps the rest of the backward pass
+        assert {"head.weight", "head.bias", "l2.weight", "l2.bias"} <= set(res["stepped_before_l1"])
+        assert "l1.bias" not in res["stepped_before_l1"]
