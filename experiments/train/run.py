@@ -245,6 +245,15 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     if _is_int(shards) and shards > 1:
         rules.append(
             (
+                "train.nan_policy",
+                t.nan_policy,
+                str(t.nan_policy) == "error",
+                "error with train.shard_size > 1 (skip's gradient hooks sit on the "
+                "parameters autograd sees, which FSDP replaces by unsharded ones)",
+            )
+        )
+        rules.append(
+            (
                 "checkpoint.every_steps",
                 cfg.checkpoint.every_steps,
                 cfg.checkpoint.every_steps == 0,

@@ -35,6 +35,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ),
         (["train.shard_size=0"], "train.shard_size=0 is invalid"),
         (
+            ["train.shard_size=2", "train.nan_policy=skip"],
+            "train.nan_policy=skip is invalid; it must be error with train.shard_size > 1",
+        ),
+        (
             ["train.shard_size=2", "checkpoint.every_steps=5"],
             "checkpoint.every_steps=5 is invalid; it must be 0 with train.shard_size > 1",
         ),
