@@ -50,6 +50,7 @@ from torch import nn
 from ._averaging import GlobalAverager
 from ._builtin_topologies import HierarchicalTopology
 from ._compression import parse_compression
+from ._device import device_guard
 from ._engine import Engine
 from ._factories import check_scheduler, resolve_optim_fn
 from ._outer import OuterOptimizer, check_outer_args
@@ -343,22 +344,24 @@ def build_sharded(
     shard_group = device_mesh["shard"].get_group()
     if outer is not None:
         outer.group = replicate
-    check_ranks_agree(every, lifted, world)
-    _broadcast_from_replica0(plain, layout, replicate)
-    engine = Engine(
-        leaves,
-        [n for n, _ in named],
-        lifted,
-        build_optim,
-        lr_scheduler_fn,
-        None,
-        float(opts.get("grad_clip_norm", 0.0)),
-        as_view=False,  # FSDP reads the shards' storage: it never moves
-        stable_storage=True,
-        bucket_bytes=int(float(opts.get("bucket_size_in_mb", 25)) * 1024 * 1024),
-        compression=compression,
-        outer=outer,
-    )
+    # object collectives stage on the current device: make it the shards' one
+    with device_guard(leaves[0].device):
+        check_ranks_agree(every, lifted, world)
+        _broadcast_from_replica0(plain, layout, replicate)
+        engine = Engine(
+            leaves,
+            [n for n, _ in named],
+            lifted,
+            build_optim,
+            lr_scheduler_fn,
+            None,
+            float(opts.get("grad_clip_norm", 0.0)),
+            as_view=False,  # FSDP reads the shards' storage: it never moves
+            stable_storage=True,
+            bucket_bytes=int(float(opts.get("bucket_size_in_mb", 25)) * 1024 * 1024),
+            compression=compression,
+            outer=outer,
+        )
     engine.norm_group = shard_group  # a replica's gradient norm sums its shard ranks'
     me = weakref.ref(engine)
     for i, ((_, p), leaf) in enumerate(zip(named, leaves)):
