@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -61,8 +61,12 @@ train-lm: ## Tiny GPT on the stdlib's own sources (made once in data/stdlib-bpe)
 sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)
 
-bench: ## Step-time benchmark: local vs torch DDP vs every topology, 2 and 4 processes
+bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 processes), then bench-sharded
 	$(PY) -m experiments.bench.step_time $(ARGS)
+	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
+
+bench-sharded: ## Peak memory per rank: FSDP2 shards (device_mesh), HSDP and the unsharded wrapper -> docs/results/sharded/bench.json; SHARDED_ARGS=...
+	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
 
 bench-upstream: ## Step time vs decent-dp 0.2.3 (own venv in .bench/) and torch DDP; ARGS=--profile
 	$(PY) -m experiments.bench.upstream $(ARGS)

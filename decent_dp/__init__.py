@@ -46,6 +46,8 @@ _EXPORTS = {
     "lr_scheduler_fn_step": "optim",
     "initialize_dist": "utils",
     "get_device": "utils",
+    "save_sharded_checkpoint": "_sharded_ckpt",
+    "load_sharded_checkpoint": "_sharded_ckpt",
 }
 _SUBMODULES = ("ddp", "topo", "metrics", "optim", "utils", "mixing")
 
@@ -54,6 +56,8 @@ __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     # "X as X": re-exported for type checkers, which do not run __getattr__
+    from ._sharded_ckpt import load_sharded_checkpoint as load_sharded_checkpoint
+    from ._sharded_ckpt import save_sharded_checkpoint as save_sharded_checkpoint
     from .ddp import DecentralizedDataParallel as DecentralizedDataParallel
     from .metrics import consensus_distance_exact as consensus_distance_exact
     from .metrics import consensus_distance_sketch as consensus_distance_sketch

@@ -32,13 +32,28 @@ class GlobalAverager:
         engine: The engine whose parameters are averaged.
         module: The wrapped module, for its buffers.
         sync_buffers: Average floating-point buffers too.
+        group: The group averaged over (``None``: every rank); a sharded model's
+            replicate group, whose ranks hold the same shard of each replica.
+        size: The number of models averaged (``group``'s size; the world's by default).
+        norm_group: Where the parts of one model are summed for a distance (a
+            replica's shard ranks), or ``None`` when each rank holds a whole model.
     """
 
-    def __init__(self, engine: Engine, module: nn.Module, sync_buffers: bool):
+    def __init__(
+        self,
+        engine: Engine,
+        module: nn.Module,
+        sync_buffers: bool,
+        group: Any = None,
+        size: int | None = None,
+        norm_group: Any = None,
+    ):
         self._engine = engine
         self._module = module
         self._sync_buffers = sync_buffers
-        self._world_size = engine.world_size
+        self._group = group
+        self._norm_group = norm_group
+        self._world_size = size if size is not None else engine.world_size
         self._backup: tuple[int, list[torch.Tensor], list[Any]] | None = None
 
     def _targets(self) -> list[torch.Tensor]:
@@ -53,7 +68,7 @@ class GlobalAverager:
     @torch.no_grad()
     def _average_in_place(self, tensors: list[torch.Tensor]) -> None:
         for t in tensors:
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self._group)
             t.div_(self._world_size)
 
     @torch.no_grad()
@@ -71,8 +86,12 @@ class GlobalAverager:
         if not return_d2c:
             return None
         n = len(engine.values())
-        sq = sum((t.double() - s.double()).pow(2).sum() for t, s in zip(targets[:n], saved[:n]))
-        return float(torch.as_tensor(sq).sqrt().item())
+        sq = torch.as_tensor(
+            sum((t.double() - s.double()).pow(2).sum() for t, s in zip(targets[:n], saved[:n]))
+        )
+        if self._norm_group is not None:  # this rank holds a part of its model
+            dist.all_reduce(sq, group=self._norm_group)
+        return float(sq.sqrt().item())
 
     @torch.no_grad()
     def revert(self) -> None:
@@ -114,16 +133,16 @@ class GlobalAverager:
             local = torch.zeros(1, dtype=torch.float64, device=device)
             for v in values:
                 mean = v.clone()
-                dist.all_reduce(mean)
+                dist.all_reduce(mean, group=self._group)
                 mean.div_(self._world_size)
                 local += (v.double() - mean.double()).pow(2).sum()
         else:
             y = count_sketch(values, int(sketch), seed=self._engine.step_count)
             ybar = y.clone()
-            dist.all_reduce(ybar)
+            dist.all_reduce(ybar, group=self._group)
             ybar.div_(self._world_size)
             local = (y - ybar).pow(2).sum().reshape(1)
-        dist.all_reduce(local)
+        dist.all_reduce(local)  # every rank's part of every model's distance
         return float(local.item()) / self._world_size
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["by_device_and_dtype", "clip_grads_"]
 
@@ -20,7 +22,7 @@ def by_device_and_dtype(
 
 
 @torch.no_grad()
-def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grads_(grads: list[torch.Tensor], max_norm: float, group: Any = None) -> torch.Tensor:
     """Scale ``grads`` in place by ``min(1, max_norm / (||grads|| + 1e-6))``; return the norm.
 
     Each tensor's norm is taken in its own dtype (as ``clip_grad_norm_`` does; in
@@ -31,6 +33,8 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     Args:
         grads: The gradients, on one device, dense or sparse.
         max_norm: The threshold, ``> 0``.
+        group: A process group whose ranks each hold a part of the model (the shard
+            ranks of a replica): the norm is over all their parts. ``None``: this rank's.
 
     Returns:
         The global 2-norm before clipping, a float64 scalar tensor on the gradients' device.
@@ -46,7 +50,12 @@ def clip_grads_(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     norms += [torch.linalg.vector_norm(g.coalesce().values()) for g in sparse]
     # one cast per dtype, not one per tensor (every float32 or float16 value is exact in float64)
     by_dtype = by_device_and_dtype(norms)
-    total = torch.cat([torch.stack(ns).to(torch.float64) for ns in by_dtype.values()]).norm()
+    parts = [torch.stack(ns).to(torch.float64) for ns in by_dtype.values()]
+    total = torch.cat(parts).norm() if parts else torch.zeros((), dtype=torch.float64)
+    if group is not None:
+        sq = total.pow(2)
+        dist.all_reduce(sq, group=group)
+        total = sq.sqrt()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for (_, dtype), gs in dense.items():
         torch._foreach_mul_(gs, coef.to(dtype))

@@ -177,6 +177,9 @@ class Engine:
         self.closed = False
         # called once with the buckets when they are built (states a checkpoint left to load)
         self.after_build: Callable[[list[Bucket]], None] | None = None
+        # where the squared gradient norms of one model's parts are summed (a sharded
+        # replica's shard ranks, decent_dp._sharded); None: this rank holds the whole model
+        self.norm_group: Any = None
         me = weakref.ref(self)
         for i, p in enumerate(params):
             self._res.handles.append(p.register_post_accumulate_grad_hook(_grad_hook(me, i)))
@@ -520,8 +523,8 @@ class Engine:
                 scaler.get_growth_interval(),
             )
             skip = bool(found.item() > 0)  # the optimizer step is host-side control flow
-        if not skip and self._grad_clip_norm > 0 and grads:
-            clip_grads_(grads, self._grad_clip_norm)
+        if not skip and self._grad_clip_norm > 0 and (grads or self.norm_group is not None):
+            clip_grads_(grads, self._grad_clip_norm, group=self.norm_group)
         return skip
 
     def _launch_in_order(self, force: bool = False) -> None:

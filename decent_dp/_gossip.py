@@ -183,8 +183,10 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     bucket.state_pending = None
-    if k == 1 and not outer_round:
-        bucket.pending = None  # a round alone costs nothing: no copy, no collective
+    # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard
+    # rank's part of small parameters, empty on every rank of its group: decent_dp._sharded)
+    if (k == 1 and not outer_round) or bucket.numel == 0:
+        bucket.pending = None
         return
     sync = state.state_sync
     states = sync.due(for_step) if sync is not None and not outer_round else []

@@ -289,7 +289,7 @@ class OuterOptimizer:
         copies = [v.detach().clone() for v in bucket.values()]
         if len(self.edge.ranks) > 1:
             for x in copies:  # the outer loop has one start, not one per rank
-                dist.broadcast(x, src=0, group=self.group)
+                dist.broadcast(x, src=self.edge.ranks[0], group=self.group)
         opt = self.optim_fn(copies)
         if not isinstance(opt, Optimizer):
             raise TypeError(

@@ -65,6 +65,7 @@ from ._hierarchical import check_compression, hierarchical_keys
 from ._legacy import LegacyMixin
 from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args  # noqa: F401
 from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
+from ._sharded import build_sharded
 from ._state import StateDictMixin
 from ._state_sync import StateSync, check_state_sync
 from .topo import Topology, TopologyReg
@@ -187,6 +188,12 @@ class DecentralizedDataParallel(
             ``complete`` the state is averaged over every rank. The bytes count in
             :meth:`comm_bytes_per_step`; not with an outer optimizer or ``hierarchical``
             (see :mod:`decent_dp._state_sync`).
+        device_mesh: A 2-D ``torch.distributed.device_mesh.DeviceMesh`` with dimensions
+            ``("replicate", "shard")`` for a model too large for one worker: the model is
+            ``fully_shard``-ed over ``device_mesh["shard"]`` before wrapping, the topology
+            is over the replicas, and rank ``(r, s)`` gossips its shard with ``(r', s)``
+            of each neighbouring replica (see :mod:`decent_dp._sharded`, which also lists
+            the options refused with it). ``None`` (the default): every rank holds the model.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.
@@ -237,10 +244,29 @@ class DecentralizedDataParallel(
         outer_compression: str | None = None,
         outer_scale_by_inner_lr: bool = False,
         state_sync: Mapping[str, int] | None = None,
+        device_mesh: Any = None,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
         check_wrapper_args(model, bucket_size_in_mb, grad_clip_norm)
+        if device_mesh is not None:  # FSDP2 shards in each replica, gossip between replicas
+            opts = {
+                "scaler": scaler,
+                "grad_clip_norm": grad_clip_norm,
+                "sync_buffer_in_global_avg": sync_buffer_in_global_avg,
+                "bucket_size_in_mb": bucket_size_in_mb,
+                "local_world_size": local_world_size or _local_world_size,
+                "topology_kwargs": topology_kwargs,
+                "compression": compression,
+                "outer_optim_fn": outer_optim_fn,
+                "outer_every": outer_every,
+                "outer_fragments": outer_fragments,
+                "outer_compression": outer_compression,
+                "outer_scale_by_inner_lr": outer_scale_by_inner_lr,
+                "state_sync": state_sync,
+            }
+            build_sharded(self, model, device_mesh, optim_fn, lr_scheduler_fn, topology, opts)
+            return
         self.compression = parse_compression(compression)
         if local_world_size is None:
             local_world_size = _local_world_size

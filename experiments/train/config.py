@@ -328,6 +328,9 @@ class TrainConfig:
             convolution algorithms once per shape and keeps the fastest); no-op on CPU.
         tf32: TF32 matmuls and convolutions on CUDA (``torch.backends.cuda.matmul`` and
             ``torch.backends.cudnn`` ``allow_tf32``); no-op on CPU.
+        shard_size: Ranks per replica: ``S > 1`` shards each replica's model over ``S``
+            consecutive ranks with FSDP2 and gossips between the ``world / S`` replicas
+            (:mod:`experiments.train.sharding`); 1 = every rank holds the whole model.
     """
 
     batch_size: int = 32
@@ -341,6 +344,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     cudnn_benchmark: bool = True
     tf32: bool = True
+    shard_size: int = 1
 
 
 @dataclass

@@ -233,6 +233,34 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     for key in ("cudnn_benchmark", "tf32"):
         value = t.get(key, True)
         rules.append((f"train.{key}", value, isinstance(value, bool), "true or false"))
+    shards = t.get("shard_size", 1)
+    rules.append(
+        (
+            "train.shard_size",
+            shards,
+            _is_int(shards) and shards >= 1 and world_size % shards == 0,
+            f"an integer >= 1 dividing the world size {world_size}",
+        )
+    )
+    if _is_int(shards) and shards > 1:
+        rules.append(
+            (
+                "train.nan_policy",
+                t.nan_policy,
+                str(t.nan_policy) == "error",
+                "error with train.shard_size > 1 (skip's gradient hooks sit on the "
+                "parameters autograd sees, which FSDP replaces by unsharded ones)",
+            )
+        )
+        rules.append(
+            (
+                "checkpoint.every_steps",
+                cfg.checkpoint.every_steps,
+                cfg.checkpoint.every_steps == 0,
+                "0 with train.shard_size > 1 (a sharded replica is saved with "
+                "decent_dp.save_sharded_checkpoint, not by the framework's checkpointer)",
+            )
+        )
     for rule in rules:
         require(*rule)
     check_dataset(d)
@@ -248,7 +276,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"optim={cfg.optim.name}: {exc}") from None
-    build_topology(topo, world_size)
+    # with train.shard_size, the topology is over the replicas
+    build_topology(topo, world_size // shards)
     outer_every(cfg.get("outer"), topo)  # its own one-line errors
     sync = state_sync_arg(cfg.optim.get("state_sync"))
     if sync:

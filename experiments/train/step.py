@@ -219,8 +219,11 @@ class TrainStep:
         compression: str | None = None,
         outer: dict[str, Any] | None = None,
         state_sync: dict[str, int] | None = None,
+        device_mesh: Any = None,
     ) -> None:
         self.device = window.device
+        # train.shard_size > 1: the model is fully_shard-ed in replicas (experiments.train.sharding)
+        self.device_mesh = device_mesh
         self._state_sync = dict(state_sync or {})
         self._outer = dict(outer or {})
         self.task = ImageClassification(train_cfg) if task is None else task
@@ -258,7 +261,9 @@ class TrainStep:
     ) -> nn.Module:
         if self.decentralized:
             # a registered name and a user's _target_ alike: the topology, built for this world
-            topology = build_topology(topo, world_size)
+            mesh = self.device_mesh
+            replicas = world_size // mesh["shard"].size() if mesh is not None else world_size
+            topology = build_topology(topo, replicas)
             return DecentralizedDataParallel(
                 model,
                 optim_fn=optim_fn,
@@ -270,13 +275,17 @@ class TrainStep:
                 bucket_size_in_mb=float(topo.bucket_size_in_mb),
                 compression=self.compression,
                 state_sync=self._state_sync or None,
+                device_mesh=mesh,
                 **self._outer,
             )
-        wrapped = DistributedDataParallel(
-            model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=float(topo.bucket_size_in_mb),
-        )
+        # sharded over the 2-D mesh, the model is its own all-reducing wrapper (HSDP)
+        wrapped = model
+        if self.device_mesh is None:
+            wrapped = DistributedDataParallel(
+                model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=float(topo.bucket_size_in_mb),
+            )
         self.optimizer = optim_fn(list(model.named_parameters()))
         # the kernels the wrapper picks per bucket, so that throughput compares the gossip only
         prefer_fused_kernels(self.optimizer, self.device)

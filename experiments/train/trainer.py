@@ -56,12 +56,13 @@ from experiments.network.netem import apply_network
 from experiments.network.wire import WireCounter
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
-from experiments.train.config import compression_arg, state_sync_arg
+from experiments.train.config import ALLREDUCE, compression_arg, state_sync_arg
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
 from experiments.train.preempt import StopRequest
+from experiments.train.sharding import build_mesh, shard_model
 from experiments.train.step import TrainStep
 from experiments.train.task import task_for
 
@@ -173,6 +174,11 @@ class Trainer:
             int(t.max_steps) if t.max_steps is not None else int(t.epochs) * self.steps_per_epoch
         )
         model = self.task.build_model(cfg.model).to(self.device)
+        shards = int(t.get("shard_size", 1))
+        mesh = None
+        if shards > 1:  # FSDP2 inside each replica of `shards` consecutive ranks
+            mesh = build_mesh(shards, world_size, self.device.type)
+            model = shard_model(model, mesh, hsdp=str(cfg.topology.name) == ALLREDUCE)
         # dropout and other model randomness differ per rank; the data order has its own generators
         torch.manual_seed(int(t.seed) * 1000 + rank)
 
@@ -200,6 +206,7 @@ class Trainer:
             compression=compression_arg(cfg.get("compression")),
             outer=outer_kwargs(cfg.get("outer"), cfg.topology),
             state_sync=state_sync_arg(cfg.optim.get("state_sync")),
+            device_mesh=mesh,
         )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
@@ -219,7 +226,8 @@ class Trainer:
         self.evaluator = Evaluator(self.data.test, self.train_step)
         self.stop = StopRequest(
             int(cfg.checkpoint.signal_check_every),
-            bool(cfg.checkpoint.on_signal),
+            # a sharded replica is not saved by this checkpointer (the config check says so)
+            bool(cfg.checkpoint.on_signal) and mesh is None,
             rank=rank,
             world_size=world_size,
             timeout_s=float(cfg.dist.timeout_s),
