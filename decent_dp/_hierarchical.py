@@ -290,8 +290,13 @@ class HostExchange:
         return self.launch(bucket, round_index, stream, between), correction
 
     def release(self) -> None:
+        """Free the scratch blocks and let go of the groups (the wrapper destroys them); idempotent."""
+        if self.driver is not None:
+            self.driver.close()
         self.chunks.clear()
         self.padded.clear()
+        self.host = self.gather = None
+        self.inter = [None] * len(self.inter)
 
 
 @dataclass
