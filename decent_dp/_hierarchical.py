@@ -291,8 +291,6 @@ class HostExchange:
 
     def release(self) -> None:
         """Free the scratch blocks and let go of the groups (the wrapper destroys them); idempotent."""
-        if self.driver is not None:
-            self.driver.close()
         self.chunks.clear()
         self.padded.clear()
         self.host = self.gather = None

@@ -163,11 +163,6 @@ class PhaseDriver:
                 self._thread.start()
         self._queue.put(work)
 
-    @property
-    def thread(self) -> threading.Thread | None:
-        """The running thread, or ``None`` before the first exchange and after :meth:`close`."""
-        return self._thread
-
     def close(self) -> None:
         """End the thread once the exchanges already submitted have run, and join it; idempotent.
 
