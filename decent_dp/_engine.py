@@ -62,6 +62,8 @@ class _Resources:
         self.buckets: list[Bucket] = []
         self.device: torch.device | None = None
         self.driver: Any = None  # the hierarchical exchange's PhaseDriver, off NCCL; closed here
+        self.gossip: GossipState | None = None  # they refer to groups: let go of at release
+        self.outer: OuterOptimizer | None = None
 
     def release(self) -> None:
         for handle in self.handles:
@@ -70,12 +72,33 @@ class _Resources:
         with device_guard(self.device or torch.device("cpu")):
             self._finish_work()
         if self.driver is not None:  # idle now: every exchange it started was waited for
-            self.driver.close()
+            self.driver.close()  # joins its thread
         for group in self.groups:
             if dist.is_initialized():
                 with contextlib.suppress(Exception):  # already gone with the default group
                     dist.destroy_process_group(group)
         self.groups.clear()
+        self._let_go_of_groups()
+
+    def _let_go_of_groups(self) -> None:
+        """Drop every reference to a process group, the default group's included.
+
+        A gloo group that outlives ``destroy_process_group()`` (this wrapper,
+        still referenced, holding it) is freed while the interpreter finalizes:
+        its worker threads, dropping their last work, then need the GIL and
+        abort the process ("terminate called without an active exception").
+        Let go of here, ``destroy_process_group()`` frees them while the
+        interpreter is whole.
+        """
+        gossip, outer = self.gossip, self.outer
+        if gossip is not None:
+            gossip.groups[:] = [None] * len(gossip.groups)
+            if gossip.compressor is not None:
+                gossip.compressor.seconds.clear()
+            if gossip.hosts is not None:
+                gossip.hosts.release()
+        if outer is not None:
+            outer.group, outer.second = None, None
 
     def _finish_work(self) -> None:
         for b in self.buckets:
@@ -183,9 +206,10 @@ class Engine:
         me = weakref.ref(self)
         for i, p in enumerate(params):
             self._res.handles.append(p.register_post_accumulate_grad_hook(_grad_hook(me, i)))
+        self._res.gossip, self._res.outer = self.gossip, outer
+        # at interpreter exit too (a wrapper never closed): the gossip in flight is waited for,
+        # the phase thread joined and the groups let go of while the interpreter is whole
         self._finalizer = weakref.finalize(self, self._res.release)
-        # at interpreter exit the default group may already be gone; nothing is left to free
-        self._finalizer.atexit = False
 
     def _second_groups(
         self,

@@ -250,6 +250,15 @@ class HostExchange:
         (identical on both members). Phase 3 gathers ``R`` inside the host; the
         step's correction is ``R - x`` (:class:`_HostCorrection`), so the edge's
         sum of the models is that of exact gossip.
+
+        The reference moves at the step (:meth:`_HostCorrection.finish`), as the
+        flat compressed path's do, never while the exchange is in flight: off
+        NCCL phase 2 runs on the driver's thread, and a training state read
+        between the launch and the step would otherwise hold the reference with
+        or without this exchange's ``S / k`` depending on timing (so differ
+        between partners, and a resume would apply it twice or not at all).
+        Saved at any point, the reference is the one the in-flight exchange
+        was launched with, which is what the resumed run relaunches it with.
         """
         comm = bucket.comm
         for c, v in zip(bucket.comm_views, bucket.values()):
@@ -263,6 +272,7 @@ class HostExchange:
         encode, decode = ENCODERS[name]
         inter = self.inter[round_index]
         k = dist.get_world_size(inter)
+        correction = _HostCorrection(round_index, refs, key, k)
 
         def between(chunk: torch.Tensor) -> None:
             own = encode(chunk - ref, None)
@@ -275,24 +285,40 @@ class HostExchange:
                 total.add_(decode(rows[j], m, chunk.dtype))
             mine = decode(own, m, chunk.dtype)
             chunk.mul_(k).add_(total).sub_(mine.mul_(k))
-            ref.add_(total, alpha=1.0 / k)
+            correction.total = total  # the reference takes it at the step
 
-        return self.launch(bucket, round_index, stream, between), _HostCorrection(round_index)
+        return self.launch(bucket, round_index, stream, between), correction
 
     def release(self) -> None:
+        """Free the scratch blocks and let go of the groups (the wrapper destroys them); idempotent."""
         self.chunks.clear()
         self.padded.clear()
+        self.host = self.gather = None
+        self.inter = [None] * len(self.inter)
 
 
 @dataclass
 class _HostCorrection:
-    """A compressed three-phase exchange in flight: at the step, ``comm := R - x``."""
+    """A compressed three-phase exchange in flight: at the step, ``comm := R - x`` and ``ref += S / k``.
+
+    ``total`` (``S``) is set by phase 2; the step comes after the exchange was
+    waited for, so it is there. An exchange dropped without a step (a load, a
+    global average) leaves the reference as it was, on every member alike.
+    """
 
     round_index: int
+    refs: dict[Any, torch.Tensor]
+    key: Any
+    k: int
+    total: torch.Tensor | None = None
 
     def finish(self, bucket: Any) -> None:
         for c, v in zip(bucket.comm_views, bucket.values()):
             c.sub_(v)
+        ref = self.refs.get(self.key)
+        if self.total is not None and ref is not None:
+            ref.add_(self.total, alpha=1.0 / self.k)
+        self.total = None
 
 
 def make_host_groups(

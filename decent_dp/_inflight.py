@@ -138,8 +138,15 @@ class PhaseDriver:
     the first phase completes, taking the exchanges one at a time in the
     order they were launched, which is the same on every rank: each group
     that only the driver issues on sees its collectives in one order. The
-    thread holds the queue alone (never the wrapper) and ends at
-    :meth:`close`; it is started at the first exchange.
+    thread holds the queue alone (never the wrapper); it is started at the
+    first exchange and joined at :meth:`close`.
+
+    Every exit joins it: the wrapper's release calls :meth:`close` on
+    ``close()``, when the wrapper is dropped, and at interpreter exit for a
+    wrapper never closed. A daemon thread left inside a collective's wait
+    when the interpreter finalizes is killed when it takes the GIL back, from
+    a C++ frame that may not unwind: the process aborts with ``terminate
+    called without an active exception``.
     """
 
     def __init__(self) -> None:
@@ -157,11 +164,19 @@ class PhaseDriver:
         self._queue.put(work)
 
     def close(self) -> None:
-        """End the thread once the exchanges already submitted have started; idempotent."""
+        """End the thread once the exchanges already submitted have run, and join it; idempotent.
+
+        The exchanges' collectives carry their groups' timeouts, so the join
+        ends even where a peer is lost. Called on the driver's own thread (a
+        release run by the garbage collector there), it only asks it to end.
+        """
         with self._lock:
             thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
+        if thread is None:
+            return
+        self._queue.put(None)
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def _drive(works: _queue.SimpleQueue[Chained | None]) -> None:
