@@ -28,11 +28,13 @@ def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dic
 def test_clean_leave_and_rejoin_replays_4_3_4() -> None:
     """r2 leaves cleanly after step 4 and rejoins from its step-4 state; it heals at step 8."""
     every = 4
-    plans = _plans(12, every, "ring", leave_after=4, rejoin_when="rejoin")
-    # the survivors pass the quorum of step 5 without r2, then let it come back
+    plans = _plans(12, every, "ring", leave_after=4, rejoin_when="rejoin", set_at={"joined": 4})
+    # the survivors pass the quorum of step 5 without r2, then let it come back, and wait for
+    # its quorum request before theirs of step 9 (else they would go on without it)
     for rid in ("r0", "r1", "r3"):
         plans[rid]["set_at"] = {"rejoin": 6}
-    reports = ec.run(plans, {})
+        plans[rid]["wait_for"] = {"joined": 8}
+    reports = ec.run_threads(plans)
     result = ec.replay(reports, "ring", every)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
@@ -46,6 +48,7 @@ def test_clean_leave_and_rejoin_replays_4_3_4() -> None:
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
+@pytest.mark.slow
 def test_killed_replica_rejoins_from_a_neighbour(tmp_path: Path) -> None:
     """r2 is killed after step 2; survivors lose no step; its restart heals past its checkpoint."""
     every = 4
