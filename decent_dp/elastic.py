@@ -38,10 +38,14 @@ without a restart.
   instance (it is built for one world size), ``hierarchical`` (a replica is one
   process here), and parameters of several dtypes.
 
-Compressed gossip and outer optimizers are not part of this path: their state
-shared between members (compression references, the outer copy) would have to
-be rebuilt at every change; :class:`ElasticGossip` has no such options, and the
-framework refuses ``fault_tolerance=torchft`` with them (see ``docs/recovery.md``).
+* **An outer optimizer** (``outer_optim_fn``, ``outer_every``: DiLoCo,
+  SlowMo) takes its rounds at quorum steps, when every member is known alive;
+  a change of membership restarts the round in progress from the new members'
+  mean (:mod:`decent_dp._elastic_outer`).
+
+Compressed gossip is not part of this path: the references a group shares
+would have to be rebuilt at every change; :class:`ElasticGossip` has no such
+option, and the framework refuses ``fault_tolerance=torchft`` with it.
 
 Example::
 
@@ -69,6 +73,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
 from .topo import Edge, Topology, TopologyReg
 
@@ -145,6 +150,10 @@ class ElasticGossip:
         state_fn: Returns extra state a joiner heals with (e.g. the data position).
         load_state_fn: Loads that state on the joiner.
         consensus: Compute the consensus distance over the members at every quorum.
+        outer_optim_fn: Builds an outer optimizer (DiLoCo, SlowMo) over ``[x_outer]``;
+            its rounds fall on quorum steps, and a change of membership restarts
+            the round in progress from the members' mean (:mod:`decent_dp._elastic_outer`).
+        outer_every: ``H``, a multiple of ``quorum_every``; given exactly with ``outer_optim_fn``.
         log: Where progress lines go (stderr by default).
 
     Raises:
@@ -171,6 +180,8 @@ class ElasticGossip:
         state_fn: Callable[[], Any] | None = None,
         load_state_fn: Callable[[Any], None] | None = None,
         consensus: bool = True,
+        outer_optim_fn: Callable[[list[torch.Tensor]], Optimizer] | None = None,
+        outer_every: int | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.topology_name = check_elastic_topology(topology)
@@ -188,6 +199,16 @@ class ElasticGossip:
         dtypes = sorted({str(p.dtype) for p in self.params})
         if len(dtypes) > 1:
             raise ValueError(f"parameters of dtypes {dtypes} cannot be gossiped as one block")
+        if (outer_optim_fn is None) != (outer_every is None):
+            raise ValueError(
+                f"outer_optim_fn and outer_every come together; got outer_every={outer_every!r} "
+                f"and {'no' if outer_optim_fn is None else 'an'} outer_optim_fn"
+            )
+        self.outer = (
+            ElasticOuter(outer_optim_fn, outer_every, int(quorum_every))
+            if outer_optim_fn is not None
+            else None
+        )
         self.model = model
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -265,6 +286,9 @@ class ElasticGossip:
             )
         self._started = -1
         t = self.step_count + 1
+        if self.outer is not None and self.outer.round_at == t:
+            self._outer_step(t)
+            return
         edge = self.edge(t)
         peers = [r for r in sorted(edge.ranks) if r != self.rank and r not in self.lost]
         x_prev = self._flat().clone()
@@ -288,6 +312,16 @@ class ElasticGossip:
                     "until the next quorum"
                 )
         self._write(x)
+        self.step_count = t
+
+    def _outer_step(self, t: int) -> None:
+        """An outer round: ``x(t) = x_outer + d(t)``, no gossip (the quorum averaged)."""
+        assert self.outer is not None and self.outer.x is not None
+        x_prev = self._flat().clone()
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        self._write(self.outer.x + (self._flat() - x_prev))
         self.step_count = t
 
     # ---------------------------------------------------------------- quorum
@@ -315,8 +349,21 @@ class ElasticGossip:
             self.load_state_dict(self.membership.fetch_state(view.addresses[src], top))
             self.healed_from = view.members[src]
         self.last_quorum_step = self.step_count
-        if self.consensus and n > 1:
-            self.last_consensus_distance = self._consensus_distance(n)
+        # a new quorum id: torchft saw a change of membership (a restarted host has a new uuid)
+        changed = old is None or old.quorum_id != view.quorum_id
+        if self.consensus or self.outer is not None:
+            try:
+                mean = self._member_mean(n)
+            except Exception:  # a member died right after the quorum: the next one re-forms
+                mean = None
+                if self.outer is not None:
+                    self.outer.round_at = -1
+            if self.consensus:
+                self.last_consensus_distance = (
+                    self._consensus_distance(n, mean) if mean is not None else None
+                )
+            if self.outer is not None and mean is not None:
+                self.outer.at_quorum(self.step_count + 1, mean, changed)
         if old is None or old.members != view.members:
             before = set(old.members) if old is not None else set()
             self.last_change = {
@@ -348,15 +395,21 @@ class ElasticGossip:
                 return peers[0]
         return up[0]
 
-    def _consensus_distance(self, n: int) -> float | None:
+    def _member_mean(self, n: int) -> torch.Tensor:
+        """``xbar``, the members' mean of ``x`` (one all-reduce of the quorum)."""
+        mean = self._flat().clone()
+        if n > 1:
+            self.membership.allreduce_sum(mean)
+            mean /= n
+        return mean
+
+    def _consensus_distance(self, n: int, mean: torch.Tensor) -> float | None:
         """``(1/n) sum_i ||x_i - xbar||^2`` over the members, or ``None`` if a member was lost."""
         try:
             x = self._flat().to(torch.float64)
-            mean = x.clone()
-            self.membership.allreduce_sum(mean)
-            mean /= n
-            sq = ((x - mean) ** 2).sum().reshape(1)
-            self.membership.allreduce_sum(sq)
+            sq = ((x - mean.to(torch.float64)) ** 2).sum().reshape(1)
+            if n > 1:
+                self.membership.allreduce_sum(sq)
             return float(sq) / n
         except Exception:
             return None
@@ -374,6 +427,7 @@ class ElasticGossip:
             "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
             "step": self.step_count,
             "extra": self.state_fn() if self.state_fn is not None else None,
+            "outer": self.outer.state_dict() if self.outer is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -383,6 +437,8 @@ class ElasticGossip:
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
         self.step_count = int(state["step"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state.get("outer"))
         if self.load_state_fn is not None and state.get("extra") is not None:
             self.load_state_fn(state["extra"])
 

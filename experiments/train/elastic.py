@@ -12,6 +12,9 @@ scheduler as the non-elastic job does, and trains with
   heals from a live neighbour: the model, the optimizer and scheduler states,
   the step and the data position; it continues from there, not from its own
   checkpoint;
+- with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
+  ``fault_tolerance.quorum_every``), outer rounds fall on quorum steps, and a
+  change of membership restarts the round in progress from the members' mean;
 - each host writes its own metrics lines (``<run dir>/<replica id>/metrics.jsonl``):
   ``train/loss`` every ``log.every`` steps, and at every quorum
   ``consensus/distance`` over the members (the merge of a joiner shows there),
@@ -43,6 +46,7 @@ from decent_dp.utils import get_device
 from experiments.schema import plain
 from experiments.train.logger import MetricsLogger
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
+from experiments.train.outer import outer_kwargs
 from experiments.train.task import task_for
 from experiments.train.trainer import per_worker_batch
 
@@ -138,6 +142,7 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         config=plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
         run_name=replica_id,
     )
+    outer = outer_kwargs(cfg.get("outer"), cfg.topology)
     gossip = ElasticGossip(
         model,
         optimizer,
@@ -152,6 +157,8 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         host=host,
         state_fn=position.state,
         load_state_fn=position.load,
+        outer_optim_fn=outer.get("outer_optim_fn"),
+        outer_every=outer.get("outer_every"),
         log=log.warning,
     )
     history: list[dict[str, Any]] = []

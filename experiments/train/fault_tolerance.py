@@ -71,7 +71,7 @@ def is_elastic(cfg: Any) -> bool:
 _NOT_ELASTIC = {
     "topology": "allreduce and hierarchical are not gossip over replicas of one process",
     "compression": "the references a group shares would have to be rebuilt at every change",
-    "outer": "an outer round all-reduces over a fixed membership",
+    "outer": "a streamed, compressed or scaled outer round is not elastic",
 }
 
 
@@ -125,9 +125,24 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         )
     outer = cfg.get("outer")
     if outer is not None and str(outer.name) != "none":
-        raise ConfigError(
-            f"outer={outer.name} cannot be elastic with fault_tolerance=torchft: "
-            f"{_NOT_ELASTIC['outer']}; use outer=none"
+        plain_round = (
+            int(outer.get("fragments", 1)) == 1
+            and str(outer.get("compression", "none")) == "none"
+            and not bool(outer.get("scale_by_inner_lr", False))
+        )
+        if not plain_round:
+            raise ConfigError(
+                f"outer={outer.name} with fragments={outer.get('fragments')}, compression="
+                f"{outer.get('compression')}, scale_by_inner_lr={outer.get('scale_by_inner_lr')} "
+                f"cannot be elastic with fault_tolerance=torchft: {_NOT_ELASTIC['outer']}"
+            )
+        every = outer.get("every")
+        require(
+            "outer.every",
+            every,
+            isinstance(every, int) and every >= 1 and every % int(ft.quorum_every) == 0,
+            f"a multiple of fault_tolerance.quorum_every={ft.quorum_every} with "
+            "fault_tolerance=torchft (outer rounds fall on quorum steps)",
         )
     sync = {k: v for k, v in dict(cfg.optim.get("state_sync") or {}).items() if v}
     if sync:

@@ -78,3 +78,25 @@ def test_killed_replica_rejoins_from_a_neighbour(tmp_path: Path) -> None:
     assert resumed and resumed[0][1] == 2
     assert result["steps"]["r2"][9]["healed_from"] in ("r1", "r3")
     assert result["steps"]["r2"][9]["cursor"] == 8
+
+
+def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
+    """DiLoCo over 4 -> 3 -> 4: quorums every 2 steps, outer rounds every 4.
+
+    r2 leaves after step 2 (the quorum of step 3 restarts the round from the 3
+    members' mean), the outer round of step 5 steps the outer optimizer, r2
+    rejoins at the quorum of step 7 (the round restarts again; r2 heals the outer
+    momentum from its neighbour) and the round of step 9 steps with that momentum.
+    """
+    every, outer_every = 2, 4
+    plans = _plans(12, every, "ring", leave_after=2, rejoin_when="rejoin", set_at={"joined": 2})
+    for rid, plan in plans.items():
+        plan["outer_every"] = outer_every
+        if rid != "r2":
+            plan["set_at"] = {"rejoin": 4}
+            plan["wait_for"] = {"joined": 6}
+    reports = ec.run_threads(plans)
+    result = ec.replay(reports, "ring", every, outer_every=outer_every)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 2 + [3] * 4 + [4] * 6
+    assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")

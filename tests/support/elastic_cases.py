@@ -20,6 +20,9 @@ from torch import nn
 DIM = 3
 LR = 0.1
 MOMENTUM = 0.5
+# the outer optimizer of plans with "outer_every": DiLoCo's Nesterov SGD
+OUTER_LR = 0.7
+OUTER_MOMENTUM = 0.9
 
 
 def free_port() -> int:
@@ -105,7 +108,12 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 state_fn=lambda: dict(data),
                 load_state_fn=lambda s: data.update(s),
                 log=lambda line: None,
+                outer_optim_fn=outer_fn if plan.get("outer_every") else None,
+                outer_every=plan.get("outer_every"),
             )
+
+        def outer_fn(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+            return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
 
         gossip = make()
         if "start" in events and not plan.get("restarted"):
@@ -141,6 +149,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                     t,
                     {
                         "members": list(gossip.members),
+                        "quorum_id": gossip.view.quorum_id if gossip.view else None,
                         "mixed": mixed,
                         "healed_from": gossip.healed_from
                         if gossip.last_quorum_step == t - 1
@@ -239,13 +248,18 @@ def _grad(x: torch.Tensor, rid: str, cursor: int) -> torch.Tensor:
     return w.grad
 
 
-def replay(reports: dict[str, list[Any]], topology: str, every: int) -> dict[str, Any]:
+def replay(
+    reports: dict[str, list[Any]], topology: str, every: int, outer_every: int | None = None
+) -> dict[str, Any]:
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
     ``W(t)`` is built here, from the registry, over the members each step
     reports; a peer a replica reports as lost contributes nothing (its weight
     stays with the replica). A joiner takes its source's parameters, momentum
-    and data position at its first quorum. Checks every reported step's
+    and data position at its first quorum. With ``outer_every``, outer rounds
+    (DiLoCo's Nesterov SGD on ``x_outer - xbar``) at quorum steps ``t > 1`` with
+    ``(t - 1) % outer_every == 0``, and at every new quorum id ``x_outer`` restarts
+    from the members' mean (:mod:`decent_dp._elastic_outer`). Checks every reported step's
     parameters against the recomputed ones, and that each replica mixed with
     exactly the edge the topology gives (less peers that were gone).
 
@@ -266,6 +280,9 @@ def replay(reports: dict[str, list[Any]], topology: str, every: int) -> dict[str
     buf: dict[str, torch.Tensor | None] = {rid: None for rid in reports}
     cursor = {rid: 0 for rid in reports}
     members_of: dict[int, list[str]] = {}
+    x_outer: torch.Tensor | None = None
+    outer_buf: torch.Tensor | None = None
+    quorum_id = None
     for t in range(1, last + 1):
         active = sorted(rid for rid in reports if t in steps[rid])
         members = steps[active[0]][t]["members"]
@@ -284,6 +301,19 @@ def replay(reports: dict[str, list[Any]], topology: str, every: int) -> dict[str
                 x[rid] = x[src].clone()
                 buf[rid] = None if buf[src] is None else buf[src].clone()
                 cursor[rid] = cursor[src]
+        outer_round = False
+        if outer_every is not None and quorum:
+            assert set(active) == set(members), f"step {t}: a quorum step with a silent member"
+            mean = torch.stack([x[rid] for rid in members]).mean(0)
+            qid = steps[active[0]][t]["quorum_id"]
+            outer_round = t > 1 and (t - 1) % outer_every == 0
+            if x_outer is None or qid != quorum_id:  # a change: the round restarts from xbar
+                x_outer = mean.clone()
+            elif outer_round:
+                g = x_outer - mean
+                outer_buf = g.clone() if outer_buf is None else OUTER_MOMENTUM * outer_buf + g
+                x_outer = x_outer - OUTER_LR * (g + OUTER_MOMENTUM * outer_buf)
+            quorum_id = qid
         topo = TopologyReg.create(topology, len(members), 1)
         new = {}
         for rid in active:
@@ -291,7 +321,8 @@ def replay(reports: dict[str, list[Any]], topology: str, every: int) -> dict[str
             i = members.index(rid)
             edge = topo.get_edge((t - 1) % topo.period, i)
             expected = [members[r] for r in sorted(edge.ranks) if r != i]
-            assert set(info["mixed"]) <= set(expected), (t, rid, info["mixed"], expected)
+            if not outer_round:
+                assert set(info["mixed"]) <= set(expected), (t, rid, info["mixed"], expected)
             for gone in set(expected) - set(info["mixed"]):
                 nxt = steps[gone].get(t + 1)
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
@@ -299,9 +330,13 @@ def replay(reports: dict[str, list[Any]], topology: str, every: int) -> dict[str
             g = _grad(x[rid], rid, cursor[rid])
             b = g.clone() if buf[rid] is None else MOMENTUM * buf[rid] + g
             buf[rid] = b
-            out = x[rid] - LR * b
-            for j in info["mixed"]:
-                out = out + edge.peer_weight * (x[j] - x[rid])
+            if outer_round:  # x(t) = x_outer + d(t), no gossip
+                assert x_outer is not None
+                out = x_outer - LR * b
+            else:
+                out = x[rid] - LR * b
+                for j in info["mixed"]:
+                    out = out + edge.peer_weight * (x[j] - x[rid])
             new[rid] = out
             cursor[rid] += 1
         x.update(new)

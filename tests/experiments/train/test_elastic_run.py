@@ -31,13 +31,23 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
     assert (ft.min_replicas, ft.replica_id, ft.timeout_s, ft.quorum_every) == (3, "a", 60.0, 8)
     assert ft.lighthouse.startswith("http://")
     validate(cfg, 1)
+    validate(compose_config(*FT, "outer=slowmo", "outer.every=16"), 1)  # a plain outer round
 
 
 @pytest.mark.parametrize(
     ("overrides", "world", "message"),
     [
         (("compression=int8",), 1, r"^compression=int8 cannot be elastic"),
-        (("outer=diloco",), 1, r"^outer=diloco cannot be elastic"),
+        (
+            ("outer=diloco", "outer.fragments=2", "outer.every=16"),
+            1,
+            r"^outer=diloco with fragments=2",
+        ),
+        (
+            ("outer=slowmo", "outer.every=12"),
+            1,
+            r"^outer.every=12 is invalid; it must be a multiple of",
+        ),
         (("topology=hierarchical",), 1, r"^topology=hierarchical cannot be elastic"),
         (("topology=allreduce",), 1, r"^topology=allreduce cannot be elastic"),
         (
