@@ -1,0 +1,189 @@
+"""What losing a host costs with ``fault_tolerance=torchft``: kill one, restart it, measure.
+
+``python -m experiments.bench.elastic_faults --hosts 4 --kill-step 20 --restart-after 10``
+starts a torchft lighthouse on loopback and one ``train.py fault_tolerance=torchft``
+process per host (``log.every=1``, so every step has a timed metrics line), kills
+one host outright (SIGKILL) once its metrics show ``--kill-step``, starts it again
+``--restart-after`` seconds later with the same replica id and, with
+``--uninterrupted``, runs the same job without the fault too. From the metrics
+lines it reports, per run:
+
+- ``survivor_gap_s``: the longest wait between two consecutive steps of any
+  survivor around the kill (what the kill cost a survivor);
+- ``survivor_steps_lost``: steps a survivor did not complete (it must finish all);
+- ``rejoin_s``: from the restart to the restarted host's first completed step;
+- ``healed_from`` and ``healed_to_step``: its source and the step it continued at;
+- each host's final ``train/loss`` and ``eval/acc_local``.
+
+The hosts here share one machine's loopback (not a capped wire), so the seconds
+are those of this machine, under whatever else it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for raw in path.read_text().splitlines():
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:  # a line being written
+            continue
+    return out
+
+
+def _launch(rid: str, lh: str, out: Path, args: argparse.Namespace) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "fault_tolerance=torchft",
+        f"fault_tolerance.lighthouse={lh}",
+        f"fault_tolerance.replica_id={rid}",
+        f"fault_tolerance.min_replicas={args.min_replicas}",
+        f"fault_tolerance.timeout_s={args.timeout_s}",
+        f"fault_tolerance.quorum_every={args.quorum_every}",
+        "fault_tolerance.host=127.0.0.1",
+        f"topology={args.topology}",
+        "logger=none",
+        f"train.max_steps={args.steps}",
+        f"train.seed={args.seed}",
+        "log.every=1",
+        "checkpoint.on_signal=false",
+        f"hydra.run.dir={out}",
+        *args.overrides,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    log = open(out.parent / f"{out.name}-{rid}.log", "ab")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def run_once(args: argparse.Namespace, out: Path, fault: bool) -> dict[str, Any]:
+    """One job of ``args.hosts`` hosts, with or without the kill and restart."""
+    from torchft._torchft import LighthouseServer
+
+    server = LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=args.min_replicas,
+        join_timeout_ms=int(args.join_timeout_ms),
+        heartbeat_timeout_ms=int(args.heartbeat_timeout_ms),
+    )
+    lh = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    rids = [f"h{i}" for i in range(args.hosts)]
+    victim = rids[args.victim]
+    procs = {rid: _launch(rid, lh, out, args) for rid in rids}
+    t_kill = t_restart = None
+    try:
+        deadline = time.monotonic() + args.limit_s
+        while time.monotonic() < deadline:
+            if fault and t_kill is None:
+                steps = [x["step"] for x in _lines(out / victim / "metrics.jsonl") if "time" in x]
+                if steps and max(steps) >= args.kill_step:
+                    procs[victim].send_signal(signal.SIGKILL)
+                    t_kill = time.time()
+            late = t_kill is not None and time.time() - t_kill >= args.restart_after
+            if fault and late and t_restart is None:
+                procs[victim].wait()
+                procs[victim] = _launch(victim, lh, out, args)
+                t_restart = time.time()
+            if all(p.poll() is not None for p in procs.values()) and (not fault or t_restart):
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        server.shutdown()
+    return _measure(out, rids, victim if fault else None, t_kill, t_restart, args.steps)
+
+
+def _measure(
+    out: Path,
+    rids: list[str],
+    victim: str | None,
+    t_kill: float | None,
+    t_restart: float | None,
+    steps: int,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"hosts": {}}
+    for rid in rids:
+        lines = _lines(out / rid / "metrics.jsonl")
+        timed = [x for x in lines if "time" in x and "train/loss" in x]
+        summary_path = out / rid / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        host: dict[str, Any] = {
+            "final_loss": timed[-1]["train/loss"] if timed else None,
+            "eval/acc_local": summary.get("eval/acc_local"),
+            "steps": summary.get("steps"),
+        }
+        if victim is not None and rid != victim and t_kill is not None:
+            after = [x for x in timed if x["time"] > t_kill - 5]
+            gaps = [b["time"] - a["time"] for a, b in zip(after, after[1:])]
+            host["gap_s"] = max(gaps) if gaps else None
+            host["steps_lost"] = steps - len({x["step"] for x in timed})
+        if rid == victim and t_restart is not None:
+            later = [x for x in timed if x["time"] > t_restart]
+            host["rejoin_s"] = later[0]["time"] - t_restart if later else None
+            change = [
+                x["elastic/change"]
+                for x in lines
+                if "elastic/change" in x and x["elastic/change"].get("healed_from")
+            ]
+            if change:
+                host["healed_from"] = change[-1]["healed_from"]
+                host["healed_to_step"] = change[-1]["step"]
+        result["hosts"][rid] = host
+    survivors = [h for r, h in result["hosts"].items() if victim is not None and r != victim]
+    if survivors:
+        result["survivor_gap_s"] = max(h["gap_s"] or 0.0 for h in survivors)
+        result["survivor_steps_lost"] = max(h["steps_lost"] for h in survivors)
+    if victim is not None:
+        result["rejoin_s"] = result["hosts"][victim].get("rejoin_s")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--topology", default="ring")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--quorum-every", type=int, default=5)
+    p.add_argument("--min-replicas", type=int, default=2)
+    p.add_argument("--timeout-s", type=float, default=20.0)
+    p.add_argument("--join-timeout-ms", type=int, default=5000)
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=2000)
+    p.add_argument("--kill-step", type=int, default=20)
+    p.add_argument("--victim", type=int, default=2)
+    p.add_argument("--restart-after", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--uninterrupted", action="store_true", help="also run without the fault")
+    p.add_argument("--limit-s", type=float, default=900.0)
+    p.add_argument("--out", type=Path, default=Path("outputs/elastic_faults"))
+    p.add_argument("overrides", nargs="*", help="more train.py overrides")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"args": {k: str(v) for k, v in vars(args).items()}}
+    report["fault"] = run_once(args, args.out / f"fault-{args.topology}-s{args.seed}", True)
+    if args.uninterrupted:
+        report["uninterrupted"] = run_once(
+            args, args.out / f"clean-{args.topology}-s{args.seed}", False
+        )
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
