@@ -34,6 +34,10 @@ without a restart.
   not from its own stale checkpoint. At the first quorum (every member at step
   0) every member takes rank 0's state, as the non-elastic wrapper broadcasts
   rank 0's model.
+* **A topology for any number of members**: every registered topology takes
+  any world size but ``one-peer-exp``, which needs a power of two; for other
+  counts it runs as ``base-k`` with ``k=1`` (one peer per round too, an exact
+  average after each period) until the membership is a power of two again.
 * **What cannot be elastic** is refused in one line: a :class:`Topology`
   instance (it is built for one world size), ``hierarchical`` (a replica is one
   process here), and parameters of several dtypes.
@@ -77,8 +81,12 @@ from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
 from .topo import Edge, Topology, TopologyReg
 
-__all__ = ["ElasticGossip", "check_elastic_topology", "default_replica_id"]
+__all__ = ["ElasticGossip", "check_elastic_topology", "default_replica_id", "elastic_topology"]
 
+# what a topology that cannot be built for some member counts becomes for those counts
+_FALLBACK = {"one-peer-exp": ("base-k", {"k": 1})}
+# the member counts a topology is checked on when elastic gossip starts
+_CHECKED_COUNTS = range(1, 65)
 # topologies that are not a function of the number of members alone
 _NOT_ELASTIC = {
     "hierarchical": "a replica is one process (one host) here, so there is no host level; "
@@ -103,6 +111,32 @@ def check_elastic_topology(topology: Any, world_size: int = 4) -> str:
     if topology in _NOT_ELASTIC:
         raise ValueError(f"topology={topology!r} cannot be elastic: {_NOT_ELASTIC[topology]}")
     return topology
+
+
+def elastic_topology(name: str, n: int, kwargs: dict[str, Any]) -> Topology:
+    """``name`` built for ``n`` members, or its fallback where it cannot be.
+
+    ``one-peer-exp`` needs a power of two; for other counts it becomes
+    ``base-k`` with ``k=1``, one peer per round as well, with an exact average
+    after each period.
+
+    Raises:
+        ValueError: ``name`` cannot be built for ``n`` and has no fallback.
+    """
+    try:
+        return TopologyReg.create(name, n, 1, **kwargs)
+    except ValueError as exc:
+        if name not in _FALLBACK:
+            raise ValueError(
+                f"topology={name!r} cannot be elastic: it cannot be built for {n} members ({exc})"
+            ) from None
+        other, other_kwargs = _FALLBACK[name]
+        return TopologyReg.create(other, n, 1, **other_kwargs)
+
+
+def _check_every_count(name: str, kwargs: dict[str, Any]) -> None:
+    for n in _CHECKED_COUNTS:
+        elastic_topology(name, n, kwargs)
 
 
 def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:
@@ -186,8 +220,9 @@ class ElasticGossip:
     ) -> None:
         self.topology_name = check_elastic_topology(topology)
         self.topology_kwargs = dict(topology_kwargs or {})
-        # built once for 4 members, so that bad keyword arguments fail here, before the lighthouse
-        TopologyReg.create(self.topology_name, 4, 1, **self.topology_kwargs)
+        # built for every count of members up to 64 here, before the lighthouse, so that
+        # neither a bad keyword argument nor a count it cannot take fails mid-training
+        _check_every_count(self.topology_name, self.topology_kwargs)
         _positive("min_replicas", min_replicas)
         _positive("quorum_every", quorum_every)
         _positive("timeout_s", timeout_s, float)
@@ -333,7 +368,7 @@ class ElasticGossip:
         self.lost = set()
         n = view.world_size
         if old is None or old.members != view.members or self.topology is None:
-            self.topology = TopologyReg.create(self.topology_name, n, 1, **self.topology_kwargs)
+            self.topology = elastic_topology(self.topology_name, n, self.topology_kwargs)
         top = max(view.steps)
         behind = [r for r, s in enumerate(view.steps) if s < top]
         if top == 0:  # the first quorum: everyone starts from rank 0's state

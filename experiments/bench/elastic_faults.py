@@ -134,7 +134,11 @@ def _measure(
             after = [x for x in timed if x["time"] > t_kill - 5]
             gaps = [b["time"] - a["time"] for a, b in zip(after, after[1:])]
             host["gap_s"] = max(gaps) if gaps else None
-            host["steps_lost"] = steps - len({x["step"] for x in timed})
+            # every step from the last one before the kill to the end has its line
+            done = {x["step"] for x in timed}
+            at_kill = max((x["step"] for x in timed if x["time"] <= t_kill), default=0)
+            host["steps_lost"] = len(set(range(at_kill, steps + 1)) - done)
+            host["step_at_kill"] = at_kill
         if rid == victim and t_restart is not None:
             later = [x for x in timed if x["time"] > t_restart]
             host["rejoin_s"] = later[0]["time"] - t_restart if later else None
@@ -153,7 +157,14 @@ def _measure(
         result["survivor_steps_lost"] = max(h["steps_lost"] for h in survivors)
     if victim is not None:
         result["rejoin_s"] = result["hosts"][victim].get("rejoin_s")
+        result["t_kill"], result["t_restart"] = t_kill, t_restart
     return result
+
+
+def measure_again(out: Path, victim: str, t_kill: float, t_restart: float, steps: int) -> dict:
+    """:func:`_measure` on a finished run's files (``--measure``)."""
+    rids = sorted(p.name for p in out.iterdir() if (p / "metrics.jsonl").exists())
+    return _measure(out, rids, victim, t_kill, t_restart, steps)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,8 +184,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--uninterrupted", action="store_true", help="also run without the fault")
     p.add_argument("--limit-s", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=Path("outputs/elastic_faults"))
+    p.add_argument(
+        "--measure",
+        nargs=3,
+        metavar=("RUN_DIR", "T_KILL", "T_RESTART"),
+        help="only measure a finished fault run's directory (kill and restart times in s)",
+    )
     p.add_argument("overrides", nargs="*", help="more train.py overrides")
     args = p.parse_args(argv)
+    if args.measure:
+        run, t_kill, t_restart = args.measure
+        victim = f"h{args.victim}"
+        result = measure_again(Path(run), victim, float(t_kill), float(t_restart), args.steps)
+        print(json.dumps(result, indent=2))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"args": {k: str(v) for k, v in vars(args).items()}}
     report["fault"] = run_once(args, args.out / f"fault-{args.topology}-s{args.seed}", True)

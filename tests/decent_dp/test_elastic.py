@@ -25,24 +25,26 @@ def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dic
     return plans
 
 
-def test_clean_leave_and_rejoin_replays_4_3_4() -> None:
+@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
+def test_clean_leave_and_rejoin_replays_4_3_4(topology: str) -> None:
     """r2 leaves cleanly after step 4 and rejoins from its step-4 state; it heals at step 8."""
     every = 4
-    plans = _plans(12, every, "ring", leave_after=4, rejoin_when="rejoin", set_at={"joined": 4})
+    plans = _plans(12, every, topology, leave_after=4, rejoin_when="rejoin", set_at={"joined": 4})
     # the survivors pass the quorum of step 5 without r2, then let it come back, and wait for
     # its quorum request before theirs of step 9 (else they would go on without it)
     for rid in ("r0", "r1", "r3"):
         plans[rid]["set_at"] = {"rejoin": 6}
         plans[rid]["wait_for"] = {"joined": 8}
     reports = ec.run_threads(plans)
-    result = ec.replay(reports, "ring", every)
+    result = ec.replay(reports, topology, every)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
     # r2 came back with its stale state (step 4) and continued from its neighbour's at step 8
     resumed = [m for m in reports["r2"] if m[0] == "resumed"]
     assert resumed and resumed[0][1] == 4
     healed = result["steps"]["r2"][9]
-    assert healed["healed_from"] in ("r1", "r3")  # a ring neighbour of rank 2 of 4
+    # its neighbour in the round of step 9 (ring: rank 3; one-peer-exp: round 0 pairs 2 with 3)
+    assert healed["healed_from"] == "r3"
     assert healed["cursor"] == 8  # the data position came with the state, not the stale 4
     # every replica ended on step 12
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())

@@ -140,3 +140,11 @@ def test_step_without_zero_grad_is_refused() -> None:
     finally:
         gossip.close()
         server.shutdown()
+
+
+def test_one_peer_exp_runs_as_base_k_where_the_members_are_no_power_of_two() -> None:
+    from decent_dp.elastic import elastic_topology
+
+    assert elastic_topology("one-peer-exp", 4, {}).name == "one-peer-exp"
+    three = elastic_topology("one-peer-exp", 3, {})
+    assert three.name == "base-k" and all(len(e.ranks) <= 2 for r in three.rounds for e in r)

@@ -266,7 +266,7 @@ def replay(
     Returns:
         The members of each step and the final parameters.
     """
-    from decent_dp.topo import TopologyReg
+    from decent_dp.elastic import elastic_topology
 
     steps: dict[str, dict[int, dict[str, Any]]] = {rid: {} for rid in reports}
     for rid, msgs in reports.items():
@@ -314,7 +314,8 @@ def replay(
                 outer_buf = g.clone() if outer_buf is None else OUTER_MOMENTUM * outer_buf + g
                 x_outer = x_outer - OUTER_LR * (g + OUTER_MOMENTUM * outer_buf)
             quorum_id = qid
-        topo = TopologyReg.create(topology, len(members), 1)
+        # one-peer-exp on 3 members is base-k with k=1 (elastic_topology's fallback)
+        topo = elastic_topology(topology, len(members), {})
         new = {}
         for rid in active:
             info = steps[rid][t]
