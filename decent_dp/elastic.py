@@ -94,8 +94,12 @@ _NOT_ELASTIC = {
 }
 
 
-def check_elastic_topology(topology: Any, world_size: int = 4) -> str:
+def check_elastic_topology(topology: Any, kwargs: dict[str, Any] | None = None) -> str:
     """Return the registered name if ``topology`` can be rebuilt for any membership.
+
+    It is built here for every count of members from 1 to 64 (with the fallback of
+    :func:`elastic_topology`), so that neither a bad keyword argument nor a count
+    it cannot take fails in the middle of a run.
 
     Raises:
         ValueError: An instance, an unknown name, or a topology that cannot be elastic.
@@ -110,6 +114,8 @@ def check_elastic_topology(topology: Any, world_size: int = 4) -> str:
         raise ValueError(f"topology={topology!r} is not registered; elastic ones: {known}")
     if topology in _NOT_ELASTIC:
         raise ValueError(f"topology={topology!r} cannot be elastic: {_NOT_ELASTIC[topology]}")
+    for n in _CHECKED_COUNTS:
+        elastic_topology(topology, n, dict(kwargs or {}))
     return topology
 
 
@@ -132,11 +138,6 @@ def elastic_topology(name: str, n: int, kwargs: dict[str, Any]) -> Topology:
             ) from None
         other, other_kwargs = _FALLBACK[name]
         return TopologyReg.create(other, n, 1, **other_kwargs)
-
-
-def _check_every_count(name: str, kwargs: dict[str, Any]) -> None:
-    for n in _CHECKED_COUNTS:
-        elastic_topology(name, n, kwargs)
 
 
 def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:
@@ -218,11 +219,8 @@ class ElasticGossip:
         outer_every: int | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.topology_name = check_elastic_topology(topology)
         self.topology_kwargs = dict(topology_kwargs or {})
-        # built for every count of members up to 64 here, before the lighthouse, so that
-        # neither a bad keyword argument nor a count it cannot take fails mid-training
-        _check_every_count(self.topology_name, self.topology_kwargs)
+        self.topology_name = check_elastic_topology(topology, self.topology_kwargs)
         _positive("min_replicas", min_replicas)
         _positive("quorum_every", quorum_every)
         _positive("timeout_s", timeout_s, float)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from decent_dp.elastic import check_elastic_topology
 from experiments.schema import ConfigError, name_enum, require
 
 __all__ = [
@@ -117,6 +118,10 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
             f"topology={topo} cannot be elastic with fault_tolerance=torchft: "
             f"{_NOT_ELASTIC['topology']}; use ring, one-peer-exp, base-k, complete, ..."
         )
+    try:  # built for every count of hosts, as the quorum may change it
+        check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
     comp = cfg.get("compression")
     if comp is not None and str(comp.name) != "none":
         raise ConfigError(

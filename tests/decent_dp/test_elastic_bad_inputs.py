@@ -99,6 +99,10 @@ def test_a_replica_id_used_twice_is_refused_by_both() -> None:
         ("hierarchical", r"topology='hierarchical' cannot be elastic"),
         (TopologyReg.create("ring", 4, 1), r"topology=RingTopology\(...\) cannot be elastic"),
         ("no-such", r"topology='no-such' is not registered; elastic ones: .*ring"),
+        (
+            "alternating-exp-ring",
+            r"topology='alternating-exp-ring' cannot be elastic: it cannot be built for 3 members",
+        ),
     ],
 )
 def test_a_topology_that_cannot_be_elastic_is_refused_before_the_lighthouse(

@@ -51,6 +51,11 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
         (("topology=hierarchical",), 1, r"^topology=hierarchical cannot be elastic"),
         (("topology=allreduce",), 1, r"^topology=allreduce cannot be elastic"),
         (
+            ("topology=alternating-exp-ring",),
+            1,
+            r"^topology='alternating-exp-ring' cannot be elastic",
+        ),
+        (
             ("optim=adamw", "optim.state_sync.exp_avg_sq=1"),
             1,
             r"^optim.state_sync=\{'exp_avg_sq': 1\} cannot",
