@@ -44,6 +44,10 @@ import torch
 __all__ = ["Membership", "QuorumView", "check_lighthouse", "default_advertise_host"]
 
 
+class _MemberGone(RuntimeError):
+    """A member of the quorum just formed did not take part in it (it died meanwhile)."""
+
+
 @dataclass(frozen=True)
 class QuorumView:
     """One quorum as every member sees it.
@@ -247,8 +251,21 @@ class Membership:
         """
         start = time.monotonic()
         last = start
+        gone = 0
         while True:
-            view = self._one_quorum(step, start)
+            try:
+                view = self._one_quorum(step, start)
+            except _MemberGone as exc:
+                # a member died between joining the quorum and taking part in it: the
+                # lighthouse drops it once its heartbeats stop, and a new quorum forms
+                gone += 1
+                if gone > 3:
+                    raise RuntimeError(
+                        f"quorum at step {step} failed {gone} times in a row ({exc})"
+                    ) from None
+                self.log(f"[decent_dp.elastic] {self.replica_id}: {exc}; asking again")
+                start = last = time.monotonic()
+                continue
             if view.world_size >= self.min_replicas:
                 return view
             if time.monotonic() - start > self.timeout.total_seconds():
@@ -259,14 +276,9 @@ class Membership:
             time.sleep(0.2)
 
     def _one_quorum(self, step: int, start: float) -> QuorumView:
-        for _ in range(3):
-            self._wait_quorum(step, start)
-            if self.manager.errored() is None:
-                break
-            # a member left between the quorum and the group's configuration: ask again
-            self.log(f"[decent_dp.elastic] {self.replica_id}: quorum failed, asking again")
-        else:
-            raise RuntimeError(f"quorum failed 3 times: {self.manager.errored()}")
+        self._wait_quorum(step, start)
+        if self.manager.errored() is not None:
+            raise _MemberGone(f"the quorum's group failed ({self.manager.errored()})")
         qid = int(self._seen["quorum_id"])
         rank, world = int(self._seen["rank"]), int(self._seen["world"])
         count = self._calls.get(qid, 0)
@@ -275,7 +287,12 @@ class Membership:
         prefix = f"c{count}"
         mine = {"id": self.replica_id, "step": step, "addr": self._checkpoint_address()}
         store.set(f"{prefix}/member/{rank}", json.dumps(mine))
-        infos = [json.loads(store.get(f"{prefix}/member/{r}")) for r in range(world)]
+        infos = []
+        for r in range(world):
+            try:
+                infos.append(json.loads(store.get(f"{prefix}/member/{r}")))
+            except RuntimeError:  # torch's DistStoreError: it never wrote, within the timeout
+                raise _MemberGone(f"rank {r} of quorum {qid} never took part") from None
         ids = [str(i["id"]) for i in infos]
         twins = [r for r, i in enumerate(ids) if i == self.replica_id]
         if len(twins) > 1:

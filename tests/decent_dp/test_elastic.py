@@ -102,3 +102,21 @@ def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 2 + [3] * 4 + [4] * 6
     assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
+
+
+def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on() -> None:
+    """r2 joins the quorum of step 5 and dies before it takes part in it.
+
+    The others wait for it on the quorum's store for timeout_s, then ask again:
+    the lighthouse, no longer hearing r2, forms a quorum of three.
+    """
+    every = 4
+    plans = _plans(8, every, "ring", die_in_quorum_at=4)
+    for plan in plans.values():
+        plan["timeout_s"] = 3.0
+    reports = ec.run_threads(plans)
+    assert reports["r2"][-1][0] == "died"
+    reports["r2"] = [m for m in reports["r2"] if m[0] != "died"]
+    result = ec.replay(reports, "ring", every)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 9)] == [4] * 4 + [3] * 4

@@ -76,6 +76,26 @@ def _flat(m: nn.Linear) -> list[float]:
     return torch.cat([m.weight.detach().reshape(-1), m.bias.detach()]).tolist()
 
 
+class _Died(Exception):
+    """A replica that stops in the middle of a quorum (the test's crash)."""
+
+
+def _die_inside_quorum(gossip: Any) -> None:
+    """Make the next quorum stop this replica once torchft has formed it, before it takes part.
+
+    The replica's membership is closed (its heartbeats stop, its servers and
+    group go) where it would read the quorum's store: what the others see of a
+    host that crashed there.
+    """
+    membership = gossip.membership
+
+    def crash(qid: int) -> Any:
+        membership.close()
+        raise _Died(f"died inside quorum {qid}")
+
+    membership._quorum_store = crash
+
+
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train ``plan['steps']`` steps; leave, die or rejoin as the plan says; report each step.
 
@@ -133,6 +153,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 if at == s:
                     events[name].set()
             params_before = _flat(model)
+            if plan.get("die_in_quorum_at") == s:
+                _die_inside_quorum(gossip)
             gossip.zero_grad()  # a quorum (and healing) may happen here
             cursor = data["cursor"]
             x, y = batch(rid, cursor)
@@ -177,6 +199,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
         out.put((rid, "done", gossip.step_count))
         gossip.close()
+    except _Died as exc:
+        out.put((rid, "died", str(exc)))
     except BaseException as exc:  # every failure goes to the parent, as one line
         out.put((rid, "error", f"{type(exc).__name__}: {exc}"))
 
