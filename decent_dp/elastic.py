@@ -411,7 +411,7 @@ class ElasticGossip:
             self.log(
                 f"[decent_dp.elastic] {self.replica_id}: quorum {view.quorum_id} at step "
                 f"{self.step_count}: {n} members {list(view.members)}, rank {view.rank}, "
-                f"{self.topology_name} rebuilt"
+                f"{self.topology.name if self.topology else self.topology_name} rebuilt"
                 + (f", healed from {self.healed_from}" if self.healed_from else "")
             )
 
