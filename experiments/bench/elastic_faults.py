@@ -15,13 +15,19 @@ lines it reports, per run:
 - ``healed_from`` and ``healed_to_step``: its source and the step it continued at;
 - each host's final ``train/loss`` and ``eval/acc_local``.
 
-The hosts here share one machine's loopback (not a capped wire), so the seconds
-are those of this machine, under whatever else it runs.
+Without ``--testbed`` the hosts share this machine's loopback (not a capped
+wire). With ``--testbed RATE`` (as root) each host is a testbed namespace
+whose link is capped at ``RATE`` (:mod:`experiments.network.testbed`), the
+lighthouse runs on host 0 (``torchft_lighthouse``) and a kill is of every
+process in the victim's namespace, as a power cut; the testbed is built for
+the run and torn down after. Either way the seconds are this machine's, under
+whatever else it runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -46,8 +52,22 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _launch(rid: str, lh: str, out: Path, args: argparse.Namespace) -> subprocess.Popen:
+def _launch(
+    rid: str, lh: str, out: Path, args: argparse.Namespace, bed: Any = None
+) -> subprocess.Popen:
+    i = int(rid[1:])
+    host = "127.0.0.1"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    prefix: list[str] = []
+    if bed is not None:
+        from experiments.network import testbed as tb
+        from experiments.network.testbed.launch import host_env
+
+        host = tb.address(i)
+        env = host_env(i, bed, {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        prefix = ["ip", "netns", "exec", tb.host_ns(i, bed.prefix)]
     cmd = [
+        *prefix,
         sys.executable,
         str(ROOT / "train.py"),
         "fault_tolerance=torchft",
@@ -56,7 +76,7 @@ def _launch(rid: str, lh: str, out: Path, args: argparse.Namespace) -> subproces
         f"fault_tolerance.min_replicas={args.min_replicas}",
         f"fault_tolerance.timeout_s={args.timeout_s}",
         f"fault_tolerance.quorum_every={args.quorum_every}",
-        "fault_tolerance.host=127.0.0.1",
+        f"fault_tolerance.host={host}",
         f"topology={args.topology}",
         "logger=none",
         f"train.max_steps={args.steps}",
@@ -66,25 +86,80 @@ def _launch(rid: str, lh: str, out: Path, args: argparse.Namespace) -> subproces
         f"hydra.run.dir={out}",
         *args.overrides,
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     log = open(out.parent / f"{out.name}-{rid}.log", "ab")  # noqa: SIM115 - the child owns it
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def run_once(args: argparse.Namespace, out: Path, fault: bool) -> dict[str, Any]:
-    """One job of ``args.hosts`` hosts, with or without the kill and restart."""
-    from torchft._torchft import LighthouseServer
+class _Lighthouse:
+    """torchft's lighthouse: in this process on loopback, or ``torchft_lighthouse`` on host 0."""
 
-    server = LighthouseServer(
-        bind="127.0.0.1:0",
-        min_replicas=args.min_replicas,
-        join_timeout_ms=int(args.join_timeout_ms),
-        heartbeat_timeout_ms=int(args.heartbeat_timeout_ms),
-    )
-    lh = f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    def __init__(self, args: argparse.Namespace, bed: Any) -> None:
+        flags = dict(
+            min_replicas=args.min_replicas,
+            join_timeout_ms=int(args.join_timeout_ms),
+            heartbeat_timeout_ms=int(args.heartbeat_timeout_ms),
+        )
+        self.proc: subprocess.Popen | None = None
+        self.server: Any = None
+        if bed is None:
+            from torchft._torchft import LighthouseServer
+
+            self.server = LighthouseServer(bind="127.0.0.1:0", **flags)
+            self.address = f"http://127.0.0.1:{self.server.address().rsplit(':', 1)[1]}"
+            return
+        from experiments.network import testbed as tb
+
+        binary = Path(sys.executable).with_name("torchft_lighthouse")
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            tb.host_ns(0, bed.prefix),
+            str(binary),
+            "--bind",
+            "0.0.0.0:29510",
+        ]
+        cmd += [f"--{k}={v}" for k, v in flags.items()]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.address = f"http://{tb.address(0)}:29510"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _kill(proc: subprocess.Popen, rid: str, bed: Any) -> None:
+    """Kill a host outright: its process, or on the testbed every process of its namespace."""
+    if bed is None:
+        proc.send_signal(signal.SIGKILL)
+        return
+    from experiments.network import testbed as tb
+
+    lighthouse_host = rid == "h0"
+    for pid in tb.netns_pids(tb.host_ns(int(rid[1:]), bed.prefix)):
+        if lighthouse_host and pid != proc.pid and _is_lighthouse(pid):
+            continue  # the lighthouse on host 0 is not the host under test
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _is_lighthouse(pid: int) -> bool:
+    try:
+        return "torchft_lighthouse" in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
+
+
+def run_once(args: argparse.Namespace, out: Path, fault: bool, bed: Any = None) -> dict[str, Any]:
+    """One job of ``args.hosts`` hosts, with or without the kill and restart."""
+    lighthouse = _Lighthouse(args, bed)
+    lh = lighthouse.address
     rids = [f"h{i}" for i in range(args.hosts)]
     victim = rids[args.victim]
-    procs = {rid: _launch(rid, lh, out, args) for rid in rids}
+    procs = {rid: _launch(rid, lh, out, args, bed) for rid in rids}
     t_kill = t_restart = None
     try:
         deadline = time.monotonic() + args.limit_s
@@ -92,12 +167,12 @@ def run_once(args: argparse.Namespace, out: Path, fault: bool) -> dict[str, Any]
             if fault and t_kill is None:
                 steps = [x["step"] for x in _lines(out / victim / "metrics.jsonl") if "time" in x]
                 if steps and max(steps) >= args.kill_step:
-                    procs[victim].send_signal(signal.SIGKILL)
+                    _kill(procs[victim], victim, bed)
                     t_kill = time.time()
             late = t_kill is not None and time.time() - t_kill >= args.restart_after
             if fault and late and t_restart is None:
                 procs[victim].wait()
-                procs[victim] = _launch(victim, lh, out, args)
+                procs[victim] = _launch(victim, lh, out, args, bed)
                 t_restart = time.time()
             if all(p.poll() is not None for p in procs.values()) and (not fault or t_restart):
                 break
@@ -107,7 +182,7 @@ def run_once(args: argparse.Namespace, out: Path, fault: bool) -> dict[str, Any]
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        server.shutdown()
+        lighthouse.close()
     return _measure(out, rids, victim if fault else None, t_kill, t_restart, args.steps)
 
 
@@ -184,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--uninterrupted", action="store_true", help="also run without the fault")
     p.add_argument("--limit-s", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=Path("outputs/elastic_faults"))
+    p.add_argument("--testbed", metavar="RATE", help="run on testbed hosts with links of RATE")
     p.add_argument(
         "--measure",
         nargs=3,
@@ -199,12 +275,18 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result, indent=2))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"args": {k: str(v) for k, v in vars(args).items()}}
-    report["fault"] = run_once(args, args.out / f"fault-{args.topology}-s{args.seed}", True)
-    if args.uninterrupted:
-        report["uninterrupted"] = run_once(
-            args, args.out / f"clean-{args.topology}-s{args.seed}", False
-        )
+    report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    with contextlib.ExitStack() as stack:
+        bed = None
+        if args.testbed:
+            from experiments.network import testbed as tb
+
+            spec = tb.Spec(hosts=args.hosts, rate_bps=tb.parse_rate(args.testbed), prefix="ddpel")
+            bed = stack.enter_context(tb.testbed(spec))
+        name = f"{args.topology}-s{args.seed}"
+        report["fault"] = run_once(args, args.out / f"fault-{name}", True, bed)
+        if args.uninterrupted:
+            report["uninterrupted"] = run_once(args, args.out / f"clean-{name}", False, bed)
     print(json.dumps(report, indent=2))
 
 
