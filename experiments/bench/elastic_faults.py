@@ -136,10 +136,10 @@ def _kill(proc: subprocess.Popen, rid: str, bed: Any) -> None:
     if bed is None:
         proc.send_signal(signal.SIGKILL)
         return
-    from experiments.network import testbed as tb
+    from experiments.network.testbed.hosts import host_ns, netns_pids
 
     lighthouse_host = rid == "h0"
-    for pid in tb.netns_pids(tb.host_ns(int(rid[1:]), bed.prefix)):
+    for pid in netns_pids(host_ns(int(rid[1:]), bed.prefix)):
         if lighthouse_host and pid != proc.pid and _is_lighthouse(pid):
             continue  # the lighthouse on host 0 is not the host under test
         with contextlib.suppress(ProcessLookupError):
