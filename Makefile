@@ -50,9 +50,10 @@ train: ## Default job: 4 CPU workers, gloo, digits, one-peer-exp (< 1 min)
 
 LH_BIND     ?= [::]:29510
 LH_REPLICAS ?= 1
+LH_JOIN_MS  ?= 90000
 
-lighthouse: ## torchft's lighthouse for fault_tolerance=torchft (LH_BIND=[::]:29510, LH_REPLICAS=1 min replicas); ARGS=more flags
-	.venv/bin/torchft_lighthouse --min_replicas $(LH_REPLICAS) --bind $(LH_BIND) --join_timeout_ms 5000 --heartbeat_timeout_ms 2000 $(ARGS)
+lighthouse: ## torchft's lighthouse for fault_tolerance=torchft (LH_BIND=[::]:29510, LH_REPLICAS=1, LH_JOIN_MS between 1x and 2x timeout_s); ARGS=more flags
+	.venv/bin/torchft_lighthouse --min_replicas $(LH_REPLICAS) --bind $(LH_BIND) --join_timeout_ms $(LH_JOIN_MS) --heartbeat_timeout_ms 2000 $(ARGS)
 
 LM_DATA := data/stdlib-bpe
 

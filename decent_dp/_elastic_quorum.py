@@ -41,7 +41,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["Membership", "QuorumView", "check_lighthouse", "default_advertise_host"]
+__all__ = [
+    "QUORUM_TIMEOUTS",
+    "Membership",
+    "QuorumView",
+    "check_lighthouse",
+    "default_advertise_host",
+]
+
+# how many timeout_s a quorum may take: start the lighthouse with
+# timeout_s < --join_timeout_ms < (QUORUM_TIMEOUTS - 1) * timeout_s
+QUORUM_TIMEOUTS = 3
 
 
 class _MemberGone(RuntimeError):
@@ -130,8 +140,9 @@ class Membership:
         lighthouse: The lighthouse's address, ``http://HOST:PORT``.
         replica_id: This replica's id, unique among the live replicas.
         min_replicas: The fewest replicas a quorum may have.
-        timeout_s: Seconds for the lighthouse to answer, for a quorum, and for
-            a peer's exchange or checkpoint before it counts as lost.
+        timeout_s: Seconds for the lighthouse to answer and for a peer's exchange,
+            collective or checkpoint before it counts as lost; a quorum may take
+            ``QUORUM_TIMEOUTS`` (3) times as long.
         host: The address to advertise; by default the interface towards the lighthouse.
         log: Where progress lines go (``print`` to stderr by default).
     """
@@ -157,6 +168,9 @@ class Membership:
         self.replica_id = replica_id
         self.min_replicas = min_replicas
         self.timeout = timedelta(seconds=timeout_s)
+        # a quorum may wait for the lighthouse's join timeout, which must exceed timeout_s (a
+        # survivor stuck for timeout_s in the work of the quorum before is then waited for)
+        self.quorum_timeout = timedelta(seconds=QUORUM_TIMEOUTS * timeout_s)
         self.host = host or default_advertise_host(lighthouse)
         seen: dict[str, Any] = {}
         self._seen = seen
@@ -181,7 +195,7 @@ class Membership:
             min_replica_size=min_replicas,
             use_async_quorum=False,
             timeout=self.timeout,
-            quorum_timeout=self.timeout,
+            quorum_timeout=self.quorum_timeout,
             connect_timeout=self.timeout,
             store_addr=self.host,
             store_port=self._store.port,
@@ -210,7 +224,7 @@ class Membership:
     def _wait_quorum(self, step: int, start: float) -> None:
         """``Manager.start_quorum``, with a progress line while it waits."""
         self.manager.load_state_dict({"step": step, "batches_committed": 0})
-        left = self.timeout.total_seconds() - (time.monotonic() - start)
+        left = self.quorum_timeout.total_seconds() - (time.monotonic() - start)
         future = self._pool.submit(
             self.manager.start_quorum, allow_heal=False, timeout=timedelta(seconds=max(left, 0.1))
         )
@@ -228,13 +242,13 @@ class Membership:
         self.log(
             f"[decent_dp.elastic] {self.replica_id}: waiting for a quorum of "
             f"min_replicas={self.min_replicas}{have} at {self.lighthouse} "
-            f"({time.monotonic() - start:.0f} s of timeout_s={self.timeout.total_seconds():g})"
+            f"({time.monotonic() - start:.0f} s of {self.quorum_timeout.total_seconds():g} s)"
         )
 
     def _no_quorum(self, why: str) -> TimeoutError:
         return TimeoutError(
             f"no quorum of min_replicas={self.min_replicas} formed at {self.lighthouse} within "
-            f"timeout_s={self.timeout.total_seconds():g} ({why}); fewer replicas came: start "
+            f"{self.quorum_timeout.total_seconds():g} s ({why}); fewer replicas came: start "
             "more hosts or lower min_replicas"
         )
 
@@ -268,7 +282,7 @@ class Membership:
                 continue
             if view.world_size >= self.min_replicas:
                 return view
-            if time.monotonic() - start > self.timeout.total_seconds():
+            if time.monotonic() - start > self.quorum_timeout.total_seconds():
                 raise self._no_quorum(f"{view.world_size} came")
             if time.monotonic() - last >= self._progress_every:
                 self._progress(start, view.world_size)

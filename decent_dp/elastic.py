@@ -359,13 +359,35 @@ class ElasticGossip:
 
     # ---------------------------------------------------------------- quorum
     def _quorum(self) -> None:
+        """Take part in a quorum; ask again if a member dies before the quorum's work is done.
+
+        After torchft forms the quorum, its members heal the joiners and
+        all-reduce (the members' mean); a member that dies meanwhile fails that
+        work (after up to ``timeout_s``), and a new quorum, which the lighthouse
+        forms without it once its heartbeats stop, takes over.
+        """
         start = time.monotonic()
         old = self.view
-        view = self.membership.quorum(self.step_count)
+        for attempt in range(4):
+            view = self.membership.quorum(self.step_count)  # its own one-line errors go up
+            try:
+                self._after_quorum(view, old, start)
+                return
+            except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
+                if attempt == 3:
+                    raise
+                self.log(
+                    f"[decent_dp.elastic] {self.replica_id}: the quorum's work failed "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); asking again"
+                )
+
+    def _after_quorum(self, view: QuorumView, old: QuorumView | None, start: float) -> None:
+        """The quorum's work: rebuild the topology, heal the joiners, the members' mean."""
         self.view = view
         self.lost = set()
         n = view.world_size
-        if old is None or old.members != view.members or self.topology is None:
+        # W(t) is a function of the number of members alone (ranks follow torchft's order)
+        if self.topology is None or self.topology.world_size != n:
             self.topology = elastic_topology(self.topology_name, n, self.topology_kwargs)
         top = max(view.steps)
         behind = [r for r, s in enumerate(view.steps) if s < top]
@@ -385,17 +407,10 @@ class ElasticGossip:
         # a new quorum id: torchft saw a change of membership (a restarted host has a new uuid)
         changed = old is None or old.quorum_id != view.quorum_id
         if self.consensus or self.outer is not None:
-            try:
-                mean = self._member_mean(n)
-            except Exception:  # a member died right after the quorum: the next one re-forms
-                mean = None
-                if self.outer is not None:
-                    self.outer.round_at = -1
+            mean = self._member_mean(n)  # fails if a member died: the caller asks again
             if self.consensus:
-                self.last_consensus_distance = (
-                    self._consensus_distance(n, mean) if mean is not None else None
-                )
-            if self.outer is not None and mean is not None:
+                self.last_consensus_distance = self._consensus_distance(n, mean)
+            if self.outer is not None:
                 self.outer.at_quorum(self.step_count + 1, mean, changed)
         if old is None or old.members != view.members:
             before = set(old.members) if old is not None else set()
@@ -436,16 +451,13 @@ class ElasticGossip:
             mean /= n
         return mean
 
-    def _consensus_distance(self, n: int, mean: torch.Tensor) -> float | None:
-        """``(1/n) sum_i ||x_i - xbar||^2`` over the members, or ``None`` if a member was lost."""
-        try:
-            x = self._flat().to(torch.float64)
-            sq = ((x - mean.to(torch.float64)) ** 2).sum().reshape(1)
-            if n > 1:
-                self.membership.allreduce_sum(sq)
-            return float(sq) / n
-        except Exception:
-            return None
+    def _consensus_distance(self, n: int, mean: torch.Tensor) -> float:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over the members (one more all-reduce)."""
+        x = self._flat().to(torch.float64)
+        sq = ((x - mean.to(torch.float64)) ** 2).sum().reshape(1)
+        if n > 1:
+            self.membership.allreduce_sum(sq)
+        return float(sq) / n
 
     # ----------------------------------------------------------------- state
     def _snapshot(self) -> dict[str, Any]:

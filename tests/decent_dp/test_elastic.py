@@ -104,17 +104,21 @@ def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
     assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
 
 
-def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on() -> None:
-    """r2 joins the quorum of step 5 and dies before it takes part in it.
+@pytest.mark.parametrize("where", ["die_in_quorum_at", "die_in_allreduce_at"])
+def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on(where: str) -> None:
+    """r2 joins the quorum of step 5 and dies before it takes part in it, or in its all-reduce.
 
-    The others wait for it on the quorum's store for timeout_s, then ask again:
-    the lighthouse, no longer hearing r2, forms a quorum of three.
+    The others wait for it on the quorum's store, or in the all-reduce of the
+    members' mean, for timeout_s, then ask again: the lighthouse, no longer
+    hearing r2, forms a quorum of three. The lighthouse's join timeout (6 s)
+    is above timeout_s (3 s), so that it waits for a survivor still stuck in
+    the all-reduce rather than re-forming without it.
     """
     every = 4
-    plans = _plans(8, every, "ring", die_in_quorum_at=4)
+    plans = _plans(8, every, "ring", **{where: 4})
     for plan in plans.values():
         plan["timeout_s"] = 3.0
-    reports = ec.run_threads(plans)
+    reports = ec.run_threads(plans, join_timeout_ms=6000)
     assert reports["r2"][-1][0] == "died"
     reports["r2"] = [m for m in reports["r2"] if m[0] != "died"]
     result = ec.replay(reports, "ring", every)

@@ -36,7 +36,7 @@ def test_a_killed_host_leaves_and_rejoins_on_the_wire(tmp_path: Path) -> None:
         quorum_every=10,
         min_replicas=2,
         timeout_s=TIMEOUT_S,
-        join_timeout_ms=20000,
+        join_timeout_ms=30000,
         heartbeat_timeout_ms=2000,
         kill_step=60,
         victim=2,

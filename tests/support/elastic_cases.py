@@ -31,14 +31,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def lighthouse(min_replicas: int = 1) -> Any:
+def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 1500) -> Any:
     """An in-process torchft lighthouse on loopback, quick to drop a silent replica."""
     from torchft._torchft import LighthouseServer
 
     return LighthouseServer(
         bind="127.0.0.1:0",
         min_replicas=min_replicas,
-        join_timeout_ms=1500,
+        join_timeout_ms=join_timeout_ms,
         quorum_tick_ms=50,
         heartbeat_timeout_ms=800,
     )
@@ -94,6 +94,17 @@ def _die_inside_quorum(gossip: Any) -> None:
         raise _Died(f"died inside quorum {qid}")
 
     membership._quorum_store = crash
+
+
+def _die_in_the_quorums_allreduce(gossip: Any) -> None:
+    """Make this replica stop at the all-reduce of its next quorum, after it took part in it."""
+    membership = gossip.membership
+
+    def crash(tensor: torch.Tensor) -> None:
+        membership.close()
+        raise _Died("died in the quorum's all-reduce")
+
+    membership.allreduce_sum = crash
 
 
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
@@ -155,6 +166,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             params_before = _flat(model)
             if plan.get("die_in_quorum_at") == s:
                 _die_inside_quorum(gossip)
+            if plan.get("die_in_allreduce_at") == s:
+                _die_in_the_quorums_allreduce(gossip)
             gossip.zero_grad()  # a quorum (and healing) may happen here
             cursor = data["cursor"]
             x, y = batch(rid, cursor)
@@ -373,7 +386,9 @@ def replay(
     return {"members": members_of, "final": x, "steps": steps}
 
 
-def run_threads(plans: dict[str, dict[str, Any]], timeout: float = 60) -> dict[str, list[Any]]:
+def run_threads(
+    plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 1500
+) -> dict[str, list[Any]]:
     """Run the replicas as threads of this process (each its own Manager, store and group).
 
     Quicker than processes (one torch import); for plans where nobody is killed.
@@ -384,7 +399,7 @@ def run_threads(plans: dict[str, dict[str, Any]], timeout: float = 60) -> dict[s
     out: queue.Queue[Any] = queue.Queue()
     events: dict[str, Any] = {name: threading.Event() for name in ("rejoin", "restart", "joined")}
     events["start"] = threading.Barrier(len(plans))
-    server = lighthouse()
+    server = lighthouse(join_timeout_ms=join_timeout_ms)
     lh = loopback_address(server)
     threads = [
         threading.Thread(target=replica, args=(rid, lh, p, out, events), daemon=True)
