@@ -31,7 +31,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 1500) -> Any:
+def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 5000) -> Any:
     """An in-process torchft lighthouse on loopback, quick to drop a silent replica."""
     from torchft._torchft import LighthouseServer
 
@@ -149,6 +149,9 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
         gossip = make()
         if "start" in events and not plan.get("restarted"):
             events["start"].wait(60)  # every first replica heartbeats before the first quorum
+            # its Manager's first heartbeat is sent on its own thread: let every one arrive, or
+            # a first quorum would form without a replica the lighthouse has not heard yet
+            time.sleep(0.5)
         if plan.get("resume"):
             gossip.load_state_dict(torch.load(plan["resume"], weights_only=False))
             out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
@@ -387,7 +390,7 @@ def replay(
 
 
 def run_threads(
-    plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 1500
+    plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 5000
 ) -> dict[str, list[Any]]:
     """Run the replicas as threads of this process (each its own Manager, store and group).
 
