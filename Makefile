@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -51,6 +51,13 @@ format: ## Apply ruff's formatter and autofixes
 
 train: ## Default job: 4 CPU workers, gloo, digits, one-peer-exp (< 1 min)
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+LH_BIND     ?= [::]:29510
+LH_REPLICAS ?= 1
+LH_JOIN_MS  ?= 90000
+
+lighthouse: ## torchft's lighthouse for fault_tolerance=torchft (LH_BIND=[::]:29510, LH_REPLICAS=1, LH_JOIN_MS between 1x and 2x timeout_s); ARGS=more flags
+	.venv/bin/torchft_lighthouse --min_replicas $(LH_REPLICAS) --bind $(LH_BIND) --join_timeout_ms $(LH_JOIN_MS) --heartbeat_timeout_ms 2000 $(ARGS)
 
 LM_DATA := data/stdlib-bpe
 

@@ -92,6 +92,7 @@ from experiments.schema import (
     require,
     typed_section,
 )
+from experiments.train.fault_tolerance import FaultToleranceConfig
 from experiments.train.optim_schema import (
     AccumAdamConfig,
     AccumAdamWConfig,
@@ -424,6 +425,7 @@ class MainConfig:
     compression: Any = None
     logger: Any = MISSING
     outer: Any = None  # the outer group (experiments.train.outer); None reads as outer=none
+    fault_tolerance: Any = None  # experiments.train.fault_tolerance; None reads as none
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -463,6 +465,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "compression": {"compression": CompressionConfig},
     "logger": {"logger": LoggerConfig},
     "outer": {"outer": OuterConfig},
+    "fault_tolerance": {"fault_tolerance": FaultToleranceConfig},
 }
 
 

@@ -58,6 +58,8 @@ from experiments.train.config import (
     plain,
     state_sync_arg,
 )
+from experiments.train.elastic import run_elastic
+from experiments.train.fault_tolerance import check_fault_tolerance, is_elastic
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
@@ -151,6 +153,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
     cfg = resolve_targets(cfg)
+    check_fault_tolerance(cfg, world_size)  # what cannot be elastic, first
     t, d, s, topo = cfg.train, cfg.dataset, cfg.scheduler, cfg.topology
     steps_ok = (
         _is_int(t.epochs) and t.epochs > 0
@@ -439,6 +442,12 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
     cfg = resolve_targets(cfg)
     # a bad value stops every rank alike, before the rendezvous and any collective
     validate(cfg, _planned_world_size())
+    if is_elastic(cfg):  # one replica of an elastic job per host: no process group of its own
+        view = _hydra_view()
+        folder = (
+            run_dir or view.get("run_dir") or Path("outputs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+        )
+        return run_elastic(cfg, Path(folder))
     rank, world_size = initialize_dist(
         backend=cfg.dist.backend, timeout_s=float(cfg.dist.timeout_s)
     )

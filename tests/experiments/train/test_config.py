@@ -28,6 +28,7 @@ GROUPS = (
     "compression",
     "logger",
     "outer",
+    "fault_tolerance",
 )
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # options that are presets of a named model: their name is the model's, not the file's

@@ -1,0 +1,410 @@
+"""Membership of elastic gossip, on torchft's lighthouse, ``Manager`` and checkpoint transport.
+
+torchft serves membership as it is: its lighthouse tracks heartbeats and forms
+a quorum of replica groups, its ``Manager`` asks for one and reconfigures a
+gloo process group spanning the quorum, and its ``HTTPTransport`` copies a
+state from one replica to another. What it does not give gossip, this module
+adds, thinly:
+
+* **The member list of each quorum.** The ``Manager`` keeps the quorum's
+  result to itself; the process group's ``configure`` (subclassed here) sees
+  the quorum id, the store and this replica's rank, and each member publishes
+  its replica id, step and checkpoint address on the quorum's store, under a
+  prefix per quorum call, so that every member reads the same list.
+* **Healing from a peer the gossip chooses.** torchft's own healing picks the
+  source itself (round-robin among the replicas at the highest step), which
+  need not be a neighbour; quorums are therefore asked with
+  ``allow_heal=False`` and :mod:`decent_dp.elastic` chooses the source, which
+  stages its state on its ``HTTPTransport`` for the joiner to fetch.
+* **Pairs, not all-reduce.** ``Manager.allreduce`` and torchft's DDP, LocalSGD
+  and DiLoCo average over the whole quorum; gossip sends and receives between
+  neighbours on the quorum's process group instead (:meth:`Membership.exchange`).
+
+torchft is imported when a :class:`Membership` is built, never by ``import
+decent_dp``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+__all__ = [
+    "QUORUM_TIMEOUTS",
+    "Membership",
+    "QuorumView",
+    "check_lighthouse",
+    "default_advertise_host",
+]
+
+# how many timeout_s a quorum may take: start the lighthouse with
+# timeout_s < --join_timeout_ms < (QUORUM_TIMEOUTS - 1) * timeout_s
+QUORUM_TIMEOUTS = 3
+
+
+class _MemberGone(RuntimeError):
+    """A member of the quorum just formed did not take part in it (it died meanwhile)."""
+
+
+@dataclass(frozen=True)
+class QuorumView:
+    """One quorum as every member sees it.
+
+    Attributes:
+        quorum_id: torchft's quorum id (new on every change of membership).
+        rank: This replica's rank, its index in ``members``.
+        members: The members' replica ids, in rank order (torchft sorts them as strings).
+        steps: Each member's step count when it asked for the quorum.
+        addresses: Each member's checkpoint address (``HTTPTransport``).
+    """
+
+    quorum_id: int
+    rank: int
+    members: tuple[str, ...]
+    steps: tuple[int, ...]
+    addresses: tuple[str, ...]
+
+    @property
+    def world_size(self) -> int:
+        """The number of members."""
+        return len(self.members)
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of ``http://host:port``, ``host:port`` or ``[v6]:port``."""
+    text = address if "://" in address else f"tcp://{address}"
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.hostname is None or parsed.port is None:
+        raise ValueError(
+            f"lighthouse={address!r} is invalid; give it as http://HOST:PORT (e.g. http://10.0.0.1:29510)"
+        )
+    return parsed.hostname, parsed.port
+
+
+def check_lighthouse(address: str, timeout_s: float) -> None:
+    """Raise one line if nothing answers at the lighthouse's address within ``timeout_s``.
+
+    Raises:
+        ValueError: The address is not ``http://HOST:PORT``.
+        TimeoutError: No connection within the timeout.
+    """
+    host, port = _split_address(address)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, timeout_s))):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"lighthouse={address!r} cannot be reached within timeout_s={timeout_s:g} "
+                    f"({exc.strerror or exc}); start it with `torchft_lighthouse --min_replicas N "
+                    "--bind [::]:29510` (or `make lighthouse`)"
+                ) from None
+            time.sleep(0.2)
+
+
+def default_advertise_host(lighthouse: str) -> str:
+    """The address of this host's interface towards the lighthouse (what peers can reach).
+
+    Hosts may share a hostname (network namespaces, containers), so the name is
+    no address to advertise; the source address of a route to the lighthouse is.
+    """
+    host, port = _split_address(lighthouse)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+
+
+class Membership:
+    """This replica's membership of the quorum: a torchft ``Manager``, its gloo group, a transport.
+
+    One process per replica group (one host). The replica's own store, the
+    ``Manager``'s server and the checkpoint server advertise ``host``, the
+    address peers reach this host at.
+
+    Args:
+        lighthouse: The lighthouse's address, ``http://HOST:PORT``.
+        replica_id: This replica's id, unique among the live replicas.
+        min_replicas: The fewest replicas a quorum may have.
+        timeout_s: Seconds for the lighthouse to answer and for a peer's exchange,
+            collective or checkpoint before it counts as lost; a quorum may take
+            ``QUORUM_TIMEOUTS`` (3) times as long.
+        host: The address to advertise; by default the interface towards the lighthouse.
+        log: Where progress lines go (``print`` to stderr by default).
+    """
+
+    def __init__(
+        self,
+        lighthouse: str,
+        replica_id: str,
+        min_replicas: int,
+        timeout_s: float,
+        host: str | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        check_lighthouse(lighthouse, timeout_s)
+        from torch.distributed import TCPStore
+        from torchft import Manager
+        from torchft.checkpointing.http_transport import HTTPTransport
+        from torchft.process_group import ProcessGroupGloo, create_store_client
+
+        self._create_store_client = create_store_client
+        self.lighthouse = lighthouse
+        self.replica_id = replica_id
+        self.min_replicas = min_replicas
+        self.timeout = timedelta(seconds=timeout_s)
+        # a quorum may wait for the lighthouse's join timeout, which must exceed timeout_s (a
+        # survivor stuck for timeout_s in the work of the quorum before is then waited for)
+        self.quorum_timeout = timedelta(seconds=QUORUM_TIMEOUTS * timeout_s)
+        self.host = host or default_advertise_host(lighthouse)
+        seen: dict[str, Any] = {}
+        self._seen = seen
+
+        class _QuorumGloo(ProcessGroupGloo):
+            """torchft's gloo group, noting each quorum it is configured for."""
+
+            def configure(
+                self, store_addr: str, replica_id: str, rank: int, world_size: int, *args: Any
+            ) -> None:
+                quorum_id = args[0] if args else None
+                seen.update(store=store_addr, rank=rank, world=world_size, quorum_id=quorum_id)
+                super().configure(store_addr, replica_id, rank, world_size, *args)
+
+        self._store = TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
+        self.pg = _QuorumGloo(timeout=self.timeout)
+        self.transport = HTTPTransport(timeout=self.timeout, num_chunks=0)
+        self.manager = Manager(
+            pg=self.pg,
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=min_replicas,
+            use_async_quorum=False,
+            timeout=self.timeout,
+            quorum_timeout=self.quorum_timeout,
+            connect_timeout=self.timeout,
+            store_addr=self.host,
+            store_port=self._store.port,
+            rank=0,
+            world_size=1,
+            lighthouse_addr=lighthouse,
+            replica_id=replica_id,
+            hostname=self.host,
+            checkpoint_transport=self.transport,
+            init_sync=False,
+        )
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decent-dp-quorum")
+        self._calls: dict[int, int] = {}  # quorum id -> quorum calls made under it
+        self._stores: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self.view: QuorumView | None = None
+        self._progress_every = min(10.0, max(1.0, timeout_s / 4))
+
+    # ----------------------------------------------------------------- quorum
+    def _checkpoint_address(self) -> str:
+        # the transport advertises socket.gethostname(), which hosts may share
+        parts = urllib.parse.urlsplit(self.transport.metadata())
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{parts.port}"))
+
+    def _wait_quorum(self, step: int, start: float) -> None:
+        """``Manager.start_quorum``, with a progress line while it waits."""
+        self.manager.load_state_dict({"step": step, "batches_committed": 0})
+        left = self.quorum_timeout.total_seconds() - (time.monotonic() - start)
+        future = self._pool.submit(
+            self.manager.start_quorum, allow_heal=False, timeout=timedelta(seconds=max(left, 0.1))
+        )
+        while True:
+            try:
+                future.result(timeout=self._progress_every)
+                return
+            except FutureTimeout:
+                self._progress(start)
+            except Exception as exc:
+                raise self._no_quorum(type(exc).__name__) from None
+
+    def _progress(self, start: float, members: int | None = None) -> None:
+        have = f", {members} so far" if members is not None else ""
+        self.log(
+            f"[decent_dp.elastic] {self.replica_id}: waiting for a quorum of "
+            f"min_replicas={self.min_replicas}{have} at {self.lighthouse} "
+            f"({time.monotonic() - start:.0f} s of {self.quorum_timeout.total_seconds():g} s)"
+        )
+
+    def _no_quorum(self, why: str) -> TimeoutError:
+        return TimeoutError(
+            f"no quorum of min_replicas={self.min_replicas} formed at {self.lighthouse} within "
+            f"{self.quorum_timeout.total_seconds():g} s ({why}); fewer replicas came: start "
+            "more hosts or lower min_replicas"
+        )
+
+    def quorum(self, step: int) -> QuorumView:
+        """Ask for a quorum of at least ``min_replicas`` at ``step`` and read its members.
+
+        The lighthouse's own ``--min_replicas`` may be lower: a quorum with
+        fewer members is asked again (its members all wait here alike) until
+        enough replicas joined or the timeout passed.
+
+        Raises:
+            TimeoutError: No quorum of ``min_replicas`` within the timeout.
+            ValueError: This replica's id is used by another member too.
+        """
+        start = time.monotonic()
+        last = start
+        gone = 0
+        while True:
+            try:
+                view = self._one_quorum(step, start)
+            except _MemberGone as exc:
+                # a member died between joining the quorum and taking part in it: the
+                # lighthouse drops it once its heartbeats stop, and a new quorum forms
+                gone += 1
+                if gone > 3:
+                    raise RuntimeError(
+                        f"quorum at step {step} failed {gone} times in a row ({exc})"
+                    ) from None
+                self.log(f"[decent_dp.elastic] {self.replica_id}: {exc}; asking again")
+                start = last = time.monotonic()
+                continue
+            if view.world_size >= self.min_replicas:
+                return view
+            if time.monotonic() - start > self.quorum_timeout.total_seconds():
+                raise self._no_quorum(f"{view.world_size} came")
+            if time.monotonic() - last >= self._progress_every:
+                self._progress(start, view.world_size)
+                last = time.monotonic()
+            time.sleep(0.2)
+
+    def _one_quorum(self, step: int, start: float) -> QuorumView:
+        self._wait_quorum(step, start)
+        if self.manager.errored() is not None:
+            raise _MemberGone(f"the quorum's group failed ({self.manager.errored()})")
+        qid = int(self._seen["quorum_id"])
+        rank, world = int(self._seen["rank"]), int(self._seen["world"])
+        count = self._calls.get(qid, 0)
+        self._calls[qid] = count + 1
+        store = self._quorum_store(qid)
+        prefix = f"c{count}"
+        mine = {"id": self.replica_id, "step": step, "addr": self._checkpoint_address()}
+        store.set(f"{prefix}/member/{rank}", json.dumps(mine))
+        infos = []
+        for r in range(world):
+            try:
+                infos.append(json.loads(store.get(f"{prefix}/member/{r}")))
+            except RuntimeError:  # torch's DistStoreError: it never wrote, within the timeout
+                raise _MemberGone(f"rank {r} of quorum {qid} never took part") from None
+        ids = [str(i["id"]) for i in infos]
+        twins = [r for r, i in enumerate(ids) if i == self.replica_id]
+        if len(twins) > 1:
+            raise ValueError(
+                f"replica_id={self.replica_id!r} is used by {len(twins)} members of quorum {qid} "
+                f"(ranks {twins}); give each host its own replica_id"
+            )
+        self.view = QuorumView(
+            quorum_id=qid,
+            rank=rank,
+            members=tuple(ids),
+            steps=tuple(int(i["step"]) for i in infos),
+            addresses=tuple(str(i["addr"]) for i in infos),
+        )
+        self._prefix = prefix
+        return self.view
+
+    def _quorum_store(self, qid: int) -> Any:
+        if qid not in self._stores:
+            self._stores.clear()
+            self._stores[qid] = self._create_store_client(
+                f"{self._seen['store']}/decent_dp", self.timeout
+            )
+        return self._stores[qid]
+
+    def store_set(self, key: str, value: str) -> None:
+        """Set a key under the current quorum call's prefix."""
+        assert self.view is not None
+        self._quorum_store(self.view.quorum_id).set(f"{self._prefix}/{key}", value)
+
+    def store_get(self, key: str) -> str:
+        """Wait for a key under the current quorum call's prefix (up to the timeout)."""
+        assert self.view is not None
+        return bytes(self._quorum_store(self.view.quorum_id).get(f"{self._prefix}/{key}")).decode()
+
+    # ------------------------------------------------------------- exchanges
+    def start_exchange(
+        self, tensor: torch.Tensor, peers: Sequence[int], out: Sequence[torch.Tensor]
+    ) -> list[tuple[Any, Any]]:
+        """Post a send of ``tensor`` to each peer and a receive of each peer's into ``out``."""
+        works: list[tuple[Any, Any]] = []
+        for peer, buf in zip(peers, out):
+            try:
+                works.append((self.pg.send([tensor], peer, 0), self.pg.recv([buf], peer, 0)))
+            except Exception:  # the pair is already closed
+                works.append((None, None))
+        return works
+
+    def finish_exchange(self, works: list[tuple[Any, Any]]) -> list[bool]:
+        """Wait for :meth:`start_exchange`'s work; whether each peer's exchange completed.
+
+        gloo's point-to-point work has no future, so each ``wait`` is wrapped
+        here: a peer whose send or receive fails (it died, or did not answer
+        within the timeout) is reported as not arrived, and the others still count.
+        """
+        arrived = []
+        for send, recv in works:
+            ok = send is not None
+            for work in (send, recv):
+                if work is None:
+                    continue
+                try:
+                    work.wait()
+                except Exception:
+                    ok = False
+            arrived.append(ok)
+        return arrived
+
+    def allreduce_sum(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the quorum in place."""
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        self.pg.allreduce([tensor], opts).wait()
+
+    # --------------------------------------------------------------- healing
+    def serve_state(self, step: int, state: dict[str, Any]) -> None:
+        """Stage a copy of ``state`` for joiners to fetch at ``step``."""
+        self.transport.send_checkpoint(
+            dst_ranks=[], step=step, state_dict=state, timeout=self.timeout
+        )
+
+    def fetch_state(self, address: str, step: int) -> dict[str, Any]:
+        """Fetch the state a peer staged at ``step``."""
+        state = self.transport.recv_checkpoint(
+            src_rank=-1, metadata=address, step=step, timeout=self.timeout
+        )
+        return dict(state)
+
+    def close(self) -> None:
+        """Leave: stop heartbeating, close the servers and the group."""
+        with self._lock:
+            manager = getattr(self, "manager", None)
+            if manager is None:
+                return
+            self.manager = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stores.clear()
+        manager.shutdown(wait=False)  # its checkpoint transport too
+        self.pg.shutdown()

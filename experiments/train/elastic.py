@@ -1,0 +1,212 @@
+"""``fault_tolerance=torchft``: one host's replica of an elastic gossip job.
+
+Each host runs ``torchrun --nproc_per_node=1 train.py fault_tolerance=torchft
+...``; :func:`run_elastic` builds the data, the model, the optimizer and its
+scheduler as the non-elastic job does, and trains with
+:class:`decent_dp.elastic.ElasticGossip` on the lighthouse the config names:
+
+- every ``fault_tolerance.quorum_every`` steps the hosts meet in a quorum; a
+  host that died is gone from the next one, and the topology is rebuilt for
+  the hosts that are left, without a restart;
+- a host that starts (or restarts after a kill) asks for a quorum at once and
+  heals from a live neighbour: the model, the optimizer and scheduler states,
+  the step and the data position; it continues from there, not from its own
+  checkpoint;
+- with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
+  ``fault_tolerance.quorum_every``), outer rounds fall on quorum steps, and a
+  change of membership restarts the round in progress from the members' mean;
+- each host writes its own metrics lines (``<run dir>/<replica id>/metrics.jsonl``):
+  ``train/loss`` every ``log.every`` steps, and at every quorum
+  ``consensus/distance`` over the members (the merge of a joiner shows there),
+  ``elastic/members`` and ``elastic/quorum_id``; at the end the local model's
+  evaluation and a ``summary.json``.
+
+Its data: every host reads the whole training set in its own order (the seed
+and the replica's place in the first quorum are not used, since membership
+changes; the order comes from ``train.seed`` and the replica id), batch after
+batch; the data position is the number of batches read, which a joiner takes
+from its source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from decent_dp.elastic import ElasticGossip, default_replica_id
+from decent_dp.utils import get_device
+from experiments.schema import plain
+from experiments.train.logger import MetricsLogger
+from experiments.train.optim import build_optim_fn, build_scheduler_fn
+from experiments.train.outer import outer_kwargs
+from experiments.train.task import task_for
+from experiments.train.trainer import per_worker_batch
+
+__all__ = ["run_elastic", "batches_from"]
+
+log = logging.getLogger(__name__)
+
+
+def batches_from(loader: Any, position: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The loader's batches from ``position`` (batches read so far, across epochs) on."""
+    per_epoch = len(loader)
+    epoch, start = divmod(int(position), per_epoch)
+    while True:
+        yield from loader.iterate(epoch, start)
+        epoch, start = epoch + 1, 0
+
+
+class _Position:
+    """The data position a joiner heals with: batches read, and where they come from."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.read = 0
+        self.batches = batches_from(loader, 0)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = next(self.batches)
+        self.read += 1
+        return batch
+
+    def state(self) -> dict[str, int]:
+        return {"read": self.read}
+
+    def load(self, state: dict[str, int]) -> None:
+        self.read = int(state["read"])
+        self.batches = batches_from(self.loader, self.read)
+
+
+def _evaluate(task: Any, model: torch.nn.Module, test: Any) -> dict[str, float]:
+    """The local model on this host's test set (``eval/*_local``)."""
+    model.eval()
+    sums: torch.Tensor | None = None
+    with torch.no_grad():
+        for x, y in test:
+            s = task.eval_sums(model(x), y)
+            sums = s if sums is None else sums + s
+    model.train()
+    own = sums.tolist() if sums is not None else []
+    if not own:
+        return {}
+    result = task.eval_metrics(task.eval_totals(own, own))
+    return {k: v for k, v in result.items() if k.endswith("_local")}
+
+
+def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train this host's replica of an elastic gossip job; return its summary.
+
+    Args:
+        cfg: The composed config, already validated (``fault_tolerance=torchft``).
+        run_dir: The job's run directory; this host writes under ``<run_dir>/<replica id>``.
+
+    Returns:
+        The summary (also in ``summary.json``).
+    """
+    ft = cfg.fault_tolerance
+    wall_start = time.time()
+    t = cfg.train
+    device = get_device()
+    task = task_for(cfg)
+    host = ft.get("host") or None
+    replica_id = ft.replica_id or default_replica_id(str(ft.lighthouse), host)
+    # every host's own order of the whole training set
+    seed = int(t.seed) * 100003 + zlib.crc32(replica_id.encode()) % 100003
+    torch.manual_seed(int(t.seed))
+    batch = per_worker_batch(t, 1)
+    data = task.build_data(
+        cfg.dataset, cfg.model, rank=0, world_size=1, batch_size=batch, seed=seed, device=device
+    )
+    steps_per_epoch = len(data.train)
+    total = int(t.max_steps) if t.max_steps is not None else int(t.epochs) * steps_per_epoch
+    # the same initial model on every host (the first quorum also aligns them)
+    torch.manual_seed(int(t.seed))
+    model = task.build_model(cfg.model).to(device)
+    named = [(p, n) for n, p in model.named_parameters() if p.requires_grad]
+    optimizer = build_optim_fn(cfg.optim)(named)
+    scheduler = build_scheduler_fn(cfg.scheduler, steps_per_epoch, total)(optimizer)
+    position = _Position(data.train)
+    out_dir = Path(run_dir) / replica_id
+    sink = MetricsLogger(
+        out_dir,
+        enabled=True,
+        wandb_cfg=cfg.logger,
+        config=plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
+        run_name=replica_id,
+    )
+    outer = outer_kwargs(cfg.get("outer"), cfg.topology)
+    gossip = ElasticGossip(
+        model,
+        optimizer,
+        scheduler,
+        topology=str(cfg.topology.name),
+        topology_kwargs=dict(cfg.topology.get("kwargs") or {}),
+        lighthouse=str(ft.lighthouse),
+        replica_id=replica_id,
+        min_replicas=int(ft.min_replicas),
+        timeout_s=float(ft.timeout_s),
+        quorum_every=int(ft.quorum_every),
+        host=host,
+        state_fn=position.state,
+        load_state_fn=position.load,
+        outer_optim_fn=outer.get("outer_optim_fn"),
+        outer_every=outer.get("outer_every"),
+        log=log.warning,
+    )
+    history: list[dict[str, Any]] = []
+    loss_sum = torch.zeros((), device=device)
+    count = 0
+    last_change: dict[str, Any] | None = None
+    try:
+        while gossip.step_count < total:
+            gossip.zero_grad()
+            step = gossip.step_count + 1
+            if gossip.last_change is not last_change and gossip.last_change is not None:
+                last_change = gossip.last_change
+                history.append(dict(last_change, time=time.time()))
+                sink.log({"step": gossip.step_count, "elastic/change": last_change})
+            x, y = position.next()
+            loss, _, _ = task.forward(model, x, y)
+            loss.backward()
+            gossip.step()
+            loss_sum += loss.detach()
+            count += 1
+            line: dict[str, Any] = {}
+            if gossip.last_quorum_step == step - 1:
+                line.update(
+                    {
+                        "consensus/distance": gossip.last_consensus_distance,
+                        "elastic/members": len(gossip.members),
+                        "elastic/quorum_id": gossip.view.quorum_id if gossip.view else None,
+                    }
+                )
+            if step % int(cfg.log.every) == 0 or step == total:
+                line["train/loss"] = float(loss_sum) / max(count, 1)
+                loss_sum.zero_()
+                count = 0
+            if line:
+                sink.log({"step": step, "time": time.time(), **line})
+        result = _evaluate(task, model, data.test)
+        summary = {
+            "replica_id": replica_id,
+            "steps": gossip.step_count,
+            "members": list(gossip.members),
+            "changes": history,
+            "wall_s": time.time() - wall_start,
+            **result,
+        }
+        sink.log({"step": gossip.step_count, **result})
+        sink.summary(summary)
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        return summary
+    finally:
+        gossip.close()
+        sink.close()

@@ -1,0 +1,162 @@
+"""The ``fault_tolerance`` group: its schema, its checks and the replica id of a host.
+
+``fault_tolerance=none`` (the default) is today's job: a lost host stops every
+rank within ``dist.timeout_s`` and torchrun restarts the job from its last
+checkpoint (docs/recovery.md). ``fault_tolerance=torchft`` runs elastic gossip
+(:mod:`decent_dp.elastic`) instead: each host is one replica group of one
+process, launched by its own ``torchrun --nproc_per_node=1``, that joins the
+quorum of a torchft lighthouse; a host that dies leaves the gossip, and a host
+that starts joins it, healing from a live neighbour (:mod:`experiments.train.elastic`).
+
+Example::
+
+    torchft_lighthouse --min_replicas 2 --bind [::]:29510 &      # or: make lighthouse
+    # on every host:
+    torchrun --nproc_per_node=1 train.py fault_tolerance=torchft \\
+        fault_tolerance.lighthouse=http://10.0.0.1:29510 topology=ring
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from decent_dp.elastic import check_elastic_topology
+from experiments.schema import ConfigError, name_enum, require
+
+__all__ = [
+    "FaultToleranceConfig",
+    "FaultToleranceName",
+    "check_fault_tolerance",
+    "is_elastic",
+]
+
+FaultToleranceName = name_enum("FaultToleranceName", ["none", "torchft"], __name__)
+
+
+@dataclass
+class FaultToleranceConfig:
+    """``fault_tolerance`` group: ``none``, or elastic gossip on a torchft lighthouse.
+
+    Attributes:
+        name: ``none`` or ``torchft``.
+        lighthouse: The lighthouse's address, ``http://HOST:PORT``.
+        replica_id: This host's replica id; ``None`` gives ``HOSTNAME-ADDRESS-PID``, the
+            address being this host's interface towards the lighthouse, so that hosts
+            sharing a hostname (the testbed's namespaces, containers) still differ.
+        min_replicas: The fewest hosts a quorum may have; the job waits (with a progress
+            line) up to ``timeout_s`` for them.
+        timeout_s: Seconds for the lighthouse to answer, for a quorum, and for a peer
+            before it counts as lost.
+        quorum_every: Steps between quorums (a quorum is a rendezvous of every host).
+        host: The address this host advertises to its peers; ``None``: its interface
+            towards the lighthouse.
+    """
+
+    name: FaultToleranceName = FaultToleranceName["none"]  # type: ignore[valid-type]
+    lighthouse: str = "http://127.0.0.1:29510"
+    replica_id: str | None = None
+    min_replicas: int = 1
+    timeout_s: float = 60.0
+    quorum_every: int = 8
+    host: str | None = None
+
+
+def is_elastic(cfg: Any) -> bool:
+    """Whether the config asks for elastic gossip (``fault_tolerance=torchft``)."""
+    section = cfg.get("fault_tolerance")
+    return section is not None and str(section.name) == "torchft"
+
+
+# what cannot be elastic, and why (one line each)
+_NOT_ELASTIC = {
+    "topology": "allreduce and hierarchical are not gossip over replicas of one process",
+    "compression": "the references a group shares would have to be rebuilt at every change",
+    "outer": "a streamed, compressed or scaled outer round is not elastic",
+}
+
+
+def check_fault_tolerance(cfg: Any, world_size: int) -> None:
+    """Check ``fault_tolerance`` and what it combines with, before anything connects.
+
+    Raises:
+        ConfigError: One line naming the key and the value.
+    """
+    if not is_elastic(cfg):
+        return
+    ft = cfg.fault_tolerance
+    require(
+        "fault_tolerance.lighthouse",
+        ft.lighthouse,
+        isinstance(ft.lighthouse, str) and ft.lighthouse.startswith(("http://", "https://")),
+        "an address http://HOST:PORT (start the lighthouse with `make lighthouse`)",
+    )
+    for key in ("min_replicas", "quorum_every"):
+        value = ft.get(key)
+        require(
+            f"fault_tolerance.{key}",
+            value,
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+            "an integer >= 1",
+        )
+    require("fault_tolerance.timeout_s", ft.timeout_s, float(ft.timeout_s) > 0, "> 0")
+    rid = ft.get("replica_id")
+    require(
+        "fault_tolerance.replica_id",
+        rid,
+        rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
+        "null (unique per host) or a non-empty string without ':'",
+    )
+    if world_size != 1:
+        raise ConfigError(
+            f"fault_tolerance=torchft runs one process per host (a replica group of one), "
+            f"got a world size of {world_size}; launch torchrun --nproc_per_node=1 on each host"
+        )
+    topo = str(cfg.topology.name)
+    if topo in ("allreduce", "hierarchical") or cfg.topology.get("_target_") is not None:
+        raise ConfigError(
+            f"topology={topo} cannot be elastic with fault_tolerance=torchft: "
+            f"{_NOT_ELASTIC['topology']}; use ring, one-peer-exp, base-k, complete, ..."
+        )
+    try:  # built for every count of hosts, as the quorum may change it
+        check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}))
+    except ValueError as exc:
+        raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
+    comp = cfg.get("compression")
+    if comp is not None and str(comp.name) != "none":
+        raise ConfigError(
+            f"compression={comp.name} cannot be elastic with fault_tolerance=torchft: "
+            f"{_NOT_ELASTIC['compression']}; use compression=none"
+        )
+    outer = cfg.get("outer")
+    if outer is not None and str(outer.name) != "none":
+        plain_round = (
+            int(outer.get("fragments", 1)) == 1
+            and str(outer.get("compression", "none")) == "none"
+            and not bool(outer.get("scale_by_inner_lr", False))
+        )
+        if not plain_round:
+            raise ConfigError(
+                f"outer={outer.name} with fragments={outer.get('fragments')}, compression="
+                f"{outer.get('compression')}, scale_by_inner_lr={outer.get('scale_by_inner_lr')} "
+                f"cannot be elastic with fault_tolerance=torchft: {_NOT_ELASTIC['outer']}"
+            )
+        every = outer.get("every")
+        require(
+            "outer.every",
+            every,
+            isinstance(every, int) and every >= 1 and every % int(ft.quorum_every) == 0,
+            f"a multiple of fault_tolerance.quorum_every={ft.quorum_every} with "
+            "fault_tolerance=torchft (outer rounds fall on quorum steps)",
+        )
+    sync = {k: v for k, v in dict(cfg.optim.get("state_sync") or {}).items() if v}
+    if sync:
+        raise ConfigError(
+            f"optim.state_sync={sync} cannot be elastic with fault_tolerance=torchft; "
+            "leave it empty"
+        )
+    if str(cfg.network.name) != "none":
+        raise ConfigError(
+            f"network={cfg.network.name} (emulated delays) does not apply with "
+            "fault_tolerance=torchft; run on real hosts (the testbed) with network=none"
+        )

@@ -1,0 +1,126 @@
+"""Elastic gossip on torchft: membership changes 4 -> 3 -> 4 against a float64 replay.
+
+Each replica is a real process with its own torchft ``Manager`` and gloo group,
+on an in-process lighthouse on loopback (as torchft's own tests run it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchft")
+
+from tests.support import elastic_cases as ec  # noqa: E402
+
+RIDS = ["r0", "r1", "r2", "r3"]
+
+
+def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dict[str, object]]:
+    plans: dict[str, dict[str, object]] = {
+        rid: {"steps": steps, "every": every, "topology": topology} for rid in RIDS
+    }
+    plans["r2"].update(r2)
+    return plans
+
+
+@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
+def test_clean_leave_and_rejoin_replays_4_3_4(topology: str) -> None:
+    """r2 leaves cleanly after step 4 and rejoins from its step-4 state; it heals at step 8."""
+    every = 4
+    plans = _plans(12, every, topology, leave_after=4, rejoin_when="rejoin", set_at={"joined": 4})
+    # the survivors pass the quorum of step 5 without r2, then let it come back, and wait for
+    # its quorum request before theirs of step 9 (else they would go on without it)
+    for rid in ("r0", "r1", "r3"):
+        plans[rid]["set_at"] = {"rejoin": 6}
+        plans[rid]["wait_for"] = {"joined": 8}
+    reports = ec.run_threads(plans)
+    result = ec.replay(reports, topology, every)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
+    # r2 came back with its stale state (step 4) and continued from its neighbour's at step 8
+    resumed = [m for m in reports["r2"] if m[0] == "resumed"]
+    assert resumed and resumed[0][1] == 4
+    healed = result["steps"]["r2"][9]
+    # its neighbour in the round of step 9 (ring: rank 3; one-peer-exp: round 0 pairs 2 with 3)
+    assert healed["healed_from"] == "r3"
+    assert healed["cursor"] == 8  # the data position came with the state, not the stale 4
+    # every replica ended on step 12
+    assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
+
+
+@pytest.mark.slow
+def test_killed_replica_rejoins_from_a_neighbour(tmp_path: Path) -> None:
+    """r2 is killed after step 2; survivors lose no step; its restart heals past its checkpoint."""
+    every = 4
+    ckpt = str(tmp_path / "r2.pt")
+    plans = _plans(12, every, "ring", kill_after=2, save_at=2, save_to=ckpt)
+    for rid in ("r0", "r1", "r3"):
+        plans[rid]["set_at"] = {"restart": 6}
+        plans[rid]["wait_for"] = {"joined": 8}
+    # the restarted host loads its own checkpoint of step 2 first: the heal must replace it
+    restart = dict(plans["r2"], kill_after=None, save_at=None, resume=ckpt, set_at={"joined": 2})
+    reports = ec.run(plans, {"r2": dict(restart, after_event="restart")})
+    result = ec.replay(reports, "ring", every)
+    members = result["members"]
+    # 4 members whose quorum still holds r2 until step 4 (its neighbours lose it at 3 and 4),
+    # 3 from the quorum of step 5, 4 again from the quorum of step 9
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
+    lost = {
+        (t, rid)
+        for rid in ("r1", "r3")
+        for t in (3, 4)
+        if "r2" not in result["steps"][rid][t]["mixed"]
+    }
+    assert lost, "no survivor noticed r2's death"
+    for rid in ("r0", "r1", "r3"):
+        assert sorted(result["steps"][rid]) == list(range(1, 13))  # no survivor lost a step
+    resumed = [m for m in reports["r2"] if m[0] == "resumed"]
+    assert resumed and resumed[0][1] == 2
+    assert result["steps"]["r2"][9]["healed_from"] in ("r1", "r3")
+    assert result["steps"]["r2"][9]["cursor"] == 8
+
+
+def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
+    """DiLoCo over 4 -> 3 -> 4: quorums every 2 steps, outer rounds every 4.
+
+    r2 leaves after step 2 (the quorum of step 3 restarts the round from the 3
+    members' mean), the outer round of step 5 steps the outer optimizer, r2
+    rejoins at the quorum of step 7 (the round restarts again; r2 heals the outer
+    momentum from its neighbour) and the round of step 9 steps with that momentum.
+    """
+    every, outer_every = 2, 4
+    plans = _plans(12, every, "ring", leave_after=2, rejoin_when="rejoin", set_at={"joined": 2})
+    for rid, plan in plans.items():
+        plan["outer_every"] = outer_every
+        if rid != "r2":
+            plan["set_at"] = {"rejoin": 4}
+            plan["wait_for"] = {"joined": 6}
+    reports = ec.run_threads(plans)
+    result = ec.replay(reports, "ring", every, outer_every=outer_every)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 2 + [3] * 4 + [4] * 6
+    assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
+
+
+@pytest.mark.parametrize("where", ["die_in_quorum_at", "die_in_allreduce_at"])
+def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on(where: str) -> None:
+    """r2 joins the quorum of step 5 and dies before it takes part in it, or in its all-reduce.
+
+    The others wait for it on the quorum's store, or in the all-reduce of the
+    members' mean, for timeout_s, then ask again: the lighthouse, no longer
+    hearing r2, forms a quorum of three. The lighthouse's join timeout (6 s)
+    is above timeout_s (3 s), so that it waits for a survivor still stuck in
+    the all-reduce rather than re-forming without it.
+    """
+    every = 4
+    plans = _plans(8, every, "ring", **{where: 4})
+    for plan in plans.values():
+        plan["timeout_s"] = 3.0
+    reports = ec.run_threads(plans, join_timeout_ms=6000)
+    assert reports["r2"][-1][0] == "died"
+    reports["r2"] = [m for m in reports["r2"] if m[0] != "died"]
+    result = ec.replay(reports, "ring", every)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 9)] == [4] * 4 + [3] * 4

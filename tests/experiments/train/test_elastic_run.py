@@ -1,0 +1,130 @@
+"""``fault_tolerance=torchft``: the config group, its one-line refusals, and two hosts' replicas.
+
+The two hosts are two threads of this process, each running ``run(cfg)`` as its own
+``torchrun --nproc_per_node=1`` would, on an in-process lighthouse on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.schema import ConfigError
+from experiments.train.run import run, validate
+from tests.support.launch import compose_config
+
+pytest.importorskip("torchft")
+
+from tests.support import elastic_cases as ec  # noqa: E402
+
+FT = ("fault_tolerance=torchft", "logger=none", "topology=ring")
+
+
+def test_off_by_default_and_composes_with_its_keys() -> None:
+    assert str(compose_config().fault_tolerance.name) == "none"
+    cfg = compose_config(*FT, "fault_tolerance.min_replicas=3", "fault_tolerance.replica_id=a")
+    ft = cfg.fault_tolerance
+    assert (ft.min_replicas, ft.replica_id, ft.timeout_s, ft.quorum_every) == (3, "a", 60.0, 8)
+    assert ft.lighthouse.startswith("http://")
+    validate(cfg, 1)
+    validate(compose_config(*FT, "outer=slowmo", "outer.every=16"), 1)  # a plain outer round
+
+
+@pytest.mark.parametrize(
+    ("overrides", "world", "message"),
+    [
+        (("compression=int8",), 1, r"^compression=int8 cannot be elastic"),
+        (
+            ("outer=diloco", "outer.fragments=2", "outer.every=16"),
+            1,
+            r"^outer=diloco with fragments=2",
+        ),
+        (
+            ("outer=slowmo", "outer.every=12"),
+            1,
+            r"^outer.every=12 is invalid; it must be a multiple of",
+        ),
+        (("topology=hierarchical",), 1, r"^topology=hierarchical cannot be elastic"),
+        (("topology=allreduce",), 1, r"^topology=allreduce cannot be elastic"),
+        (
+            ("topology=alternating-exp-ring",),
+            1,
+            r"^topology='alternating-exp-ring' cannot be elastic",
+        ),
+        (
+            ("optim=adamw", "optim.state_sync.exp_avg_sq=1"),
+            1,
+            r"^optim.state_sync=\{'exp_avg_sq': 1\} cannot",
+        ),
+        ((), 4, r"one process per host .* world size of 4"),
+        (
+            ("fault_tolerance.lighthouse=nowhere",),
+            1,
+            r"^fault_tolerance.lighthouse=nowhere is invalid",
+        ),
+        (("fault_tolerance.replica_id='a:b'",), 1, r"^fault_tolerance.replica_id=a:b is invalid"),
+        (("fault_tolerance.min_replicas=0",), 1, r"^fault_tolerance.min_replicas=0 is invalid"),
+    ],
+)
+def test_what_cannot_be_elastic_is_one_line(
+    overrides: tuple[str, ...], world: int, message: str
+) -> None:
+    cfg = compose_config(*FT, *overrides)
+    with pytest.raises(ConfigError, match=message) as e:
+        validate(cfg, world)
+    assert "\n" not in str(e.value)
+
+
+def _host(cfg: Any, run_dir: Path, out: dict[str, Any]) -> None:
+    try:
+        out[str(cfg.fault_tolerance.replica_id)] = run(cfg, run_dir=run_dir)
+    except BaseException as exc:  # reported to the test
+        out[str(cfg.fault_tolerance.replica_id)] = exc
+
+
+def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_path: Path) -> None:
+    server = ec.lighthouse()
+    lh = ec.loopback_address(server)
+    out: dict[str, Any] = {}
+    cfgs = [
+        compose_config(
+            *FT,
+            f"fault_tolerance.lighthouse={lh}",
+            f"fault_tolerance.replica_id=h{i}",
+            "fault_tolerance.min_replicas=2",
+            "fault_tolerance.timeout_s=20",
+            "fault_tolerance.quorum_every=3",
+            "fault_tolerance.host=127.0.0.1",
+            "train.max_steps=6",
+            "log.every=3",
+            "checkpoint.on_signal=false",
+        )
+        for i in range(2)
+    ]
+    threads = [threading.Thread(target=_host, args=(c, tmp_path, out)) for c in cfgs]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        server.shutdown()
+    for rid in ("h0", "h1"):
+        summary = out[rid]
+        assert not isinstance(summary, BaseException), summary
+        assert summary["steps"] == 6 and summary["members"] == ["h0", "h1"]
+        assert 0.0 <= summary["eval/acc_local"] <= 1.0
+        lines = [json.loads(x) for x in (tmp_path / rid / "metrics.jsonl").read_text().splitlines()]
+        quorums = [x for x in lines if "consensus/distance" in x]
+        assert [x["step"] for x in quorums] == [1, 4]  # a quorum every 3 steps
+        assert quorums[0]["consensus/distance"] == 0.0  # the first quorum aligned the models
+        assert all(x["elastic/members"] == 2 for x in quorums)
+        assert [x["step"] for x in lines if "train/loss" in x] == [3, 6]
+        assert (tmp_path / rid / "summary.json").exists()
+    # everyone starts from rank 0's state: h1 healed from h0
+    assert out["h1"]["changes"][0]["healed_from"] == "h0"
+    assert out["h0"]["changes"][0]["healed_from"] is None

@@ -1,0 +1,425 @@
+"""Elastic gossip on real processes: replicas that train, leave (cleanly or killed) and rejoin.
+
+Each replica is its own process (a host, as torchft launches them) with an
+:class:`decent_dp.elastic.ElasticGossip` on an in-process lighthouse of the
+test. Each reports every step (members, rank, the peers it mixed with, its
+parameters) so that :func:`replay` can recompute the whole run in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+DIM = 3
+LR = 0.1
+MOMENTUM = 0.5
+# the outer optimizer of plans with "outer_every": DiLoCo's Nesterov SGD
+OUTER_LR = 0.7
+OUTER_MOMENTUM = 0.9
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 5000) -> Any:
+    """An in-process torchft lighthouse on loopback, quick to drop a silent replica."""
+    from torchft._torchft import LighthouseServer
+
+    return LighthouseServer(
+        bind="127.0.0.1:0",
+        min_replicas=min_replicas,
+        join_timeout_ms=join_timeout_ms,
+        quorum_tick_ms=50,
+        heartbeat_timeout_ms=800,
+    )
+
+
+def loopback_address(server: Any) -> str:
+    """The lighthouse's address with its port on 127.0.0.1 (``address()`` gives the hostname)."""
+    return f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+
+
+def initial_params(rid: str) -> torch.Tensor:
+    """Each replica's own initial ``[w (DIM), b]``: they differ, the first quorum aligns them."""
+    g = torch.Generator().manual_seed(sum(map(ord, rid)))
+    return torch.randn(DIM + 1, generator=g, dtype=torch.float64)
+
+
+def batch(rid: str, cursor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replica ``rid``'s batch at data position ``cursor``."""
+    g = torch.Generator().manual_seed(1000 * sum(map(ord, rid)) + cursor)
+    x = torch.randn(4, DIM, generator=g, dtype=torch.float64)
+    y = torch.randn(4, 1, generator=g, dtype=torch.float64)
+    return x, y
+
+
+def _model(rid: str) -> nn.Linear:
+    m = nn.Linear(DIM, 1).double()
+    p = initial_params(rid)
+    with torch.no_grad():
+        m.weight.copy_(p[:DIM].view(1, DIM))
+        m.bias.copy_(p[DIM:])
+    return m
+
+
+def _flat(m: nn.Linear) -> list[float]:
+    return torch.cat([m.weight.detach().reshape(-1), m.bias.detach()]).tolist()
+
+
+class _Died(Exception):
+    """A replica that stops in the middle of a quorum (the test's crash)."""
+
+
+def _die_inside_quorum(gossip: Any) -> None:
+    """Make the next quorum stop this replica once torchft has formed it, before it takes part.
+
+    The replica's membership is closed (its heartbeats stop, its servers and
+    group go) where it would read the quorum's store: what the others see of a
+    host that crashed there.
+    """
+    membership = gossip.membership
+
+    def crash(qid: int) -> Any:
+        membership.close()
+        raise _Died(f"died inside quorum {qid}")
+
+    membership._quorum_store = crash
+
+
+def _die_in_the_quorums_allreduce(gossip: Any) -> None:
+    """Make this replica stop at the all-reduce of its next quorum, after it took part in it."""
+    membership = gossip.membership
+
+    def crash(tensor: torch.Tensor) -> None:
+        membership.close()
+        raise _Died("died in the quorum's all-reduce")
+
+    membership.allreduce_sum = crash
+
+
+def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
+    """Train ``plan['steps']`` steps; leave, die or rejoin as the plan says; report each step.
+
+    Plan keys: ``steps``, ``every`` (quorum), ``topology``, ``leave_after`` (close
+    cleanly after that step, then rejoin from the state saved then),
+    ``kill_after`` (SIGKILL itself after that step), ``resume`` (a state file
+    to start from: a restarted host's stale checkpoint), ``save_at`` and
+    ``save_to`` (write that checkpoint), ``wait_for``/``set_at`` (events that
+    gate a step, so that a quorum sees the membership the test wants).
+    """
+    from decent_dp.elastic import ElasticGossip
+
+    torch.set_num_threads(1)
+    try:
+        model = _model(rid)
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        data = {"cursor": 0}
+
+        def make() -> ElasticGossip:
+            return ElasticGossip(
+                model,
+                opt,
+                topology=plan["topology"],
+                lighthouse=lh,
+                replica_id=rid,
+                min_replicas=plan.get("min_replicas", 1),
+                timeout_s=plan.get("timeout_s", 10.0),
+                quorum_every=plan["every"],
+                host="127.0.0.1",
+                state_fn=lambda: dict(data),
+                load_state_fn=lambda s: data.update(s),
+                log=lambda line: None,
+                outer_optim_fn=outer_fn if plan.get("outer_every") else None,
+                outer_every=plan.get("outer_every"),
+            )
+
+        def outer_fn(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+            return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+
+        gossip = make()
+        if "start" in events and not plan.get("restarted"):
+            events["start"].wait(60)  # every first replica heartbeats before the first quorum
+            # its Manager's first heartbeat is sent on its own thread: let every one arrive, or
+            # a first quorum would form without a replica the lighthouse has not heard yet
+            time.sleep(0.5)
+        if plan.get("resume"):
+            gossip.load_state_dict(torch.load(plan["resume"], weights_only=False))
+            out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
+        while gossip.step_count < plan["steps"]:
+            s = gossip.step_count
+            for name, at in plan.get("wait_for", {}).items():
+                if at == s:
+                    events[name].wait(60)
+                    # the joiner sets the event just before asking for its quorum; a quorum of
+                    # the others that reaches the lighthouse first would go on without it
+                    time.sleep(1.0)
+            for name, at in plan.get("set_at", {}).items():
+                if at == s:
+                    events[name].set()
+            params_before = _flat(model)
+            if plan.get("die_in_quorum_at") == s:
+                _die_inside_quorum(gossip)
+            if plan.get("die_in_allreduce_at") == s:
+                _die_in_the_quorums_allreduce(gossip)
+            gossip.zero_grad()  # a quorum (and healing) may happen here
+            cursor = data["cursor"]
+            x, y = batch(rid, cursor)
+            nn.functional.mse_loss(model(x), y).backward()
+            gossip.step()
+            t = gossip.step_count
+            edge = gossip.edge(t)
+            mixed = [gossip.members[r] for r in sorted(edge.ranks) if r != gossip.rank]
+            mixed = [m for m in mixed if gossip.members.index(m) not in gossip.lost]
+            out.put(
+                (
+                    rid,
+                    "step",
+                    t,
+                    {
+                        "members": list(gossip.members),
+                        "quorum_id": gossip.view.quorum_id if gossip.view else None,
+                        "mixed": mixed,
+                        "healed_from": gossip.healed_from
+                        if gossip.last_quorum_step == t - 1
+                        else None,
+                        "cursor": cursor,
+                        "before": params_before,
+                        "params": _flat(model),
+                        "consensus": gossip.last_consensus_distance,
+                    },
+                )
+            )
+            data["cursor"] += 1
+            if plan.get("save_at") == t:
+                torch.save(gossip.state_dict(), plan["save_to"])
+            if plan.get("kill_after") == t:
+                out.close()
+                out.join_thread()  # the reports so far reach the parent; then die outright
+                os.kill(os.getpid(), signal.SIGKILL)
+            if plan.get("leave_after") == t:
+                stale = gossip.state_dict()
+                gossip.close()
+                events[plan["rejoin_when"]].wait(60)
+                gossip = make()
+                gossip.load_state_dict(stale)
+                out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
+        out.put((rid, "done", gossip.step_count))
+        gossip.close()
+    except _Died as exc:
+        out.put((rid, "died", str(exc)))
+    except BaseException as exc:  # every failure goes to the parent, as one line
+        out.put((rid, "error", f"{type(exc).__name__}: {exc}"))
+
+
+def run(plans: dict[str, dict[str, Any]], restarts: dict[str, dict[str, Any]], timeout: float = 90):
+    """Run the replicas (and restarted ones after their first process died); gather reports.
+
+    Returns:
+        ``{rid: [report, ...]}`` in arrival order.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    events: dict[str, Any] = {name: ctx.Event() for name in ("rejoin", "restart", "joined")}
+    events["start"] = ctx.Barrier(len(plans))
+    server = lighthouse()
+    lh = loopback_address(server)
+    procs = {
+        rid: ctx.Process(target=replica, args=(rid, lh, p, out, events)) for rid, p in plans.items()
+    }
+    for p in procs.values():
+        p.start()
+    reports: dict[str, list[Any]] = {rid: [] for rid in plans}
+    restarted: set[str] = set()
+    running = set(plans)
+    deadline = time.monotonic() + timeout
+    try:
+        while running and time.monotonic() < deadline:
+            for rid, plan in restarts.items():
+                if rid in restarted or procs[rid].is_alive():
+                    continue
+                if plan.get("after_event") and not events[plan["after_event"]].is_set():
+                    continue
+                restarted.add(rid)
+                plan = dict(plan, restarted=True)
+                procs[rid] = ctx.Process(target=replica, args=(rid, lh, plan, out, events))
+                procs[rid].start()
+                running.add(rid)
+            try:
+                msg = out.get(timeout=0.5)
+            except Exception:
+                for rid in list(running):
+                    # a process that died for good (not one the test restarts later)
+                    if not procs[rid].is_alive() and (rid not in restarts or rid in restarted):
+                        running.discard(rid)
+                continue
+            reports[msg[0]].append(msg[1:])
+            if msg[1] in ("done", "error"):
+                running.discard(msg[0])
+        if running:
+            raise TimeoutError(f"replicas {sorted(running)} did not finish: {reports}")
+    finally:
+        for p in procs.values():
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        server.shutdown()
+    return reports
+
+
+def _grad(x: torch.Tensor, rid: str, cursor: int) -> torch.Tensor:
+    w = x.clone().requires_grad_(True)
+    xb, yb = batch(rid, cursor)
+    pred = xb @ w[:DIM].view(DIM, 1) + w[DIM:]
+    nn.functional.mse_loss(pred, yb).backward()
+    assert w.grad is not None
+    return w.grad
+
+
+def replay(
+    reports: dict[str, list[Any]], topology: str, every: int, outer_every: int | None = None
+) -> dict[str, Any]:
+    """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
+
+    ``W(t)`` is built here, from the registry, over the members each step
+    reports; a peer a replica reports as lost contributes nothing (its weight
+    stays with the replica). A joiner takes its source's parameters, momentum
+    and data position at its first quorum. With ``outer_every``, outer rounds
+    (DiLoCo's Nesterov SGD on ``x_outer - xbar``) at quorum steps ``t > 1`` with
+    ``(t - 1) % outer_every == 0``, and at every new quorum id ``x_outer`` restarts
+    from the members' mean (:mod:`decent_dp._elastic_outer`). Checks every reported step's
+    parameters against the recomputed ones, and that each replica mixed with
+    exactly the edge the topology gives (less peers that were gone).
+
+    Returns:
+        The members of each step and the final parameters.
+    """
+    from decent_dp.elastic import elastic_topology
+
+    steps: dict[str, dict[int, dict[str, Any]]] = {rid: {} for rid in reports}
+    for rid, msgs in reports.items():
+        for m in msgs:
+            if m[0] == "error":
+                raise AssertionError(f"{rid}: {m[1]}")
+            if m[0] == "step":
+                steps[rid][m[1]] = m[2]
+    last = max(t for s in steps.values() for t in s)
+    x = {rid: initial_params(rid) for rid in reports}
+    buf: dict[str, torch.Tensor | None] = {rid: None for rid in reports}
+    cursor = {rid: 0 for rid in reports}
+    members_of: dict[int, list[str]] = {}
+    x_outer: torch.Tensor | None = None
+    outer_buf: torch.Tensor | None = None
+    quorum_id = None
+    for t in range(1, last + 1):
+        active = sorted(rid for rid in reports if t in steps[rid])
+        members = steps[active[0]][t]["members"]
+        members_of[t] = members
+        # a member killed since the quorum is still listed until the next one, silent
+        assert set(active) <= set(members), f"step {t}: members {members}, reports from {active}"
+        for rid in set(members) - set(active):
+            assert t not in steps[rid], f"step {t}: {rid} listed but silent"
+        for rid in active:
+            assert steps[rid][t]["members"] == members, f"step {t}: {rid} saw other members"
+        quorum = (t - 1) % every == 0
+        for rid in active:
+            src = steps[rid][t]["healed_from"]
+            if src is not None:
+                assert quorum, f"{rid} healed at step {t}, not a quorum step"
+                x[rid] = x[src].clone()
+                buf[rid] = None if buf[src] is None else buf[src].clone()
+                cursor[rid] = cursor[src]
+        outer_round = False
+        if outer_every is not None and quorum:
+            assert set(active) == set(members), f"step {t}: a quorum step with a silent member"
+            mean = torch.stack([x[rid] for rid in members]).mean(0)
+            qid = steps[active[0]][t]["quorum_id"]
+            outer_round = t > 1 and (t - 1) % outer_every == 0
+            if x_outer is None or qid != quorum_id:  # a change: the round restarts from xbar
+                x_outer = mean.clone()
+            elif outer_round:
+                g = x_outer - mean
+                outer_buf = g.clone() if outer_buf is None else OUTER_MOMENTUM * outer_buf + g
+                x_outer = x_outer - OUTER_LR * (g + OUTER_MOMENTUM * outer_buf)
+            quorum_id = qid
+        # one-peer-exp on 3 members is base-k with k=1 (elastic_topology's fallback)
+        topo = elastic_topology(topology, len(members), {})
+        new = {}
+        for rid in active:
+            info = steps[rid][t]
+            i = members.index(rid)
+            edge = topo.get_edge((t - 1) % topo.period, i)
+            expected = [members[r] for r in sorted(edge.ranks) if r != i]
+            if not outer_round:
+                assert set(info["mixed"]) <= set(expected), (t, rid, info["mixed"], expected)
+            for gone in set(expected) - set(info["mixed"]):
+                nxt = steps[gone].get(t + 1)
+                assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
+            assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
+            g = _grad(x[rid], rid, cursor[rid])
+            b = g.clone() if buf[rid] is None else MOMENTUM * buf[rid] + g
+            buf[rid] = b
+            if outer_round:  # x(t) = x_outer + d(t), no gossip
+                assert x_outer is not None
+                out = x_outer - LR * b
+            else:
+                out = x[rid] - LR * b
+                for j in info["mixed"]:
+                    out = out + edge.peer_weight * (x[j] - x[rid])
+            new[rid] = out
+            cursor[rid] += 1
+        x.update(new)
+        for rid in active:
+            got = torch.tensor(steps[rid][t]["params"], dtype=torch.float64)
+            torch.testing.assert_close(
+                got, x[rid], rtol=1e-9, atol=1e-12, msg=lambda m, r=rid, s=t: f"{r} step {s}: {m}"
+            )
+    return {"members": members_of, "final": x, "steps": steps}
+
+
+def run_threads(
+    plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 5000
+) -> dict[str, list[Any]]:
+    """Run the replicas as threads of this process (each its own Manager, store and group).
+
+    Quicker than processes (one torch import); for plans where nobody is killed.
+    """
+    import queue
+    import threading
+
+    out: queue.Queue[Any] = queue.Queue()
+    events: dict[str, Any] = {name: threading.Event() for name in ("rejoin", "restart", "joined")}
+    events["start"] = threading.Barrier(len(plans))
+    server = lighthouse(join_timeout_ms=join_timeout_ms)
+    lh = loopback_address(server)
+    threads = [
+        threading.Thread(target=replica, args=(rid, lh, p, out, events), daemon=True)
+        for rid, p in plans.items()
+    ]
+    reports: dict[str, list[Any]] = {rid: [] for rid in plans}
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            t.join(timeout=max(0.1, deadline - time.monotonic()))
+        while not out.empty():
+            msg = out.get()
+            reports[msg[0]].append(msg[1:])
+        if any(t.is_alive() for t in threads):
+            raise TimeoutError(f"replicas did not finish: {reports}")
+    finally:
+        server.shutdown()
+    return reports
