@@ -392,10 +392,22 @@ def replay(
 def run_threads(
     plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 5000
 ) -> dict[str, list[Any]]:
-    """Run the replicas as threads of this process (each its own Manager, store and group).
+    """Run the replicas as threads of one fresh process (each its own Manager, store and group).
 
-    Quicker than processes (one torch import); for plans where nobody is killed.
+    Quicker than a process per replica (one torch import); for plans where
+    nobody is killed. The process is spawned, not the test's own: torchft's
+    runtime threads outlive their Managers, and a later test that forks its
+    ranks from a process holding them can inherit a held lock and hang.
     """
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_run_threads_here, (plans, timeout, join_timeout_ms))
+
+
+def _run_threads_here(
+    plans: dict[str, dict[str, Any]], timeout: float, join_timeout_ms: int
+) -> dict[str, list[Any]]:
     import queue
     import threading
 
