@@ -94,15 +94,17 @@ def test_a_mixed_grad_prev_is_what_feeds_v() -> None:
     )
 
 
-def test_a_gradient_that_appears_after_zeros_steps_by_at_most_clip() -> None:
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_gradient_that_appears_after_zeros_steps_by_at_most_clip(sign: float) -> None:
+    # both bounds of the clip: a large negative gradient moves the parameter up by lr * clip
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     opt = LaggedVAdamW([p], lr=0.1, weight_decay=0.0, clip=2.0)
     p.grad = torch.tensor([1.0, 0.0], dtype=torch.float64)
     opt.step()
-    p.grad = torch.tensor([1.0, 50.0], dtype=torch.float64)  # v of the second is still 0
+    p.grad = torch.tensor([1.0, sign * 50.0], dtype=torch.float64)  # v of the second is still 0
     before = p.detach().clone()
     opt.step()
-    assert (before - p.detach())[1].item() == pytest.approx(0.2)
+    assert (before - p.detach())[1].item() == pytest.approx(sign * 0.2)
 
 
 def test_the_factory_decays_weights_only_and_the_state_loads_weights_only() -> None:
