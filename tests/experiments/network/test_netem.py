@@ -491,3 +491,35 @@ def test_validation_refuses_a_negative_calibration_term(
     assert message.startswith("network=custom: ")
     assert f"{key}=-1.0 is invalid; it must be a finite number >= 0" in message
     assert "\n" not in message
+
+
+def _installed_delays(rank: int, world_size: int, nets: list[dict]) -> list[list[float]]:
+    from decent_dp import DecentralizedDataParallel
+    from decent_dp.optim import optim_fn_sgd
+
+    out = []
+    for net in nets:
+        ddp = DecentralizedDataParallel(
+            _model(), lambda params: optim_fn_sgd(params, lr=0.1), topology="ring"
+        )
+        netem.apply_network(OmegaConf.create(net), ddp, world_size)
+        delay = ddp._engine.gossip.comm_delay  # what the wrapper calls at each launch
+        # a pair inside host 0 (ranks 0, 1), then one across the two hosts (1, 2)
+        out.append([delay(4000, 2, ranks=[0, 1]), delay(4000, 2, ranks=[1, 2])])
+        ddp.close()
+    return out
+
+
+def test_apply_network_passes_the_configs_hosts_to_the_emulator() -> None:
+    """``network.procs_per_host`` reaches the emulator: a pair inside one host is not held."""
+    from tests.support.dist_harness import ok_values, run_distributed
+
+    hosts = dict(SLOW, procs_per_host=2)
+    got = ok_values(run_distributed(_installed_delays, 4, [hosts, SLOW], timeout=120))
+    profile = netem.profile_from_cfg(SLOW)
+    pair = netem.gossip_time(4000, 2, profile)
+    for (inside, across), (flat_a, flat_b) in got:
+        assert inside == 0.0  # the loopback's own time
+        # across hosts the pair shares the host's link with the other L / c = 2 pairs
+        assert across == pytest.approx(netem.gossip_time(2 * 4000, 2, profile))
+        assert flat_a == pytest.approx(pair) and flat_b >= pair  # a link per rank
