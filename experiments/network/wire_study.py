@@ -38,7 +38,6 @@ from experiments.network.wire_table import LOCAL_SGD_PERIOD, write_table
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "network"
 QUIET = ["logger=none", "log.progress=false", "log.consensus_sketch=0", "log.consensus_every=0"]
-VETH_LATENCY_MS = 0.05  # one way, measured with ping between two testbed hosts: no added delay
 
 MODELS: dict[str, list[str]] = {
     "digits": ["train.max_steps=60", "log.every=10"],
@@ -113,11 +112,12 @@ def run(ns: argparse.Namespace) -> int:
             for kind in todo:
                 emu = tmp / f"{rate}-{arm}-{kind}"
                 emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
-                            f"network.latency_ms={VETH_LATENCY_MS}",
                             f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
-                if kind == "calibrated":
+                if kind == "calibrated":  # latency 0: the fitted collective_ms holds it
                     assert calib is not None  # loaded above whenever calibrated/ is to run
                     emulator += calibrate.emulator_overrides(calib, spec.rate_bps)
+                else:
+                    emulator.append(f"network.latency_ms={calibrate.VETH_LATENCY_MS}")
                 try:
                     run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
                               ns.timeout_s)  # fmt: skip
