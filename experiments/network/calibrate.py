@@ -38,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,22 +101,31 @@ def _bench_args(size: int, reps: int, rate_bps: float | None) -> list[str]:
 def measure_wire(
     rates: Sequence[str], sizes: Sequence[int], reps: int, prefix: str
 ) -> list[dict[str, Any]]:
-    """Pair exchanges on ``HOSTS`` testbed hosts at every rate and size (brings the testbed down)."""
+    """Pair exchanges on ``HOSTS`` testbed hosts at every rate and size.
+
+    Brings the testbed down at the end, also on SIGTERM or SIGINT (then raising
+    :class:`experiments.network.testbed.Interrupted`), after stopping the hosts' launchers.
+    """
     from experiments.network import testbed as tb
 
     rows: list[dict[str, Any]] = []
     jobs = [(r, s) for r in rates for s in sizes]
     tmp = Path(tempfile.mkdtemp(prefix="calibrate-"))
-    try:
-        for rate, size in tqdm(jobs, desc="calibrate: wire", unit="run"):
-            spec = tb.Spec(HOSTS, 1, tb.parse_rate(rate), 50.0, prefix)
-            tb.up(spec)
-            out = tmp / f"{rate}-{size}"
-            tb.launch(spec, _bench_args(size, reps, spec.rate_bps), out, timeout_s=600, quiet=True)
-            got = _rows((out / "testbed" / "host0.log").read_text(errors="replace"))
-            rows += [{**g, "where": "wire", "rate": rate, "rate_bps": spec.rate_bps} for g in got]
-    finally:
-        tb.down(prefix)
+    with tb.teardown_on_signals():
+        try:
+            for rate, size in tqdm(jobs, desc="calibrate: wire", unit="run"):
+                spec = tb.Spec(HOSTS, 1, tb.parse_rate(rate), 50.0, prefix)
+                tb.up(spec)
+                out = tmp / f"{rate}-{size}"
+                args = _bench_args(size, reps, spec.rate_bps)
+                tb.launch(spec, args, out, timeout_s=600, quiet=True)
+                got = _rows((out / "testbed" / "host0.log").read_text(errors="replace"))
+                rows += [
+                    {**g, "where": "wire", "rate": rate, "rate_bps": spec.rate_bps} for g in got
+                ]
+        finally:
+            tb.down(prefix)
+            shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 
@@ -273,9 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        rows = measure_wire(ns.rates, ns.sizes, ns.reps, ns.prefix) + measure_loopback(
-            ns.sizes, ns.reps
-        )
+        try:
+            with tb.teardown_on_signals():  # the loopback's torchrun ends with it too
+                rows = measure_wire(ns.rates, ns.sizes, ns.reps, ns.prefix)
+                rows += measure_loopback(ns.sizes, ns.reps)
+        except tb.Interrupted as exc:
+            print(f"calibrate: {exc}; the testbed is down", file=sys.stderr)
+            return 128 + exc.signum
         out.mkdir(parents=True, exist_ok=True)
         (out / "calibration.json").write_text(json.dumps(summarize(rows), indent=1) + "\n")
     calib = load(out)
