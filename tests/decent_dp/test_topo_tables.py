@@ -1,5 +1,6 @@
-"""Pure-data tests of :mod:`decent_dp.topo`: spectral gaps and contraction on hand cases,
-``describe()`` and the command-line table."""
+"""Pure-data tests of :mod:`decent_dp.topo` and :mod:`decent_dp.mixing`: spectral gaps,
+contraction, the consensus rate and exact consensus on hand cases, ``describe()`` and the
+command-line table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from decent_dp.mixing import consensus_rate, reaches_exact_consensus
 from decent_dp.topo import (
     TopologyReg,
     describe,
@@ -188,3 +190,49 @@ def test_cli_rejects_bad_world_size(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--world-size", "0"])
     assert info.value.code == 2
     assert "--world-size=0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# consensus_rate and reaches_exact_consensus on hand cases
+# ---------------------------------------------------------------------------
+
+
+def lazy_pair(eps: float) -> torch.Tensor:
+    """``[[1/2 + eps, 1/2 - eps], [1/2 - eps, 1/2 + eps]]``: its second eigenvalue is ``2 eps``."""
+    return t([[0.5 + eps, 0.5 - eps], [0.5 - eps, 0.5 + eps]])
+
+
+@pytest.mark.parametrize(
+    ("mats", "rate"),
+    [
+        # contraction 1/2 in one round, then 1/4 over a period of two: 1/2 per step both times
+        pytest.param([lazy_pair(0.25)], 0.5, id="one-round"),
+        pytest.param([lazy_pair(0.25)] * 2, 0.5, id="period-of-two"),
+        # contraction 1/8 over three rounds: 1 - (1/8)^(1/3)
+        pytest.param([lazy_pair(0.25)] * 3, 0.5, id="period-of-three"),
+        pytest.param([lazy_pair(0.0)], 1.0, id="exact"),
+        # a contraction of 1e-13, under atol: rounding noise of an exact period, so exactly 1
+        pytest.param([lazy_pair(5e-14)], 1.0, id="noise-under-atol"),
+    ],
+)
+def test_consensus_rate_hand_cases(mats: list[torch.Tensor], rate: float) -> None:
+    got = consensus_rate(mats)
+    if rate == 1.0:
+        assert got == 1.0
+    else:
+        assert got == pytest.approx(rate, abs=1e-12)
+
+
+def test_consensus_rate_reads_a_contraction_above_atol() -> None:
+    # 1e-6 is no rounding noise: the rate is 1 - 1e-6, not 1
+    assert consensus_rate([lazy_pair(5e-7)]) == pytest.approx(1.0 - 1e-6, abs=1e-12)
+    assert consensus_rate([lazy_pair(5e-7)], atol=1e-5) == 1.0
+
+
+def test_reaches_exact_consensus_hand_cases() -> None:
+    assert reaches_exact_consensus([lazy_pair(0.0)])
+    assert reaches_exact_consensus([lazy_pair(5e-14)])  # within the default atol
+    assert not reaches_exact_consensus([lazy_pair(0.25)] * 4)  # 1/16 left
+    assert not reaches_exact_consensus([lazy_pair(5e-14)], atol=1e-14)
+    assert reaches_exact_consensus(mixing_matrices("one-peer-exp", 8))
+    assert not reaches_exact_consensus(mixing_matrices("ring", 8))

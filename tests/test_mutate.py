@@ -1,0 +1,50 @@
+"""``make mutate``'s driver: its module-to-tests map stays true to the tree, and its counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import mutate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("module", sorted(mutate.TESTS))
+def test_every_mapped_module_and_test_file_exists(module: str) -> None:
+    assert (ROOT / module).is_file(), module
+    for test in mutate.TESTS[module]:
+        assert (ROOT / test).is_file(), test
+
+
+def test_an_unknown_module_is_refused_in_one_line() -> None:
+    with pytest.raises(SystemExit, match="'decent_dp/nope.py' has no test selection; known"):
+        mutate.test_command("decent_dp/nope.py")
+
+
+def _row(outcome: str | None, worker: str = "normal", output: str = "", line: int = 3) -> tuple:
+    item = {"mutations": [{"start_pos": [line, 0], "operator_name": "op", "occurrence": 0}]}
+    result = {"worker_outcome": worker, "test_outcome": outcome, "output": output, "diff": "d"}
+    return item, result
+
+
+def test_summarize_counts_each_outcome_and_lists_the_survivors() -> None:
+    rows = [
+        _row("killed"),
+        _row("killed", output="timeout"),
+        _row("survived", line=9),
+        _row("survived", line=2),
+        _row("incompetent", worker="exception"),
+        _row(None, worker="skipped"),
+        ({"mutations": [{"start_pos": [1, 0], "operator_name": "op", "occurrence": 1}]}, None),
+    ]
+    got = mutate.summarize("decent_dp/x.py", rows)
+    assert got["counts"] == {
+        "killed": 1,
+        "survived": 2,
+        "timeout": 1,
+        "incompetent": 1,
+        "skipped": 1,
+    }
+    assert [s["line"] for s in got["survivors"]] == [2, 9]
