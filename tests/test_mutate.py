@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,25 @@ def test_summarize_counts_each_outcome_and_lists_the_survivors() -> None:
         "skipped": 1,
     }
     assert [s["line"] for s in got["survivors"]] == [2, 9]
+
+
+@pytest.mark.parametrize(
+    ("operator", "kept"),
+    [
+        ("core/ReplaceBinaryOperator_Add_Sub", True),
+        ("core/ReplaceBinaryOperator_Add_LShift", False),
+        ("core/ReplaceBinaryOperator_Sub_Pow", False),
+        ("core/ReplaceBinaryOperator_Div_Mul", True),
+        ("core/ReplaceComparisonOperator_LtE_Lt", True),
+        ("core/ReplaceComparisonOperator_LtE_Gt", False),
+        ("core/ReplaceComparisonOperator_Eq_NotEq", True),
+        ("core/ReplaceUnaryOperator_Delete_USub", True),
+        ("core/ReplaceUnaryOperator_USub_Invert", False),
+        ("core/NumberReplacer", True),
+        ("core/ZeroIterationForLoop", True),
+    ],
+)
+def test_one_mutant_per_operator_site_is_kept(operator: str, kept: bool) -> None:
+    # cosmic-ray's operators filter matches its patterns from the start of the name
+    excluded = re.compile("|".join(mutate.EXCLUDED_OPERATORS))
+    assert (excluded.match(operator) is None) == kept
