@@ -236,3 +236,16 @@ def test_reaches_exact_consensus_hand_cases() -> None:
     assert not reaches_exact_consensus([lazy_pair(5e-14)], atol=1e-14)
     assert reaches_exact_consensus(mixing_matrices("one-peer-exp", 8))
     assert not reaches_exact_consensus(mixing_matrices("ring", 8))
+
+
+def test_a_contraction_equal_to_atol_counts_as_exact() -> None:
+    mats = [lazy_pair(0.25)] * 2
+    c = period_contraction(mats)
+    assert reaches_exact_consensus(mats, atol=c)
+    assert consensus_rate(mats, atol=c) == 1.0
+    assert not reaches_exact_consensus(mats, atol=c * (1 - 1e-9))
+
+
+def test_the_spectral_gap_is_never_negative() -> None:
+    # an eigenvalue beyond 1 in magnitude (not a mixing matrix, or rounding): 0, not below
+    assert spectral_gap(t([[1.0, 0.0], [0.0, -1.5]])) == 0.0
