@@ -176,13 +176,28 @@ CASES = [
             "kind": "late_on_one",
         },
     ),
+    # the same in one bucket: the late parameter sits beside others, at an offset
+    (
+        2,
+        {
+            "topology": "ring",
+            "optim": "adam",
+            "state_sync": {"exp_avg_sq": 1},
+            "kind": "late_on_one",
+            "bucket_mb": 25,
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("world", "cfg"),
     CASES,
-    ids=lambda c: str(c) if isinstance(c, int) else c.get("kind", c["topology"]),
+    ids=lambda c: (
+        str(c)
+        if isinstance(c, int)
+        else c.get("kind", c["topology"]) + ("-one-bucket" if c.get("bucket_mb") else "")
+    ),
 )
 def test_state_sync_replays_exactly(world: int, cfg: dict[str, Any]) -> None:
     cfg = dict(cfg, steps=7)
@@ -328,3 +343,30 @@ def test_training_state_with_another_state_sync_is_refused(tmp_path: Any) -> Non
             "saved with state_sync={'exp_avg_sq': 2}; this run has state_sync={'exp_avg_sq': 1}"
             in value
         )
+
+
+def _amsgrad_but_the_late_branch(rank: int, world: int) -> str:
+    def optim_fn(pairs: list[tuple[torch.nn.Parameter, str]]) -> torch.optim.Optimizer:
+        branch = [p for p, n in pairs if n.startswith("branch")]
+        rest = [p for p, n in pairs if not n.startswith("branch")]
+        groups = [{"params": rest, "amsgrad": True}, {"params": branch}]
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
+
+    ddp = DecentralizedDataParallel(
+        make_model("late", seed=0),  # the branch gets its first gradient at step 3
+        optim_fn=optim_fn,
+        topology="ring",
+        bucket_size_in_mb=25,  # one bucket: checked while the branch has no state yet
+        state_sync={"max_exp_avg_sq": 1},
+    )
+    try:
+        train_steps(ddp, rank, {"kind": "late"}, 1, 5)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_bucket_is_checked_again_once_a_late_parameter_has_state() -> None:
+    errors = ok_values(run_distributed(_amsgrad_but_the_late_branch, 2, timeout=60))
+    assert errors[0] == errors[1], errors
+    assert "which Adam does not keep for parameter group 1 of bucket 0 (branch." in errors[0]
