@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -71,3 +72,12 @@ def test_one_mutant_per_operator_site_is_kept(operator: str, kept: bool) -> None
     # cosmic-ray's operators filter matches its patterns from the start of the name
     excluded = re.compile("|".join(mutate.EXCLUDED_OPERATORS))
     assert (excluded.match(operator) is None) == kept
+
+
+def test_the_table_shows_each_summary(tmp_path: Path) -> None:
+    rows = [_row("killed"), _row("survived", line=4), _row(None, worker="skipped")]
+    summary = mutate.summarize("decent_dp/x.py", rows)
+    summary.update(mutants=3, tests=["tests/decent_dp/test_x.py"], baseline_s=2.5)
+    (tmp_path / "decent_dp.x.json").write_text(json.dumps(summary))
+    lines = mutate.table(tmp_path).splitlines()
+    assert lines[2] == "| `decent_dp/x.py` | 3 | 1 | 1 | 0 | 0 | 1 | `test_x.py` | 2.5 |"

@@ -15,6 +15,7 @@ Usage::
 
     python -m tests.support.mutate decent_dp/mixing.py decent_dp/_codecs.py
     python -m tests.support.mutate --list          # the modules with a test selection
+    python -m tests.support.mutate --table         # the summaries, as docs/testing.md shows them
 """
 
 from __future__ import annotations
@@ -232,15 +233,36 @@ def _version() -> str:
     return version("cosmic-ray")
 
 
+def table(out: Path = OUT) -> str:
+    """The summaries under ``out`` as a markdown table (docs/testing.md shows it)."""
+    lines = [
+        "| module | mutants | killed | survived | timeout | incompetent | skipped | tests | s per run |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for path in sorted(Path(out).glob("*.json")):
+        s = json.loads(path.read_text())
+        c = s["counts"]
+        tests = ", ".join(f"`{Path(t).name}`" for t in s["tests"])
+        lines.append(
+            f"| `{s['module']}` | {s['mutants']} | {c['killed']} | {c['survived']} | "
+            f"{c['timeout']} | {c['incompetent']} | {c['skipped']} | {tests} | {s['baseline_s']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.support.mutate", description=__doc__)
     parser.add_argument("modules", nargs="*", help="module paths, e.g. decent_dp/mixing.py")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests")
+    parser.add_argument("--table", action="store_true", help="print the summaries as markdown")
     parser.add_argument("--out", default=str(OUT), help="where the summaries go")
     parser.add_argument(
         "--timeout-factor", type=float, default=4.0, help="a mutant's limit, x the unmutated run"
     )
     ns = parser.parse_args(argv)
+    if ns.table:
+        print(table(Path(ns.out)), end="")
+        return 0
     if ns.list or not ns.modules:
         for module, tests in TESTS.items():
             print(f"{module}: {' '.join(tests)}")
