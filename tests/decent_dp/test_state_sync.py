@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from decent_dp import DecentralizedDataParallel
+from decent_dp._state_sync import StateSync, check_state_sync
 from decent_dp.topo import TopologyReg
 from tests.support.compression_replay import compressed_replay
 from tests.support.ddp_cases import (
@@ -273,12 +274,12 @@ def test_bad_state_sync_is_refused_in_one_line(kwargs: dict[str, Any], message: 
         assert message in e and "\n" not in e, e
 
 
-def _unknown_name(rank: int, world: int) -> str:
+def _unknown_name(rank: int, world: int, spec: dict[str, int]) -> str:
     ddp = DecentralizedDataParallel(
         make_model("mlp", seed=0),
         optim_fn=make_optim({"optim": "adam"}),
         topology="ring",
-        state_sync={"exp_avg_sqq": 1},
+        state_sync=spec,
     )
     try:
         train_steps(ddp, rank, {}, 1, 3)
@@ -287,11 +288,28 @@ def _unknown_name(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_a_state_the_optimizer_does_not_keep_is_named() -> None:
-    errors = ok_values(run_distributed(_unknown_name, 2, timeout=60))
+@pytest.mark.parametrize(
+    "spec",
+    [{"exp_avg_sqq": 1}, {"exp_avg": 1, "exp_avg_sqq": 1}],  # alone, and after one it keeps
+    ids=["alone", "second"],
+)
+def test_a_state_the_optimizer_does_not_keep_is_named(spec: dict[str, int]) -> None:
+    errors = ok_values(run_distributed(_unknown_name, 2, spec, timeout=60))
     for e in errors:
         assert "state_sync names 'exp_avg_sqq', which Adam does not keep for parameter group 0" in e
         assert "that group keeps: exp_avg, exp_avg_sq" in e and "\n" not in e, e
+
+
+@pytest.mark.parametrize("name", ["", 3])
+def test_a_state_name_that_is_no_name_is_refused(name: Any) -> None:
+    with pytest.raises(ValueError, match="state_sync names must be optimizer state names, got"):
+        check_state_sync({name: 1})
+
+
+def test_the_rounds_of_each_step_of_a_span() -> None:
+    sync = StateSync({"exp_avg": 2, "exp_avg_sq": 1})
+    assert sync.rounds_in(4) == [1, 2, 1, 2]
+    assert sync.due(6) == ["exp_avg", "exp_avg_sq"] and sync.due(3) == ["exp_avg_sq"]
 
 
 def _amsgrad_on_biases(rank: int, world: int) -> str:
@@ -345,22 +363,25 @@ def test_training_state_with_another_state_sync_is_refused(tmp_path: Any) -> Non
         )
 
 
-def _amsgrad_but_the_late_branch(rank: int, world: int) -> str:
+def _amsgrad_but_the_late_branch(
+    rank: int, world: int, on_branch: bool = False, kind: str = "late"
+) -> str:
     def optim_fn(pairs: list[tuple[torch.nn.Parameter, str]]) -> torch.optim.Optimizer:
         branch = [p for p, n in pairs if n.startswith("branch")]
         rest = [p for p, n in pairs if not n.startswith("branch")]
-        groups = [{"params": rest, "amsgrad": True}, {"params": branch}]
+        groups = [{"params": rest, "amsgrad": not on_branch}, {"params": branch}]
+        groups[1]["amsgrad"] = on_branch
         return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
 
     ddp = DecentralizedDataParallel(
-        make_model("late", seed=0),  # the branch gets its first gradient at step 3
+        make_model(kind, seed=0),  # the branch gets its first gradient at step 3
         optim_fn=optim_fn,
         topology="ring",
         bucket_size_in_mb=25,  # one bucket: checked while the branch has no state yet
         state_sync={"max_exp_avg_sq": 1},
     )
     try:
-        train_steps(ddp, rank, {"kind": "late"}, 1, 5)
+        train_steps(ddp, rank, {"kind": kind}, 1, 5)
     except ValueError as exc:
         return str(exc)
     return "no error"
@@ -370,3 +391,13 @@ def test_a_bucket_is_checked_again_once_a_late_parameter_has_state() -> None:
     errors = ok_values(run_distributed(_amsgrad_but_the_late_branch, 2, timeout=60))
     assert errors[0] == errors[1], errors
     assert "which Adam does not keep for parameter group 1 of bucket 0 (branch." in errors[0]
+
+
+def test_a_parameter_without_state_does_not_stop_the_check_of_the_others() -> None:
+    # on rank 1 the branch (first in the bucket) has no state yet at the first exchange;
+    # the parameters after it, without amsgrad, are refused then, on both ranks
+    errors = ok_values(
+        run_distributed(_amsgrad_but_the_late_branch, 2, True, "late_on_one", timeout=60)
+    )
+    assert errors[0] == errors[1], errors
+    assert "which Adam does not keep for parameter group 0 of bucket 0 (head." in errors[0]
