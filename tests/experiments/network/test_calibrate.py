@@ -210,3 +210,27 @@ def test_measure_loopback_runs_pairbench_on_four_processes() -> None:
         assert r["cpu_ms_per_mb"] > 0
         # pairbench's definition: the machine's CPU per MB all ranks sent over reps + 2 rounds
         assert r["cpu_ms_per_mb"] == pytest.approx(r["cpu_s"] * 1e3 / (4 * 4 * r["bytes"] / 1e6))
+
+
+def test_summarize_without_cpu_readings_and_with_a_flat_line() -> None:
+    # no CPU counters and no loopback rows: every CPU term 0; times that do not grow
+    # with the payload: no finite efficiency, so the line rate's
+    rows = [{"mode": "allreduce-ring", "bytes": s, "world": 4, "median_s": 0.01, "where": "wire",
+             "rate": "1mbit", "rate_bps": 1e6} for s in SIZES]  # fmt: skip
+    got = calibrate.summarize(rows)
+    r = got["rates"]["1mbit"]
+    assert r["efficiency"] == 1.0 and r["collective_ms"] == pytest.approx(10.0)
+    assert (r["comm_cpu_ms_per_mb"], r["stack_cpu_ms_per_mb"]) == (0.0, 0.0)
+    assert got["loopback_cpu_ms_per_mb"] == 0.0
+
+
+@pytest.mark.parametrize(("bulk_cpu", "comm"), [(0.5, 0.5), (-0.5, 0.0)])
+def test_summarize_keeps_a_small_cpu_cost_and_drops_a_negative_one(
+    bulk_cpu: float, comm: float
+) -> None:
+    truth = {"10mbit": (1e7, 0.9, 3e-3, (0.3, 0.3, bulk_cpu, bulk_cpu))}
+    rows = [r for r in synthetic_rows(truth) if r["where"] == "wire"]  # no loopback rows
+    r = calibrate.summarize(rows)["rates"]["10mbit"]
+    assert r["comm_cpu_ms_per_mb"] == comm
+    # without loopback's reading the whole cost is beyond loopback
+    assert r["stack_cpu_ms_per_mb"] == comm
