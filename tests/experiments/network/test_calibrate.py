@@ -234,3 +234,7 @@ def test_summarize_keeps_a_small_cpu_cost_and_drops_a_negative_one(
     assert r["comm_cpu_ms_per_mb"] == comm
     # without loopback's reading the whole cost is beyond loopback
     assert r["stack_cpu_ms_per_mb"] == comm
+
+
+def test_fit_line_through_two_points() -> None:
+    assert calibrate.fit_line([(1.0, 1.0), (2.0, 3.0)]) == pytest.approx((-1.0, 2.0), abs=1e-12)
