@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-docs test-all test-gpu test-slurm slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ test-all: ## Every test, `slow` included
 
 test-gpu: ## Only the tests that need CUDA
 	$(PY) -m pytest -m gpu -q $(ARGS)
+
+mutate: ## Mutation run (cosmic-ray) of modules against the fast tests that cover them; ARGS="decent_dp/mixing.py ..." (no ARGS: list the modules) -> docs/results/mutate/
+	$(PY) -m tests.support.mutate $(ARGS)
 
 test-slurm: ## As root: a one-node SLURM (Debian's packages), sweep, requeue and time-limit tests (~3 min)
 	$(PY) -m pytest tests/e2e/test_slurm.py -q $(ARGS)

@@ -11,6 +11,15 @@ The state that is sent is the one after step ``t-1``, so nothing waits for
 the neighbours' step ``t``. With ``complete`` and ``K=1`` every worker steps
 from the mean of the workers' states (Adam's second moment shared, the first
 moment local). A round alone (``local-sgd`` between averages) mixes nothing.
+
+Every bucket's optimizer is checked, once each of its parameters has state: a
+named state that a parameter group does not keep is refused in one line that
+names the state, the group and the states the group does keep. A parameter that
+has state on some members of a group but none yet on another (it got no
+gradient there so far) is mixed by none of them at that step: the member without
+state sends NaN in its place, which every member sees in the sum and answers by
+keeping its own state, so no member mixes in a zero, and they all agree without
+a further collective or a wait on the host.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ class StateSync:
     def __init__(self, spec: dict[str, int]):
         self.spec = dict(sorted(spec.items()))
         self._buffers: dict[int, torch.Tensor] = {}
-        self._checked = False
+        self._checked: set[int] = set()  # the buckets whose every parameter passed the check
 
     def due(self, for_step: int) -> list[str]:
         """The names whose round falls on step ``for_step``."""
@@ -66,38 +75,50 @@ class StateSync:
         return [len(self.due(t)) for t in range(1, span + 1)]
 
     def _check(self, bucket: Bucket, states: list[dict[str, Any]]) -> None:
+        """Refuse a named state that a parameter group of ``bucket``'s optimizer does not keep."""
+        opt = bucket.optimizer
+        assert opt is not None
+        group_of = {id(q): g for g, group in enumerate(opt.param_groups) for q in group["params"]}
+        complete = True
         for p, s in zip(bucket.params, states):
             if not s:
+                complete = False  # no step yet: checked at a later launch
                 continue
             for name in self.spec:
                 t = s.get(name)
-                if not isinstance(t, torch.Tensor) or t.shape != p.shape:
-                    kept = sorted(
-                        k
-                        for k, v in s.items()
-                        if isinstance(v, torch.Tensor) and v.shape == p.shape
-                    )
-                    opt = type(bucket.optimizer).__name__
-                    raise ValueError(
-                        f"state_sync names {name!r}, which {opt} does not keep per parameter; "
-                        f"it keeps: {', '.join(kept) or 'nothing'}"
-                    )
-            self._checked = True
+                if isinstance(t, torch.Tensor) and t.shape == p.shape:
+                    continue
+                g = group_of.get(id(p))
+                members = [
+                    n for n, q in zip(bucket.names, bucket.params) if group_of.get(id(q)) == g
+                ]
+                kept = sorted(
+                    k for k, v in s.items() if isinstance(v, torch.Tensor) and v.shape == p.shape
+                )
+                raise ValueError(
+                    f"state_sync names {name!r}, which {type(opt).__name__} does not keep for "
+                    f"parameter group {g} of bucket {bucket.index} ({', '.join(members)}); "
+                    f"state_sync needs it for every parameter, and that group keeps: "
+                    f"{', '.join(kept) or 'nothing'}"
+                )
+        if complete:
+            self._checked.add(bucket.index)
 
     def launch(
         self, bucket: Bucket, names: list[str], peer_w: float, group: Any
     ) -> tuple[Any, tuple[list[str], torch.Tensor]]:
         """Start the all-reduce of ``peer_w`` times the named states on ``group``.
 
-        A parameter without state yet (no step so far) sends zeros, so every
-        rank issues the same collective; its state is left alone at the mix.
+        A parameter without state yet (no step so far) sends NaN, so every rank
+        issues the same collective and every member of the group learns that the
+        parameter is not to be mixed this time (see :meth:`apply`).
 
         Returns:
             The work and the pending mix for :meth:`apply`.
         """
         assert bucket.optimizer is not None
         states = [bucket.optimizer.state.get(p, {}) for p in bucket.params]
-        if not self._checked:
+        if bucket.index not in self._checked:
             self._check(bucket, states)
         n = bucket.numel
         size = n * len(names)
@@ -112,7 +133,7 @@ class StateSync:
                 view = buf[base + off : base + off + p.numel()]
                 t = s.get(name)
                 if t is None:
-                    view.zero_()
+                    view.fill_(float("nan"))  # no state here: nobody mixes it (see apply)
                 else:
                     torch.mul(t.reshape(-1), peer_w, out=view)
         work = dist.all_reduce(buf, group=group, async_op=True)
@@ -122,7 +143,11 @@ class StateSync:
     def apply(
         self, bucket: Bucket, pending: tuple[list[str], torch.Tensor], self_w: float, peer_w: float
     ) -> None:
-        """``s_i <- self_w s_i + peer_w sum_{j != i} s_j`` for each named state (the gossip arrived)."""
+        """``s_i <- self_w s_i + peer_w sum_{j != i} s_j`` for each named state (the gossip arrived).
+
+        Where the sum is NaN, a member of the group had no state for the parameter
+        (it sent NaN): every member keeps its own state there instead of mixing.
+        """
         names, buf = pending
         assert bucket.optimizer is not None
         n = bucket.numel
@@ -134,7 +159,8 @@ class StateSync:
                     continue
                 t = s[name]
                 got = buf[base + off : base + off + p.numel()].view(t.shape)
-                t.mul_(self_w - peer_w).add_(got)
+                mixed = torch.mul(t, self_w - peer_w).add_(got)
+                t.copy_(torch.where(torch.isnan(got), t, mixed))
 
     def state_dict(self) -> dict[str, int]:
         """The spec, saved with the training state and checked on load."""

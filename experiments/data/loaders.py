@@ -18,9 +18,14 @@ offsets of all its augmented batches are drawn on the host when the epoch starts
 same per-batch generators as ever, and copied to the device in one go from pinned memory.
 Pinning is used only when the device is CUDA.
 
-Worker processes of a ``DataLoader`` (:func:`worker_init`) ignore the stop signals: SLURM
-signals every process of a job step, and a worker ended by its ``SIGTERM`` would end the
-training process's loop before the ranks could save the checkpoint of an agreed step.
+Worker processes of a ``DataLoader`` (:func:`worker_init`) ignore the stop signals (``SIGTERM``
+and the configured pre-emption signal), under every start method: SLURM signals every
+process of a job step, and a worker ended by one would end the training process's loop
+before the ranks could save the checkpoint of an agreed step.
+
+One module past 500 lines: the bases and the in-memory loaders share one contract
+(equal step counts, batches that depend only on ``(seed, epoch, rank, batch)``, resumable
+at any batch), which reads best beside its one implementation.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from experiments.data.partition import (
     generator,
     partition_indices,
 )
+from experiments.train.preempt import stop_signals
 
 __all__ = [
     "MIN_EVAL_BATCH",
@@ -123,32 +129,40 @@ def set_memory_format(data: Any, memory_format: torch.memory_format) -> None:
             loader.memory_format = memory_format
 
 
-STOP_SIGNALS = ("SIGTERM", "SIGUSR2")
-"""The signals that :func:`worker_init` has ``DataLoader`` workers ignore."""
-
-
-def _ignore_stop_signals(then: Callable[[int], None] | None, worker_id: int) -> None:
-    for name in STOP_SIGNALS:
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+def _ignore_stop_signals(
+    signums: tuple[int, ...], then: Callable[[int], None] | None, worker_id: int
+) -> None:
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
     if then is not None:
         then(worker_id)
 
 
 def worker_init(then: Callable[[int], None] | None = None) -> Callable[[int], None]:
-    """A ``DataLoader`` ``worker_init_fn`` under which workers ignore ``SIGTERM`` and ``SIGUSR2``.
+    """A ``DataLoader`` ``worker_init_fn`` under which workers ignore the run's stop signals.
 
-    The training process handles those signals (``experiments.train.preempt``) and stops
-    its loaders itself; a worker that died of one would end the loop first. The workers
-    still end with the training process: the loader shuts them down as it always does,
-    and a worker whose training process died quits within seconds (torch's watchdog).
+    The stop signals are those of :func:`experiments.train.preempt.stop_signals`: ``SIGTERM``
+    and the pre-emption signal that ``SUBMITIT_PREEMPT_SIGNAL`` names (``SIGUSR2`` by
+    default), read here, in the training process, so that a worker's own environment (a
+    ``forkserver`` started earlier, say) does not matter. The training process handles those
+    signals (``experiments.train.preempt``) and stops its loaders itself; a worker that died
+    of one would end the loop first. The handler is set explicitly in the worker, because
+    under the ``forkserver`` and ``spawn`` start methods a worker does not inherit the
+    training process's handlers (under ``fork`` it does). The workers still end with the
+    training process: the loader shuts them down as it always does, and a worker whose
+    training process died quits within seconds (torch's watchdog).
 
     Args:
         then: A ``worker_init_fn`` to call afterwards with the worker's id, if any.
 
     Returns:
         A picklable callable, for ``DataLoader(worker_init_fn=...)``.
+
+    Raises:
+        ConfigError: ``SUBMITIT_PREEMPT_SIGNAL`` names no signal that a process can catch.
     """
-    return functools.partial(_ignore_stop_signals, then)
+    signums = tuple(int(sig) for sig in stop_signals())
+    return functools.partial(_ignore_stop_signals, signums, then)
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:

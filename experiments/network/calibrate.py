@@ -24,6 +24,12 @@ since the kernel's cost follows packets and timers, not bytes alone):
 The terms are measured here and never fitted to the training runs they are
 then checked against (``wire_study table``). ``emulator_overrides`` and
 ``simulator_terms`` read them for a given link rate (the nearest measured rate).
+
+The intercept ``collective_ms`` already holds the wire's own latency (the veth
+pairs' ``VETH_LATENCY_MS`` one way, twice in a pair exchange): the calibrated
+emulator and simulator therefore count no latency per hop (``latency_ms=0``), and
+a pair's or a ring's fixed cost is the fitted intercept, not the intercept plus
+``2 (k-1)`` hops of latency counted a second time.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,8 +57,17 @@ SIZES = (16_384, 53_248, 212_992, 851_968)  # int8's payload, the digits CNN's, 
 RATES = ("5mbit", "10mbit", "100mbit", "1gbit")
 HOSTS = 4
 BULK = 212_992  # payloads from this size up give the CPU per byte
+VETH_LATENCY_MS = 0.05  # one way, measured with ping between two testbed hosts: no added delay
 
-__all__ = ["fit_line", "load", "nearest", "emulator_overrides", "simulator_terms", "main"]
+__all__ = [
+    "VETH_LATENCY_MS",
+    "fit_line",
+    "load",
+    "nearest",
+    "emulator_overrides",
+    "simulator_terms",
+    "main",
+]
 
 
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -85,22 +101,31 @@ def _bench_args(size: int, reps: int, rate_bps: float | None) -> list[str]:
 def measure_wire(
     rates: Sequence[str], sizes: Sequence[int], reps: int, prefix: str
 ) -> list[dict[str, Any]]:
-    """Pair exchanges on ``HOSTS`` testbed hosts at every rate and size (brings the testbed down)."""
+    """Pair exchanges on ``HOSTS`` testbed hosts at every rate and size.
+
+    Brings the testbed down at the end, also on SIGTERM or SIGINT (then raising
+    :class:`experiments.network.testbed.Interrupted`), after stopping the hosts' launchers.
+    """
     from experiments.network import testbed as tb
 
     rows: list[dict[str, Any]] = []
     jobs = [(r, s) for r in rates for s in sizes]
     tmp = Path(tempfile.mkdtemp(prefix="calibrate-"))
-    try:
-        for rate, size in tqdm(jobs, desc="calibrate: wire", unit="run"):
-            spec = tb.Spec(HOSTS, 1, tb.parse_rate(rate), 50.0, prefix)
-            tb.up(spec)
-            out = tmp / f"{rate}-{size}"
-            tb.launch(spec, _bench_args(size, reps, spec.rate_bps), out, timeout_s=600, quiet=True)
-            got = _rows((out / "testbed" / "host0.log").read_text(errors="replace"))
-            rows += [{**g, "where": "wire", "rate": rate, "rate_bps": spec.rate_bps} for g in got]
-    finally:
-        tb.down(prefix)
+    with tb.teardown_on_signals():
+        try:
+            for rate, size in tqdm(jobs, desc="calibrate: wire", unit="run"):
+                spec = tb.Spec(HOSTS, 1, tb.parse_rate(rate), 50.0, prefix)
+                tb.up(spec)
+                out = tmp / f"{rate}-{size}"
+                args = _bench_args(size, reps, spec.rate_bps)
+                tb.launch(spec, args, out, timeout_s=600, quiet=True)
+                got = _rows((out / "testbed" / "host0.log").read_text(errors="replace"))
+                rows += [
+                    {**g, "where": "wire", "rate": rate, "rate_bps": spec.rate_bps} for g in got
+                ]
+        finally:
+            tb.down(prefix)
+            shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 
@@ -169,9 +194,13 @@ def nearest(calib: dict[str, Any], rate_bps: float) -> dict[str, Any]:
 
 
 def emulator_overrides(calib: dict[str, Any], rate_bps: float) -> list[str]:
-    """``network.*`` overrides that give ``network=custom`` the testbed's measured terms."""
+    """``network.*`` overrides that give ``network=custom`` the testbed's measured terms.
+
+    ``latency_ms`` is 0: the fitted ``collective_ms`` holds the wire's latency.
+    """
     at = nearest(calib, rate_bps)
     return [
+        "network.latency_ms=0",
         f"network.efficiency={at['efficiency']:.4f}",
         f"network.collective_ms={at['collective_ms']:.4f}",
         f"network.stack_cpu_ms_per_mb={at['stack_cpu_ms_per_mb']:.4f}",
@@ -179,9 +208,11 @@ def emulator_overrides(calib: dict[str, Any], rate_bps: float) -> list[str]:
 
 
 def simulator_terms(calib: dict[str, Any], rate_bps: float) -> dict[str, float]:
-    """``efficiency``, ``collective_ms`` and ``comm_cpu_ms_per_mb`` for the simulator at a rate."""
+    """The simulator's terms at a rate: ``latency_ms`` (0: ``collective_ms`` holds it),
+    ``efficiency``, ``collective_ms``, ``comm_cpu_ms_per_mb`` and the machine's ``cores``."""
     at = nearest(calib, rate_bps)
     return {
+        "latency_ms": 0.0,
         "efficiency": at["efficiency"],
         "collective_ms": at["collective_ms"],
         "comm_cpu_ms_per_mb": at["comm_cpu_ms_per_mb"],
@@ -252,9 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        rows = measure_wire(ns.rates, ns.sizes, ns.reps, ns.prefix) + measure_loopback(
-            ns.sizes, ns.reps
-        )
+        try:
+            with tb.teardown_on_signals():  # the loopback's torchrun ends with it too
+                rows = measure_wire(ns.rates, ns.sizes, ns.reps, ns.prefix)
+                rows += measure_loopback(ns.sizes, ns.reps)
+        except tb.Interrupted as exc:
+            print(f"calibrate: {exc}; the testbed is down", file=sys.stderr)
+            return 128 + exc.signum
         out.mkdir(parents=True, exist_ok=True)
         (out / "calibration.json").write_text(json.dumps(summarize(rows), indent=1) + "\n")
     calib = load(out)

@@ -38,7 +38,6 @@ from experiments.network.wire_table import LOCAL_SGD_PERIOD, write_table
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "network"
 QUIET = ["logger=none", "log.progress=false", "log.consensus_sketch=0", "log.consensus_every=0"]
-VETH_LATENCY_MS = 0.05  # one way, measured with ping between two testbed hosts: no added delay
 
 MODELS: dict[str, list[str]] = {
     "digits": ["train.max_steps=60", "log.every=10"],
@@ -76,7 +75,11 @@ def _keep(src: Path, dst: Path) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Every arm at every rate on the testbed, then emulated, then once without communication."""
+    """Every arm at every rate on the testbed, then emulated, then once without communication.
+
+    Tears the testbed down at the end, also on SIGTERM or SIGINT (then raising
+    :class:`experiments.network.testbed.Interrupted`), after stopping the hosts' launchers.
+    """
     out = Path(ns.out)
     base = [*QUIET, *MODELS[ns.model], *ns.extra]
     if ns.procs_per_host > 1:
@@ -89,50 +92,56 @@ def run(ns: argparse.Namespace) -> int:
     kinds = [] if ns.no_emulated else ["emulated", "calibrated"] if calibrated else ["emulated"]
     jobs = [(rate, arm) for rate in ns.rates for arm in ns.arms]
     bar = tqdm(jobs, desc="wire study", unit="cell")
-    tmp = Path(tempfile.mkdtemp(prefix="wire-study-"))
-    try:
-        for rate, arm in bar:
-            bar.set_postfix_str(f"{rate} {arm}")
-            spec = tb.Spec(ns.hosts, ns.procs_per_host, tb.parse_rate(rate), ns.queue_ms, ns.prefix)
-            dst = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, rate) / arm
-            have = {
-                k for k in ("wire", *kinds) if (dst / k / "summary.json").exists() and not ns.again
-            }
-            wire = not ns.only_emulated and "wire" not in have
-            # a cell measured again on the wire is emulated again beside it: the machine drifts
-            todo = [k for k in kinds if wire or k not in have]
-            if wire:
-                tb.up(spec)
-                run_dir = tmp / f"{rate}-{arm}"
-                try:
-                    tb.launch(spec, ["train.py", *base, *ARMS[arm]], run_dir,
-                              timeout_s=ns.timeout_s, quiet=True)  # fmt: skip
-                except tb.TestbedError as exc:
-                    tqdm.write(f"{rate} {arm}: on the wire: {exc}")
-                _keep(run_dir, dst / "wire")
-            for kind in todo:
-                emu = tmp / f"{rate}-{arm}-{kind}"
-                emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
-                            f"network.latency_ms={VETH_LATENCY_MS}",
-                            f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
-                if kind == "calibrated":
-                    assert calib is not None  # loaded above whenever calibrated/ is to run
-                    emulator += calibrate.emulator_overrides(calib, spec.rate_bps)
-                try:
-                    run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
-                              ns.timeout_s)  # fmt: skip
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    tqdm.write(f"{rate} {arm}: {kind}: {exc}")
-                _keep(emu, dst / kind)
-        compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
-        if not (compute / "summary.json").exists() or (ns.again and not ns.only_emulated):
-            # no communication: local-sgd whose period is longer than the run
-            overrides = [*base, "topology=local-sgd", f"topology.kwargs.period={NEVER}"]
-            run_train(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
-            _keep(tmp / "compute", compute)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tb.down(ns.prefix)
+    with tb.teardown_on_signals():  # SIGTERM, SIGINT: the hosts stopped, the testbed down
+        tmp = Path(tempfile.mkdtemp(prefix="wire-study-"))
+        try:
+            for rate, arm in bar:
+                bar.set_postfix_str(f"{rate} {arm}")
+                spec = tb.Spec(
+                    ns.hosts, ns.procs_per_host, tb.parse_rate(rate), ns.queue_ms, ns.prefix
+                )
+                dst = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, rate) / arm
+                have = {
+                    k
+                    for k in ("wire", *kinds)
+                    if (dst / k / "summary.json").exists() and not ns.again
+                }
+                wire = not ns.only_emulated and "wire" not in have
+                # a cell measured again on the wire is emulated again beside it: the machine drifts
+                todo = [k for k in kinds if wire or k not in have]
+                if wire:
+                    tb.up(spec)
+                    run_dir = tmp / f"{rate}-{arm}"
+                    try:
+                        tb.launch(spec, ["train.py", *base, *ARMS[arm]], run_dir,
+                                  timeout_s=ns.timeout_s, quiet=True)  # fmt: skip
+                    except tb.TestbedError as exc:
+                        tqdm.write(f"{rate} {arm}: on the wire: {exc}")
+                    _keep(run_dir, dst / "wire")
+                for kind in todo:
+                    emu = tmp / f"{rate}-{arm}-{kind}"
+                    emulator = ["network=custom", f"network.bandwidth_gbps={spec.rate_bps / 1e9}",
+                                f"network.procs_per_host={ns.emulator_procs_per_host or ns.procs_per_host}"]  # fmt: skip
+                    if kind == "calibrated":  # latency 0: the fitted collective_ms holds it
+                        assert calib is not None  # loaded above whenever calibrated/ is to run
+                        emulator += calibrate.emulator_overrides(calib, spec.rate_bps)
+                    else:
+                        emulator.append(f"network.latency_ms={calibrate.VETH_LATENCY_MS}")
+                    try:
+                        run_train(ns.hosts * ns.procs_per_host, [*base, *ARMS[arm], *emulator], emu,
+                                  ns.timeout_s)  # fmt: skip
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        tqdm.write(f"{rate} {arm}: {kind}: {exc}")
+                    _keep(emu, dst / kind)
+            compute = cell_dir(out, ns.model, ns.hosts, ns.procs_per_host, "compute")
+            if not (compute / "summary.json").exists() or (ns.again and not ns.only_emulated):
+                # no communication: local-sgd whose period is longer than the run
+                overrides = [*base, "topology=local-sgd", f"topology.kwargs.period={NEVER}"]
+                run_train(ns.hosts * ns.procs_per_host, overrides, tmp / "compute", ns.timeout_s)
+                _keep(tmp / "compute", compute)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tb.down(ns.prefix)
     return 0
 
 
@@ -180,7 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why is not None:
             print(f"wire_study: {why}", file=sys.stderr)
             return 1
-        return run(ns)
+        try:
+            return run(ns)
+        except tb.Interrupted as exc:
+            print(f"wire_study: {exc}; the testbed is down", file=sys.stderr)
+            return 128 + exc.signum
     write_table(Path(ns.out))
     return 0
 

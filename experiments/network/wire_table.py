@@ -79,12 +79,14 @@ def _simulate(arm: str, n: int, pph: int, compute: dict[str, Any], model_bytes: 
     facts = {"model_bytes": model_bytes, "backward_frac": 0.6}
     kwargs = {"period": LOCAL_SGD_PERIOD} if arm == "local-sgd" else None
     extra: dict[str, float] = {}
-    if terms is not None:
+    latency_ms = calibrate.VETH_LATENCY_MS
+    if terms is not None:  # latency 0: the fitted collective_ms holds it
+        latency_ms = terms["latency_ms"]
         cpu = terms["comm_cpu_ms_per_mb"] * 1e-3 * (sent_per_step or 0.0) / 1e6 * n / terms["cores"]
         extra = {"efficiency": terms["efficiency"], "collective_ms": terms["collective_ms"],
                  "comm_cpu_s": cpu}  # fmt: skip
     return sim_validate.predict(arm, n, compute["step_s"], compute["step_cv"], facts,
-                                rate_bps / 1e9, 0.05, 25.0, steps=200,
+                                rate_bps / 1e9, latency_ms, 25.0, steps=200,
                                 topology_kwargs=kwargs, **extra)  # fmt: skip
 
 

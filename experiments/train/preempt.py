@@ -57,7 +57,13 @@ import torch.distributed as dist
 
 from experiments.schema import ConfigError
 
-__all__ = ["StopRequest", "EXIT_CODE", "preemption_signal", "unforwarded_signal"]
+__all__ = [
+    "StopRequest",
+    "EXIT_CODE",
+    "preemption_signal",
+    "stop_signals",
+    "unforwarded_signal",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +110,24 @@ def preemption_signal(environ: Mapping[str, str] | None = None) -> signal.Signal
             f"it must be one of these names or numbers: {allowed}"
         )
     return found
+
+
+def stop_signals(environ: Mapping[str, str] | None = None) -> tuple[signal.Signals, ...]:
+    """The signals that stop a run: ``SIGTERM``, then the pre-emption signal if it differs.
+
+    The one list that :class:`StopRequest` handles and that the data loaders' worker
+    processes ignore (``experiments.data.loaders.worker_init``).
+
+    Args:
+        environ: The environment to read; ``os.environ`` by default.
+
+    Returns:
+        ``(SIGTERM, preemption_signal(environ))``, without a repeat.
+
+    Raises:
+        ConfigError: ``SUBMITIT_PREEMPT_SIGNAL`` names no signal that a process can catch.
+    """
+    return tuple(dict.fromkeys((signal.SIGTERM, preemption_signal(environ))))
 
 
 def unforwarded_signal(environ: Mapping[str, str] | None = None) -> signal.Signals | None:
@@ -168,7 +192,7 @@ class StopRequest:
         self.term = signal.SIGTERM
         self.preempt = preemption_signal()
         # one flag per signal, in this order (one, if the pre-emption signal is SIGTERM)
-        self._seen = dict.fromkeys((self.term, self.preempt), 0)
+        self._seen = dict.fromkeys(stop_signals(), 0)
         self._previous: dict[signal.Signals, _Handler] = {}
         self.group: Any = None  # the agreement's gloo group, from install() to the end
         self.agreed_signals: list[str] = []  # the names the ranks agreed on, once they did

@@ -94,15 +94,17 @@ def test_a_mixed_grad_prev_is_what_feeds_v() -> None:
     )
 
 
-def test_a_gradient_that_appears_after_zeros_steps_by_at_most_clip() -> None:
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_gradient_that_appears_after_zeros_steps_by_at_most_clip(sign: float) -> None:
+    # both bounds of the clip: a large negative gradient moves the parameter up by lr * clip
     p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     opt = LaggedVAdamW([p], lr=0.1, weight_decay=0.0, clip=2.0)
     p.grad = torch.tensor([1.0, 0.0], dtype=torch.float64)
     opt.step()
-    p.grad = torch.tensor([1.0, 50.0], dtype=torch.float64)  # v of the second is still 0
+    p.grad = torch.tensor([1.0, sign * 50.0], dtype=torch.float64)  # v of the second is still 0
     before = p.detach().clone()
     opt.step()
-    assert (before - p.detach())[1].item() == pytest.approx(0.2)
+    assert (before - p.detach())[1].item() == pytest.approx(sign * 0.2)
 
 
 def test_the_factory_decays_weights_only_and_the_state_loads_weights_only() -> None:
@@ -129,3 +131,40 @@ def test_the_factory_decays_weights_only_and_the_state_loads_weights_only() -> N
 def test_bad_hyper_parameters_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         LaggedVAdamW([torch.nn.Parameter(torch.zeros(2))], **kwargs)
+
+
+def test_the_defaults_are_the_documented_ones() -> None:
+    # docs/library.md: lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, clip=5.0
+    opt = LaggedVAdamW([torch.nn.Parameter(torch.zeros(2))])
+    got = {k: opt.defaults[k] for k in ("lr", "betas", "eps", "weight_decay", "clip", "lag_m")}
+    assert got == {
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.01,
+        "clip": 5.0,
+        "lag_m": False,
+    }
+
+
+def test_a_weight_decay_of_one_decays() -> None:
+    # a zero gradient moves nothing: what is left is the decay, p * (1 - lr * wd)
+    p = torch.nn.Parameter(torch.full((3,), 2.0, dtype=torch.float64))
+    opt = LaggedVAdamW([p], lr=0.1, weight_decay=1.0)
+    p.grad = torch.zeros(3, dtype=torch.float64)
+    opt.step()
+    torch.testing.assert_close(p.detach(), torch.full((3,), 1.8, dtype=torch.float64))
+
+
+def test_a_group_saved_before_lag_m_steps_without_it() -> None:
+    def run(drop_key: bool) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        opt = LaggedVAdamW([p], lr=0.1, weight_decay=0.0)
+        if drop_key:
+            del opt.param_groups[0]["lag_m"]  # as a state saved before the option loads
+        for g in ([1.0, -2.0], [3.0, 0.5], [-1.0, 1.0]):
+            p.grad = torch.tensor(g, dtype=torch.float64)
+            opt.step()
+        return p.detach().clone()
+
+    assert torch.equal(run(drop_key=True), run(drop_key=False))

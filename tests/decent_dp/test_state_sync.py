@@ -14,15 +14,18 @@ import pytest
 import torch
 
 from decent_dp import DecentralizedDataParallel
+from decent_dp._state_sync import StateSync, check_state_sync
 from decent_dp.topo import TopologyReg
 from tests.support.compression_replay import compressed_replay
 from tests.support.ddp_cases import (
+    LOCAL_TOPOLOGIES,
     flat,
     local_steps,
     make_model,
     make_optim,
     replay_workers,
     set_flat,
+    topology_of,
     train_steps,
 )
 from tests.support.dist_harness import ok_values, run_distributed
@@ -33,7 +36,7 @@ def _wrap(model: torch.nn.Module, cfg: dict[str, Any]) -> DecentralizedDataParal
     return DecentralizedDataParallel(
         model,
         optim_fn=make_optim(cfg),
-        topology=cfg["topology"],
+        topology=topology_of(cfg),
         topology_kwargs=cfg.get("kwargs"),
         local_world_size=1,
         bucket_size_in_mb=cfg.get("bucket_mb", 0),
@@ -55,7 +58,7 @@ def _states(ddp: DecentralizedDataParallel, names: list[str]) -> dict[str, torch
 
 
 def _worker(rank: int, world: int, cfg: dict[str, Any], ckpt: str | None = None) -> dict[str, Any]:
-    ddp = _wrap(make_model("mlp", seed=rank), cfg)
+    ddp = _wrap(make_model(cfg.get("kind", "mlp"), seed=rank), cfg)
     k = cfg.get("resume_at")
     if k and ckpt is not None and os.path.exists(os.path.join(ckpt, f"{rank}.pt")):
         state = torch.load(os.path.join(ckpt, f"{rank}.pt"), weights_only=True)
@@ -81,7 +84,11 @@ def _worker(rank: int, world: int, cfg: dict[str, Any], ckpt: str | None = None)
 def _replay(
     cfg: dict[str, Any], world: int
 ) -> tuple[list[torch.Tensor], list[dict[str, torch.Tensor]]]:
-    topo = TopologyReg.create(cfg["topology"], world, 1, **cfg.get("kwargs", {}))
+    name = cfg["topology"]
+    if name in LOCAL_TOPOLOGIES:
+        topo = LOCAL_TOPOLOGIES[name](world, 1)
+    else:
+        topo = TopologyReg.create(name, world, 1, **cfg.get("kwargs", {}))
     mats, _, models, optims = replay_workers(topo, world, cfg)
     for t in range(1, cfg["steps"] + 1):
         r = (t - 1) % topo.period
@@ -157,11 +164,41 @@ CASES = [
         },
     ),
     (8, {"topology": "one-peer-exp", "optim": "adamw", "state_sync": {"exp_avg_sq": 2}}),
+    # W_ii = 0.7 != W_ij = 0.3: a rank's own weight and its peer's are told apart
+    (4, {"topology": "lopsided-pairs", "optim": "adam", "state_sync": {"exp_avg_sq": 1}}),
+    # rank 1 steps the branch from step 3 on: rank 0's state of it is not mixed with a
+    # zero in its place before then
+    (
+        2,
+        {
+            "topology": "ring",
+            "optim": "adam",
+            "state_sync": {"exp_avg_sq": 1, "exp_avg": 1},
+            "kind": "late_on_one",
+        },
+    ),
+    # the same in one bucket: the late parameter sits beside others, at an offset
+    (
+        2,
+        {
+            "topology": "ring",
+            "optim": "adam",
+            "state_sync": {"exp_avg_sq": 1},
+            "kind": "late_on_one",
+            "bucket_mb": 25,
+        },
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("world", "cfg"), CASES, ids=lambda c: str(c) if isinstance(c, int) else c["topology"]
+    ("world", "cfg"),
+    CASES,
+    ids=lambda c: (
+        str(c)
+        if isinstance(c, int)
+        else c.get("kind", c["topology"]) + ("-one-bucket" if c.get("bucket_mb") else "")
+    ),
 )
 def test_state_sync_replays_exactly(world: int, cfg: dict[str, Any]) -> None:
     cfg = dict(cfg, steps=7)
@@ -237,12 +274,12 @@ def test_bad_state_sync_is_refused_in_one_line(kwargs: dict[str, Any], message: 
         assert message in e and "\n" not in e, e
 
 
-def _unknown_name(rank: int, world: int) -> str:
+def _unknown_name(rank: int, world: int, spec: dict[str, int]) -> str:
     ddp = DecentralizedDataParallel(
         make_model("mlp", seed=0),
         optim_fn=make_optim({"optim": "adam"}),
         topology="ring",
-        state_sync={"exp_avg_sqq": 1},
+        state_sync=spec,
     )
     try:
         train_steps(ddp, rank, {}, 1, 3)
@@ -251,11 +288,61 @@ def _unknown_name(rank: int, world: int) -> str:
     return "no error"
 
 
-def test_a_state_the_optimizer_does_not_keep_is_named() -> None:
-    errors = ok_values(run_distributed(_unknown_name, 2, timeout=60))
+@pytest.mark.parametrize(
+    "spec",
+    [{"exp_avg_sqq": 1}, {"exp_avg": 1, "exp_avg_sqq": 1}],  # alone, and after one it keeps
+    ids=["alone", "second"],
+)
+def test_a_state_the_optimizer_does_not_keep_is_named(spec: dict[str, int]) -> None:
+    errors = ok_values(run_distributed(_unknown_name, 2, spec, timeout=60))
     for e in errors:
-        assert "state_sync names 'exp_avg_sqq', which Adam does not keep per parameter" in e, e
-        assert "exp_avg, exp_avg_sq" in e, e
+        assert "state_sync names 'exp_avg_sqq', which Adam does not keep for parameter group 0" in e
+        assert "that group keeps: exp_avg, exp_avg_sq" in e and "\n" not in e, e
+
+
+@pytest.mark.parametrize("name", ["", 3])
+def test_a_state_name_that_is_no_name_is_refused(name: Any) -> None:
+    with pytest.raises(ValueError, match="state_sync names must be optimizer state names, got"):
+        check_state_sync({name: 1})
+
+
+def test_the_rounds_of_each_step_of_a_span() -> None:
+    sync = StateSync({"exp_avg": 2, "exp_avg_sq": 1})
+    assert sync.rounds_in(4) == [1, 2, 1, 2]
+    assert sync.due(6) == ["exp_avg", "exp_avg_sq"] and sync.due(3) == ["exp_avg_sq"]
+
+
+def _amsgrad_on_biases(rank: int, world: int) -> str:
+    def optim_fn(pairs: list[tuple[torch.nn.Parameter, str]]) -> torch.optim.Optimizer:
+        weights = [p for p, n in pairs if not n.endswith("bias")]
+        biases = [p for p, n in pairs if n.endswith("bias")]
+        groups = [{"params": weights}, {"params": biases, "amsgrad": True}]
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
+
+    ddp = DecentralizedDataParallel(
+        make_model("mlp", seed=0),
+        optim_fn=optim_fn,
+        topology="ring",
+        bucket_size_in_mb=0,  # one bucket per parameter: the first ones checked keep the state
+        state_sync={"max_exp_avg_sq": 1},
+    )
+    try:
+        train_steps(ddp, rank, {}, 1, 3)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_state_one_parameter_group_does_not_keep_is_named_on_every_rank() -> None:
+    # amsgrad on the biases only: every bucket is checked, not just the first one, and the
+    # refusal is one line, the same on both ranks (no KeyError, no hang)
+    errors = ok_values(run_distributed(_amsgrad_on_biases, 2, timeout=60))
+    assert errors[0] == errors[1], errors
+    e = errors[0]
+    assert "\n" not in e, e
+    assert "state_sync names 'max_exp_avg_sq', which Adam does not keep for parameter group 0" in e
+    assert ".weight); state_sync needs it for every parameter" in e, e
+    assert e.endswith("that group keeps: exp_avg, exp_avg_sq"), e
 
 
 def test_training_state_with_another_state_sync_is_refused(tmp_path: Any) -> None:
@@ -274,3 +361,43 @@ def test_training_state_with_another_state_sync_is_refused(tmp_path: Any) -> Non
             "saved with state_sync={'exp_avg_sq': 2}; this run has state_sync={'exp_avg_sq': 1}"
             in value
         )
+
+
+def _amsgrad_but_the_late_branch(
+    rank: int, world: int, on_branch: bool = False, kind: str = "late"
+) -> str:
+    def optim_fn(pairs: list[tuple[torch.nn.Parameter, str]]) -> torch.optim.Optimizer:
+        branch = [p for p, n in pairs if n.startswith("branch")]
+        rest = [p for p, n in pairs if not n.startswith("branch")]
+        groups = [{"params": rest, "amsgrad": not on_branch}, {"params": branch}]
+        groups[1]["amsgrad"] = on_branch
+        return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
+
+    ddp = DecentralizedDataParallel(
+        make_model(kind, seed=0),  # the branch gets its first gradient at step 3
+        optim_fn=optim_fn,
+        topology="ring",
+        bucket_size_in_mb=25,  # one bucket: checked while the branch has no state yet
+        state_sync={"max_exp_avg_sq": 1},
+    )
+    try:
+        train_steps(ddp, rank, {"kind": kind}, 1, 5)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_bucket_is_checked_again_once_a_late_parameter_has_state() -> None:
+    errors = ok_values(run_distributed(_amsgrad_but_the_late_branch, 2, timeout=60))
+    assert errors[0] == errors[1], errors
+    assert "which Adam does not keep for parameter group 1 of bucket 0 (branch." in errors[0]
+
+
+def test_a_parameter_without_state_does_not_stop_the_check_of_the_others() -> None:
+    # on rank 1 the branch (first in the bucket) has no state yet at the first exchange;
+    # the parameters after it, without amsgrad, are refused then, on both ranks
+    errors = ok_values(
+        run_distributed(_amsgrad_but_the_late_branch, 2, True, "late_on_one", timeout=60)
+    )
+    assert errors[0] == errors[1], errors
+    assert "which Adam does not keep for parameter group 0 of bucket 0 (head." in errors[0]

@@ -46,7 +46,7 @@ class Net(nn.Module):
         self.l1 = nn.Linear(D_IN, 6)
         self.l2 = nn.Linear(6, 6)
         self.head = nn.Linear(6, 1)
-        if kind in ("unused", "late"):
+        if kind in ("unused", "late", "late_on_one"):
             self.branch = nn.Linear(D_IN, 1)
         if kind == "conv":
             self.conv = nn.Conv2d(2, 3, kernel_size=(2, 1))
@@ -73,6 +73,8 @@ class Net(nn.Module):
         if self.kind == "unused" and (step + rank) % 3 != 0:
             out = out + self.branch(x)
         if self.kind == "late" and step >= 3:
+            out = out + self.branch(x)
+        if self.kind == "late_on_one" and step >= 1 + 2 * rank:  # rank 1 from step 3 on
             out = out + self.branch(x)
         return out
 

@@ -20,12 +20,13 @@ def mix_states(
 ) -> None:
     """Before step ``t``'s optimizer step: each due state becomes its row of W times the states.
 
-    A state is due when ``t % K == 0``; ranks alone in their edge keep theirs,
-    and nothing is mixed before every worker has a state (step 1).
+    A state is due when ``t % K == 0``; ranks alone in their edge keep theirs, and
+    a parameter's state is mixed in an edge only when every member of the edge has
+    one (after step 1, or later for a parameter that some member has not stepped yet).
     """
     due = [n for n, k in sync.items() if t % k == 0]
     params = [list(m.parameters()) for m in models]
-    if not due or not all(opt.state.get(ps[0]) for opt, ps in zip(optims, params)):
+    if not due:
         return
     for edge in edges:
         if len(edge.ranks) == 1:
@@ -33,6 +34,8 @@ def mix_states(
         w, p = edge.self_weight, edge.peer_weight
         for name in due:
             for q in range(len(params[0])):
+                if not all(optims[j].state.get(params[j][q]) for j in edge.ranks):
+                    continue
                 old = {j: optims[j].state[params[j][q]][name].clone() for j in edge.ranks}
                 for j in edge.ranks:
                     others = sum(old[i] for i in edge.ranks if i != j)

@@ -1,5 +1,7 @@
 """The testbed: a real multi-host network on one machine (see :mod:`.hosts`), and jobs run on it (:mod:`.launch`).
 
+Every entry point that builds hosts tears them down on SIGTERM and SIGINT too (:mod:`.stop`).
+
 ``python -m experiments.network.testbed --help`` lists its commands.
 """
 
@@ -19,9 +21,11 @@ from .hosts import (
     up,
 )
 from .launch import launch, wire_summary
+from .stop import Interrupted, teardown_on_signals
 
 __all__ = [
     "PREFIX",
+    "Interrupted",
     "Spec",
     "TestbedError",
     "address",
@@ -33,6 +37,7 @@ __all__ = [
     "missing",
     "parse_rate",
     "read_state",
+    "teardown_on_signals",
     "testbed",
     "up",
     "wire_summary",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .hosts import PREFIX, Spec, TestbedError, current, down, link_stats, parse_rate, testbed, up
 from .launch import launch
+from .stop import Interrupted
 
 
 def _spec(ns: argparse.Namespace) -> Spec:
@@ -100,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     except TestbedError as exc:
         print(f"testbed: error: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:  # SIGTERM or SIGINT inside testbed(): torn down
+        print(f"testbed: {exc}; torn down", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("testbed: interrupted; torn down", file=sys.stderr)
         return 130

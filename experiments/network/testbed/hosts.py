@@ -33,15 +33,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .stop import teardown_on_signals
 
 __all__ = [
     "PREFIX",
@@ -418,7 +418,8 @@ def link_stats(spec: Spec) -> list[dict[str, int]]:
 
 @contextlib.contextmanager
 def testbed(spec: Spec) -> Iterator[Spec]:
-    """Build the testbed for the ``with`` block and tear it down after, also on SIGTERM.
+    """Build the testbed for the ``with`` block and tear it down after, also on SIGTERM or SIGINT
+    (:func:`.stop.teardown_on_signals`).
 
     A testbed of the same spec that was already up is left up.
 
@@ -429,22 +430,9 @@ def testbed(spec: Spec) -> Iterator[Spec]:
     """
     before = read_state(spec.prefix)
     keep = bool(before and before.get("complete") and Spec(**before["spec"]) == spec)
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt  # unwinds through the finally below
-
-    in_main = _is_main_thread()
-    if in_main:
-        signal.signal(signal.SIGTERM, _on_term)
-    try:
-        yield up(spec)
-    finally:
-        if not keep:
-            down(spec.prefix)
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
-
-
-def _is_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+    with teardown_on_signals():
+        try:
+            yield up(spec)
+        finally:
+            if not keep:
+                down(spec.prefix)

@@ -1,13 +1,16 @@
-"""Image-folder loaders keep their worker processes; loaders yield the model's memory format."""
+"""Image-folder loaders keep their worker processes; loaders yield the model's memory format;
+workers ignore the configured stop signals under every start method."""
 
 from __future__ import annotations
 
 import os
+import signal
 
+import pytest
 import torch
 
 from experiments.data import build_data
-from experiments.data.loaders import Shard, set_memory_format
+from experiments.data.loaders import Shard, set_memory_format, worker_init
 from experiments.data.seeded import SeededEvalLoader, SeededShardLoader
 
 CPU = torch.device("cpu")
@@ -68,3 +71,44 @@ def test_in_memory_batches_come_in_channels_last() -> None:
     assert x.is_contiguous(memory_format=torch.channels_last)
     assert t.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(x, plain)  # the same values, in another layout
+
+
+# ------------------------------------------------------------ the stop signals in workers
+
+
+class _Squares(torch.utils.data.Dataset):
+    """Sixteen samples, ``i`` and ``i * i``; picklable for the spawn start methods."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(index), float(index * index)]), os.getpid()
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_workers_ignore_the_configured_preemption_signal(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SUBMITIT_PREEMPT_SIGNAL names USR1: the workers must ignore it as well as SIGTERM,
+    # also when they do not inherit the training process's handlers (forkserver, spawn)
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    loader = torch.utils.data.DataLoader(
+        _Squares(),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context=method,
+        worker_init_fn=worker_init(),
+    )
+    batches = iter(loader)
+    got = [next(batches), next(batches)]  # one batch from each worker: both have started
+    workers = {int(p) for _, pids in got for p in pids}
+    assert len(workers) == 2 and os.getpid() not in workers
+    for pid in workers:  # as SLURM signals every process of the step
+        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGTERM)
+    got += list(batches)  # the workers are still there to make the rest
+    values = torch.cat([x for x, _ in got])
+    expected = torch.stack([torch.arange(16.0), torch.arange(16.0) ** 2], dim=1)
+    assert torch.equal(values, expected)
+    assert {int(p) for _, pids in got for p in pids} == workers

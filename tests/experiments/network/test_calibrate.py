@@ -94,12 +94,14 @@ def test_nearest_is_on_a_log_scale(calib: dict[str, Any]) -> None:
 
 def test_emulator_overrides_and_simulator_terms(calib: dict[str, Any]) -> None:
     assert calibrate.emulator_overrides(calib, 5e6) == [
+        "network.latency_ms=0",
         "network.efficiency=0.9000",
         "network.collective_ms=3.0000",
         "network.stack_cpu_ms_per_mb=6.0000",
     ]
     assert calibrate.simulator_terms(calib, 1e8) == pytest.approx(
         {
+            "latency_ms": 0.0,
             "efficiency": 0.8,
             "collective_ms": 1.5,
             "comm_cpu_ms_per_mb": 15.0,
@@ -120,6 +122,55 @@ def test_emulator_overrides_make_a_valid_config(
     prof = netem.profile_from_cfg(cfg.network)
     assert prof is not None
     assert (prof.efficiency, prof.collective_ms, prof.stack_cpu_ms_per_mb) == (0.9, 3.0, 6.0)
+
+
+@pytest.mark.parametrize("rate_bps", [1e7, 1e8])
+def test_the_calibrated_models_fixed_cost_is_the_fitted_intercept(
+    calib: dict[str, Any], rate_bps: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intercept holds the wire's latency: no hop latency is added on top of it."""
+    from experiments.network.sim_links import Link
+    from tests.support.launch import compose_config
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    _, eff, intercept_s, _ = TRUTH["10mbit" if rate_bps == 1e7 else "100mbit"]
+    cfg = compose_config(
+        "network=custom",
+        f"network.bandwidth_gbps={rate_bps / 1e9}",
+        *calibrate.emulator_overrides(calib, rate_bps),
+    )
+    prof = netem.profile_from_cfg(cfg.network)
+    assert prof is not None
+    # the emulator: a pair and a 4-rank ring cost the intercept beyond their bytes
+    assert netem.gossip_time(0, 2, prof) == pytest.approx(intercept_s, rel=1e-9)
+    assert netem.ring_allreduce_time(0, 4, prof) == pytest.approx(intercept_s, rel=1e-9)
+    # and a pair exchange of S bytes is the fitted line itself
+    size = 212_992
+    line = intercept_s + size * 8 / (eff * rate_bps)
+    assert netem.gossip_time(size, 2, prof) == pytest.approx(line, rel=1e-9)
+    # the simulator's link from the same terms
+    terms = calibrate.simulator_terms(calib, rate_bps)
+    link = Link(
+        "calibrated",
+        rate_bps / 1e9,
+        terms["latency_ms"],
+        efficiency=terms["efficiency"],
+        collective_ms=terms["collective_ms"],
+    )
+    assert link.ring_s(0, 2) == pytest.approx(intercept_s, rel=1e-9)
+    assert link.ring_s(0, 4) == pytest.approx(intercept_s, rel=1e-9)
+
+
+def test_the_worst_fit_error_counts_a_fit_below_a_measurement() -> None:
+    """A measurement above the line (the fit under it) is an error as much as one below."""
+    rows = synthetic_rows({"10mbit": TRUTH["10mbit"]})
+    wire = [r for r in rows if r["where"] == "wire"]
+    wire[0]["median_s"] *= 1.5  # the smallest payload slow: the line passes well below it
+    got = calibrate.summarize(rows)["rates"]["10mbit"]
+    a, b = calibrate.fit_line([(r["bytes"] * 8 / 1e7, r["median_s"]) for r in wire])
+    errors = [(a + b * r["bytes"] * 8 / 1e7) / r["median_s"] - 1 for r in wire]
+    assert -min(errors) > max(errors) > 0  # the worst error is the fit below a measurement
+    assert got["worst_fit_error"] == pytest.approx(max(abs(e) for e in errors), rel=1e-12)
 
 
 def test_load_is_none_without_a_calibration(tmp_path: Path, calib: dict[str, Any]) -> None:
@@ -159,3 +210,31 @@ def test_measure_loopback_runs_pairbench_on_four_processes() -> None:
         assert r["cpu_ms_per_mb"] > 0
         # pairbench's definition: the machine's CPU per MB all ranks sent over reps + 2 rounds
         assert r["cpu_ms_per_mb"] == pytest.approx(r["cpu_s"] * 1e3 / (4 * 4 * r["bytes"] / 1e6))
+
+
+def test_summarize_without_cpu_readings_and_with_a_flat_line() -> None:
+    # no CPU counters and no loopback rows: every CPU term 0; times that do not grow
+    # with the payload: no finite efficiency, so the line rate's
+    rows = [{"mode": "allreduce-ring", "bytes": s, "world": 4, "median_s": 0.01, "where": "wire",
+             "rate": "1mbit", "rate_bps": 1e6} for s in SIZES]  # fmt: skip
+    got = calibrate.summarize(rows)
+    r = got["rates"]["1mbit"]
+    assert r["efficiency"] == 1.0 and r["collective_ms"] == pytest.approx(10.0)
+    assert (r["comm_cpu_ms_per_mb"], r["stack_cpu_ms_per_mb"]) == (0.0, 0.0)
+    assert got["loopback_cpu_ms_per_mb"] == 0.0
+
+
+@pytest.mark.parametrize(("bulk_cpu", "comm"), [(0.5, 0.5), (-0.5, 0.0)])
+def test_summarize_keeps_a_small_cpu_cost_and_drops_a_negative_one(
+    bulk_cpu: float, comm: float
+) -> None:
+    truth = {"10mbit": (1e7, 0.9, 3e-3, (0.3, 0.3, bulk_cpu, bulk_cpu))}
+    rows = [r for r in synthetic_rows(truth) if r["where"] == "wire"]  # no loopback rows
+    r = calibrate.summarize(rows)["rates"]["10mbit"]
+    assert r["comm_cpu_ms_per_mb"] == comm
+    # without loopback's reading the whole cost is beyond loopback
+    assert r["stack_cpu_ms_per_mb"] == comm
+
+
+def test_fit_line_through_two_points() -> None:
+    assert calibrate.fit_line([(1.0, 1.0), (2.0, 3.0)]) == pytest.approx((-1.0, 2.0), abs=1e-12)
