@@ -20,6 +20,7 @@ def _model_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+@ec.isolated  # torchft's threads stay out of the test process
 def test_unreachable_lighthouse_fails_within_the_timeout() -> None:
     lh = f"http://127.0.0.1:{ec.free_port()}"
     start = time.monotonic()
@@ -31,6 +32,7 @@ def test_unreachable_lighthouse_fails_within_the_timeout() -> None:
     assert "timeout_s=1" in str(e.value) and "\n" not in str(e.value)
 
 
+@ec.isolated  # torchft's threads stay out of the test process
 def test_more_min_replicas_than_hosts_waits_with_progress_then_fails() -> None:
     server = ec.lighthouse()
     lines: list[str] = []
@@ -53,6 +55,7 @@ def test_more_min_replicas_than_hosts_waits_with_progress_then_fails() -> None:
         server.shutdown()
 
 
+@ec.isolated  # torchft's threads stay out of the test process
 def test_a_replica_id_used_twice_is_refused_by_both() -> None:
     # two replicas in threads of this process: each has its own Manager, store and group
     server = ec.lighthouse()
@@ -127,6 +130,7 @@ def test_bad_numbers_are_one_line(kwargs: dict[str, object], message: str) -> No
         ElasticGossip(*_model_opt(), lighthouse="http://127.0.0.1:1", **kwargs)  # type: ignore[arg-type]
 
 
+@ec.isolated  # torchft's threads stay out of the test process
 def test_step_without_zero_grad_is_refused() -> None:
     server = ec.lighthouse()
     model, opt = _model_opt()

@@ -8,10 +8,13 @@ parameters) so that :func:`replay` can recompute the whole run in one process.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +45,32 @@ def lighthouse(min_replicas: int = 1, join_timeout_ms: int = 5000) -> Any:
         quorum_tick_ms=50,
         heartbeat_timeout_ms=800,
     )
+
+
+class _LighthouseProcess:
+    """:func:`lighthouse` in a process of its own, for runs whose replicas are processes.
+
+    The test process then holds no torchft thread (see :func:`_pool`).
+    """
+
+    def __init__(self, ctx: Any, **kwargs: Any):
+        urls, self._stop = ctx.Queue(), ctx.Event()
+        self._proc = ctx.Process(target=_serve, args=(urls, self._stop, kwargs), daemon=True)
+        self._proc.start()
+        self.url: str = urls.get(timeout=60)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def _serve(urls: Any, stop: Any, kwargs: dict[str, Any]) -> None:
+    server = lighthouse(**kwargs)
+    urls.put(loopback_address(server))
+    stop.wait()
+    server.shutdown()
 
 
 def loopback_address(server: Any) -> str:
@@ -233,8 +262,8 @@ def run(plans: dict[str, dict[str, Any]], restarts: dict[str, dict[str, Any]], t
     out = ctx.Queue()
     events: dict[str, Any] = {name: ctx.Event() for name in ("rejoin", "restart", "joined")}
     events["start"] = ctx.Barrier(len(plans))
-    server = lighthouse()
-    lh = loopback_address(server)
+    server = _LighthouseProcess(ctx)
+    lh = server.url
     procs = {
         rid: ctx.Process(target=replica, args=(rid, lh, p, out, events)) for rid, p in plans.items()
     }
@@ -389,20 +418,49 @@ def replay(
     return {"members": members_of, "final": x, "steps": steps}
 
 
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    """One spawned process, for this test process's life, where torchft runs in-process.
+
+    Not the test process itself: torchft's runtime threads (the lighthouse's,
+    a Manager's) outlive ``shutdown()``, and a later test that forks its ranks
+    from a process holding them can inherit a held lock and hang every rank.
+    """
+    global _POOL
+    if _POOL is None:
+        import atexit
+        import multiprocessing as mp
+
+        _POOL = mp.get_context("spawn").Pool(1)
+        atexit.register(_POOL.terminate)
+    return _POOL
+
+
+def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a test's body in the spawned process of :func:`_pool` (fixtures are resolved here)."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return _pool().apply(_call, (test.__module__, test.__name__, args, kwargs))
+
+    return run
+
+
+def _call(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
+
+
 def run_threads(
     plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 5000
 ) -> dict[str, list[Any]]:
-    """Run the replicas as threads of one fresh process (each its own Manager, store and group).
+    """Run the replicas as threads of one process (each its own Manager, store and group).
 
     Quicker than a process per replica (one torch import); for plans where
-    nobody is killed. The process is spawned, not the test's own: torchft's
-    runtime threads outlive their Managers, and a later test that forks its
-    ranks from a process holding them can inherit a held lock and hang.
+    nobody is killed. They run in :func:`_pool`'s process, with its lighthouse.
     """
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_run_threads_here, (plans, timeout, join_timeout_ms))
+    return _pool().apply(_run_threads_here, (plans, timeout, join_timeout_ms))
 
 
 def _run_threads_here(

@@ -86,6 +86,7 @@ def _host(cfg: Any, run_dir: Path, out: dict[str, Any]) -> None:
         out[str(cfg.fault_tolerance.replica_id)] = exc
 
 
+@ec.isolated  # the lighthouse's threads stay out of the test process
 def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_path: Path) -> None:
     server = ec.lighthouse()
     lh = ec.loopback_address(server)
