@@ -203,3 +203,10 @@ class Source:
             o = json.loads((self.root / other / name / "summary.json").read_text())[key]
             gaps.append(float(o) - float(b))
         return gaps
+
+
+def md_table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from experiments.report.doc_data import DataError, Source
+from experiments.report import doc_views_hosts as hosts
+from experiments.report.doc_data import DataError, Source, md_table
 
 WIRE = "docs/results/network/table.json"
 HIER = "docs/results/hierarchical/table.json"
@@ -35,10 +36,7 @@ def lr_label(value: str) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+_table = md_table
 
 
 def _arm_present(src: Source, rel: str, arm: str) -> None:
@@ -265,6 +263,7 @@ def glance(src: Source) -> str:
             f"(2 and 4 procs), gpt {steps['gpt', 2]:.2f} and {steps['gpt', 4]:.2f}",
             "[performance](docs/performance.md#side-by-side-with-decent-dp-023-make-bench-upstream)",
         ],
+        *hosts.glance_rows(src),
     ]
     return _table(["result", "measured", "page"], ["---", "---", "---"], rows)
 
@@ -394,4 +393,5 @@ VIEWS: dict[str, Callable[..., str]] = {
     "outer-h": outer_h,
     "upstream": upstream,
     "glance": glance,
+    **hosts.VIEWS,
 }

@@ -96,7 +96,10 @@ def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
             "lm-tuned runs=docs/results/lm/nope",
             "docs/results/lm/nope/allreduce-adamw/final: no run",
         ),
-        ("no-such-view", "unknown view 'no-such-view' (known: bench, by-topology, choose, glance"),
+        (
+            "no-such-view",
+            "unknown view 'no-such-view' (known: bench, by-topology, choose, elastic, glance",
+        ),
         (
             "glance colour=red",
             "view 'glance': glance() got an unexpected keyword argument 'colour'",
