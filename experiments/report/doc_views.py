@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable
 
 from experiments.report import doc_views_hosts as hosts
+from experiments.report import doc_views_wire as wire
 from experiments.report.doc_data import DataError, Source, md_table
 
 WIRE = "docs/results/network/table.json"
@@ -394,4 +395,5 @@ VIEWS: dict[str, Callable[..., str]] = {
     "upstream": upstream,
     "glance": glance,
     **hosts.VIEWS,
+    **wire.VIEWS,
 }

@@ -98,7 +98,7 @@ def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
         ),
         (
             "no-such-view",
-            "unknown view 'no-such-view' (known: bench, by-topology, choose, elastic, glance",
+            "unknown view 'no-such-view' (known: bench, by-topology, choose, elastic",
         ),
         (
             "glance colour=red",
