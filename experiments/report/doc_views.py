@@ -211,6 +211,57 @@ def upstream(src: Source, file: str = UPSTREAM) -> str:
     return _table(header, ["---", *["---:"] * 6], rows)
 
 
+UPSTREAM_RUN = "docs/results/bench-upstream/results.json"
+_PROFILE_ROWS = [
+    ("compute (forward, backward)", "compute"),
+    ("gradient accumulation", "grad_accumulate"),
+    ("mix (mixing passes, launch copy)", "mix"),
+    ("optimizer", "optimizer"),
+    ("wait for gossip / all-reduce", "wait"),
+    ("zeroing", "zero"),
+    ("launch", "launch"),
+    ("Python and other", "python_other"),
+    ("CPU, main thread", "cpu_main_thread"),
+    ("CPU, other threads (gloo)", "cpu_other_threads"),
+]
+_PROFILE_IMPLS = {"before": "before", "ours": "ours", "0.2.3": "0.2.3", "torch-ddp": "torch DDP"}
+
+
+def profile_ms(src: Source, file: str, procs: int, impl: str, key: str) -> float:
+    """A category of ``make bench-upstream --profile`` (ms per step, mean over ranks)."""
+    for config in src.json(file)["configs"]:
+        if config["procs"] == procs:
+            # an implementation's name may hold dots (0.2.3): no dotted key path
+            value = config.get("profile", {}).get(impl, {}).get(key)
+            if value is None:
+                raise DataError(file, f"no profile {impl} {key} at procs={procs}")
+            return float(value)
+    raise DataError(file, f"no config procs={procs}")
+
+
+def profile(src: Source, file: str = UPSTREAM_RUN, procs: str = "4") -> str:
+    """Where a step goes: the profiler's ms per step of each category, a column per
+    implementation, then the minor page faults per step of the timed rounds."""
+    n = int(procs)
+    rows = []
+    for label, key in _PROFILE_ROWS:
+        row = [label]
+        for impl in _PROFILE_IMPLS:
+            value = profile_ms(src, file, n, impl, key)
+            # torch DDP waits for its all-reduce inside its own hooks, which the profile counts
+            # under Python and other: its wait is not a category of its own
+            if key == "wait" and impl == "torch-ddp" and value == 0:
+                row.append("in Python/other")
+            else:
+                row.append(f"{value:.1f}")
+        rows.append(row)
+    config = next(c for c in src.json(file)["configs"] if c["procs"] == n)
+    faults = {r["impl"]: r["faults_per_step"] for r in config["rows"]}
+    rows.append(["minor page faults per step", *(f"{faults[i]:,.0f}" for i in _PROFILE_IMPLS)])
+    header = ["", *_PROFILE_IMPLS.values()]
+    return _table(header, ["---", *["---:"] * len(_PROFILE_IMPLS)], rows)
+
+
 def _acc(src: Source, topology: str, compression: str) -> float:
     return src.mean(f"{COMPRESSION}/{topology}_{compression}_seed*", "eval/acc")
 
@@ -394,6 +445,7 @@ VIEWS: dict[str, Callable[..., str]] = {
     "outer-h": outer_h,
     "upstream": upstream,
     "glance": glance,
+    "profile": profile,
     **hosts.VIEWS,
     **wire.VIEWS,
 }

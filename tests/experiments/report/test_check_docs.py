@@ -10,6 +10,7 @@ import pytest
 from experiments.report.check_docs import check, main
 from experiments.report.claims import Claim, V, claim, mean
 from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
 
 ROOT = Path(__file__).resolve().parents[3]
 WIRE = "docs/results/network/table.json"
@@ -181,4 +182,19 @@ def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
         f"docs/page.md:6: '726' (row '10 Mb/s', column '`ring`') but {WIRE} gives '687'",
         f"docs/page.md:6: '**1.86x**' (row '10 Mb/s', column '`ring` / `allreduce`') "
         f"but {WIRE} gives '**1.59x**'",
+    ]
+
+
+def test_a_drifted_profile_cell_names_the_profiled_run(tmp_path: Path) -> None:
+    mix = f"{profile_ms(Source(ROOT), UPSTREAM_RUN, 4, 'before', 'mix'):.1f}"
+    page = _copy(tmp_path, "docs/performance.md")
+    line = _edit(
+        page,
+        f"| mix (mixing passes, launch copy) | {mix} |",
+        "| mix (mixing passes, launch copy) | 4.2 |",
+    )
+    problems = check(tmp_path, data_root=ROOT)
+    assert problems == [
+        f"docs/performance.md:{line}: '4.2' (row 'mix (mixing passes, launch copy)', "
+        f"column 'before') but {UPSTREAM_RUN} gives '{mix}'"
     ]
