@@ -198,3 +198,14 @@ def test_a_drifted_profile_cell_names_the_profiled_run(tmp_path: Path) -> None:
         f"docs/performance.md:{line}: '4.2' (row 'mix (mixing passes, launch copy)', "
         f"column 'before') but {UPSTREAM_RUN} gives '{mix}'"
     ]
+
+
+def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
+    run = "docs/results/lm_gap/runs/complete-lagged-m1/stage1/lr2e-3"
+    mb = f"{Source(ROOT).run(run, 'comm/bytes_per_step') / 1e6:.3g}"
+    page = _copy(tmp_path, "docs/results/lm_gap/README.md")
+    old = f"`m` shared | 2e-3 | {Source(ROOT).run(run):.3f} | {mb} MB |"
+    _edit(page, old, old.replace(f"{mb} MB", "1.68 MB"))
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].endswith(f"but {run}/summary.json gives '{mb}'")
