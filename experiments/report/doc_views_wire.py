@@ -4,7 +4,10 @@
   (``docs/results/network/pairbench/*.jsonl``, one line per mode);
 - ``emulator-hosts``: the emulator's predicted over measured step time, a link per rank (the
   runs of ``own-link/``, their ``table.md``) and with hosts (``table.json``'s
-  ``emulated_ratio``), on ``docs/results/hierarchical/README.md``.
+  ``emulated_ratio``), on ``docs/results/hierarchical/README.md``;
+- ``sim-calibration`` and ``sim-validation``: the scale simulator against the reference
+  paper's measured step times (``simulate/paper_transformer_fig6/simulate.json``) and against
+  emulated runs (``simulate/validation/*/validation.json``).
 """
 
 from __future__ import annotations
@@ -136,7 +139,78 @@ def src_rate(rate: str) -> str:
     return rate.replace("mbit", " Mb/s").replace("gbit", " Gb/s")
 
 
+PAPER = "docs/results/simulate/paper_transformer_fig6/simulate.json"
+
+
+def _pct(error: float) -> str:
+    """A relative error as the pages write it: ``+29.0%`` (and ``+0.0%``, never ``-0.0%``)."""
+    return f"{round(100 * error, 1) + 0.0:+.1f}%"
+
+
+def sim_calibration(src: Source, file: str = PAPER) -> str:
+    """The simulator against the paper's step times: a row per point (the fitted one says its
+    efficiency), then per profile the all-reduce over gossip ratio, measured and predicted."""
+    rows = []
+    points = src.json(file)["calibration"]
+    for p in points:
+        role = f"fitted: efficiency {p['efficiency']:.3f}" if p["role"] == "fitted" else p["role"]
+        rows.append(
+            [
+                p["profile"],
+                str(p["n"]),
+                p["method"],
+                f"{p['measured_ms']:.1f}",
+                f"{p['predicted_ms']:.1f}",
+                _pct(p["error"]),
+                role,
+            ]
+        )
+    for profile in dict.fromkeys(p["profile"] for p in points):
+        mine = {p["method"]: p for p in points if p["profile"] == profile}
+        if "allreduce" not in mine or len(mine) != 2:
+            raise DataError(file, f"{profile}: not one all-reduce and one gossip point")
+        base = mine.pop("allreduce")
+        ((method, other),) = mine.items()
+        measured = base["measured_ms"] / other["measured_ms"]
+        predicted = base["predicted_ms"] / other["predicted_ms"]
+        rows.append(
+            [
+                profile,
+                str(base["n"]),
+                f"allreduce / {method}",
+                f"{measured:.2f}x",
+                f"{predicted:.2f}x",
+                _pct(predicted / measured - 1),
+                "ratio",
+            ]
+        )
+    header = ["profile", "n", "method", "measured (ms)", "predicted (ms)", "error", "role"]
+    return md_table(header, ["---", "---:", "---", "---:", "---:", "---:", "---"], rows)
+
+
+def sim_validation(src: Source, file: str) -> str:
+    """The simulator against emulated runs (``sim_validate``'s ``validation.json``), a row per
+    world size and method."""
+    rows = [
+        [
+            str(r["n"]),
+            r["method"],
+            f"{r['compute_s'] * 1e3:.1f}",
+            f"{r['cv']:.2f}",
+            f"{r['predicted_s'] * 1e3:.1f}",
+            f"{r['measured_s'] * 1e3:.1f}",
+            _pct(r["error"]),
+        ]
+        for r in src.json(file)["rows"]
+    ]
+    header = ["n", "method", "compute (ms)", "jitter cv", "predicted (ms)", "measured (ms)"]
+    header.append("error")
+    return md_table(header, ["---:", "---", *["---:"] * 5], rows)
+
+
 VIEWS: dict[str, Callable[..., str]] = {
     "pair-exchange": pair_exchange,
     "emulator-hosts": emulator_hosts,
+    "sim-calibration": sim_calibration,
+    "sim-validation": sim_validation,
 }

@@ -69,3 +69,42 @@ def test_a_drifted_count_in_the_hierarchical_prose_fails(tmp_path: Path) -> None
     assert len(problems) == 1, problems
     assert "'6' in \"the shared host link brings 6 of the 6" in problems[0]
     assert problems[0].endswith(f"but {HIER} gives '5'")
+
+
+def test_the_calibration_view_adds_each_profiles_ratio(tmp_path: Path) -> None:
+    def point(method: str, measured: float, predicted: float, role: str) -> dict:
+        error = predicted / measured - 1
+        row = {"profile": "p", "n": 8, "method": method, "measured_ms": measured}
+        return row | {"predicted_ms": predicted, "error": error, "role": role, "efficiency": 0.95}
+
+    rel = "d/simulate.json"
+    (tmp_path / "d").mkdir()
+    points = [
+        point("allreduce", 100.0, 100.0 - 1e-9, "fitted"),
+        point("g", 40.0, 50.0, "predicted"),
+    ]
+    (tmp_path / rel).write_text(json.dumps({"calibration": points}))
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text(f"# A page\n\n<!-- data: sim-calibration file={rel} -->\n<!-- /data -->\n")
+    assert check(tmp_path, claims=[], write=True) == []
+    assert page.read_text().splitlines()[5:8] == [
+        "| p | 8 | allreduce | 100.0 | 100.0 | +0.0% | fitted: efficiency 0.950 |",
+        "| p | 8 | g | 40.0 | 50.0 | +25.0% | predicted |",
+        f"| p | 8 | allreduce / g | 2.50x | 2.00x | {100 * (2.0 / 2.5 - 1):+.1f}% | ratio |",
+    ]
+
+
+def test_a_drifted_validation_cell_names_its_file(tmp_path: Path) -> None:
+    rel = "docs/results/simulate/validation/balanced/validation.json"
+    row = next(r for r in Source(ROOT).json(rel)["rows"] if r["n"] == 4 and r["method"] == "ring")
+    page = _copy(tmp_path, "docs/results/simulate/README.md")
+    measured = f"{row['measured_s'] * 1e3:.1f}"
+    text = page.read_text()
+    cell = f"| {row['predicted_s'] * 1e3:.1f} | {measured} |"
+    assert text.count(cell) == 1
+    _edit(page, cell, cell.replace(measured, "150.0"))
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert "'150.0' (row '4', column 'measured (ms)')" in problems[0]
+    assert problems[0].endswith(f"but {rel} gives '{measured}'")
