@@ -3,7 +3,9 @@
 Each view takes a :class:`~experiments.report.doc_data.Source` and the marker's arguments (all
 strings) and returns the markdown between a page's ``<!-- data: VIEW ... -->`` and
 ``<!-- /data -->``. ``python -m experiments.report.check_docs --write`` puts it there; the check
-compares it with what is written. :data:`VIEWS` maps the marker's name to the function.
+compares it with what is written. :data:`VIEWS` maps the marker's name to the function, this
+module's and those of :mod:`~experiments.report.doc_views_hosts` (sharded replicas, elastic
+hosts) and :mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator).
 """
 
 from __future__ import annotations

@@ -246,6 +246,11 @@ def glance_rows(src: Source) -> list[list[str]]:
     lost = elastic_worst("survivor_steps_lost")(src)
     between = elastic_worst("survivor_gap_s", False)(src)
     inside = elastic_worst("survivor_gap_s", True)(src)
+    runs = _KILLED_IN_QUORUM + _KILLED_BETWEEN
+    sizes = {src.key(f"{ELASTIC}/{n}.json", "args.hosts") for n in runs}
+    if len(sizes) != 1:
+        raise DataError(ELASTIC, f"the fault runs' host counts differ: {sorted(sizes)}")
+    hosts = sizes.pop()
     return [
         [
             "sharded replicas (FSDP2 inside, gossip between)",
@@ -256,7 +261,8 @@ def glance_rows(src: Source) -> list[list[str]]:
         ],
         [
             "a host killed and restarted (`fault_tolerance=torchft`)",
-            f"4 hosts, 5 runs: the survivors lost **{lost:.0f}** steps; their longest pause "
+            f"{hosts} hosts, {len(runs)} runs: the survivors lost **{lost:.0f}** steps; their "
+            f"longest pause "
             f"{between:.1f} s for a kill between quorums, {inside:.1f} s (`timeout_s`) inside one",
             "[elastic](docs/results/elastic/README.md)",
         ],

@@ -179,3 +179,13 @@ def test_every_claim_of_the_new_pages_matches_its_page() -> None:
     mine = [c for c in CLAIMS if c.page in pages]
     assert len(mine) >= 15
     assert check(ROOT, claims=mine) == []
+
+
+def test_a_drifted_glance_row_names_the_elastic_runs(tmp_path: Path) -> None:
+    page = _copy(tmp_path, "README.md")
+    line = _edit(page, "the survivors lost **0** steps", "the survivors lost **1** steps")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"README.md:{line}: '") and "column 'measured'" in problems[0]
+    assert "docs/results/elastic/testbed-ring-kill-mid-interval.json" in problems[0]
+    assert "docs/results/sharded/study.json" in problems[0]
