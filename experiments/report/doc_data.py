@@ -113,6 +113,21 @@ class Source:
             values.append(float(summary[key]))
         return values
 
+    def text(self, rel: str) -> str:
+        """The text of file ``rel``."""
+        self._note(rel)
+        path = self.root / rel
+        if not path.is_file():
+            raise DataError(rel, "no such file")
+        return path.read_text()
+
+    def jsonl(self, rel: str) -> list[Any]:
+        """The records of the JSON-lines file ``rel``."""
+        try:
+            return [json.loads(line) for line in self.text(rel).splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise DataError(rel, f"not JSON lines ({err})") from err
+
     def md_rows(self, rel: str) -> list[dict[str, str]]:
         """The rows of the first markdown table of ``rel``, each a map of header to cell."""
         self._note(rel)
@@ -203,3 +218,10 @@ class Source:
             o = json.loads((self.root / other / name / "summary.json").read_text())[key]
             gaps.append(float(o) - float(b))
         return gaps
+
+
+def md_table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -3,7 +3,9 @@
 Each view takes a :class:`~experiments.report.doc_data.Source` and the marker's arguments (all
 strings) and returns the markdown between a page's ``<!-- data: VIEW ... -->`` and
 ``<!-- /data -->``. ``python -m experiments.report.check_docs --write`` puts it there; the check
-compares it with what is written. :data:`VIEWS` maps the marker's name to the function.
+compares it with what is written. :data:`VIEWS` maps the marker's name to the function, this
+module's and those of :mod:`~experiments.report.doc_views_hosts` (sharded replicas, elastic
+hosts) and :mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from experiments.report.doc_data import DataError, Source
+from experiments.report import doc_views_hosts as hosts
+from experiments.report import doc_views_wire as wire
+from experiments.report.doc_data import DataError, Source, md_table
 
 WIRE = "docs/results/network/table.json"
 HIER = "docs/results/hierarchical/table.json"
@@ -35,10 +39,7 @@ def lr_label(value: str) -> str:
     return f"{mantissa}e{int(exponent)}"
 
 
-def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+_table = md_table
 
 
 def _arm_present(src: Source, rel: str, arm: str) -> None:
@@ -212,6 +213,57 @@ def upstream(src: Source, file: str = UPSTREAM) -> str:
     return _table(header, ["---", *["---:"] * 6], rows)
 
 
+UPSTREAM_RUN = "docs/results/bench-upstream/results.json"
+_PROFILE_ROWS = [
+    ("compute (forward, backward)", "compute"),
+    ("gradient accumulation", "grad_accumulate"),
+    ("mix (mixing passes, launch copy)", "mix"),
+    ("optimizer", "optimizer"),
+    ("wait for gossip / all-reduce", "wait"),
+    ("zeroing", "zero"),
+    ("launch", "launch"),
+    ("Python and other", "python_other"),
+    ("CPU, main thread", "cpu_main_thread"),
+    ("CPU, other threads (gloo)", "cpu_other_threads"),
+]
+_PROFILE_IMPLS = {"before": "before", "ours": "ours", "0.2.3": "0.2.3", "torch-ddp": "torch DDP"}
+
+
+def profile_ms(src: Source, file: str, procs: int, impl: str, key: str) -> float:
+    """A category of ``make bench-upstream --profile`` (ms per step, mean over ranks)."""
+    for config in src.json(file)["configs"]:
+        if config["procs"] == procs:
+            # an implementation's name may hold dots (0.2.3): no dotted key path
+            value = config.get("profile", {}).get(impl, {}).get(key)
+            if value is None:
+                raise DataError(file, f"no profile {impl} {key} at procs={procs}")
+            return float(value)
+    raise DataError(file, f"no config procs={procs}")
+
+
+def profile(src: Source, file: str = UPSTREAM_RUN, procs: str = "4") -> str:
+    """Where a step goes: the profiler's ms per step of each category, a column per
+    implementation, then the minor page faults per step of the timed rounds."""
+    n = int(procs)
+    rows = []
+    for label, key in _PROFILE_ROWS:
+        row = [label]
+        for impl in _PROFILE_IMPLS:
+            value = profile_ms(src, file, n, impl, key)
+            # torch DDP waits for its all-reduce inside its own hooks, which the profile counts
+            # under Python and other: its wait is not a category of its own
+            if key == "wait" and impl == "torch-ddp" and value == 0:
+                row.append("in Python/other")
+            else:
+                row.append(f"{value:.1f}")
+        rows.append(row)
+    config = next(c for c in src.json(file)["configs"] if c["procs"] == n)
+    faults = {r["impl"]: r["faults_per_step"] for r in config["rows"]}
+    rows.append(["minor page faults per step", *(f"{faults[i]:,.0f}" for i in _PROFILE_IMPLS)])
+    header = ["", *_PROFILE_IMPLS.values()]
+    return _table(header, ["---", *["---:"] * len(_PROFILE_IMPLS)], rows)
+
+
 def _acc(src: Source, topology: str, compression: str) -> float:
     return src.mean(f"{COMPRESSION}/{topology}_{compression}_seed*", "eval/acc")
 
@@ -265,6 +317,7 @@ def glance(src: Source) -> str:
             f"(2 and 4 procs), gpt {steps['gpt', 2]:.2f} and {steps['gpt', 4]:.2f}",
             "[performance](docs/performance.md#side-by-side-with-decent-dp-023-make-bench-upstream)",
         ],
+        *hosts.glance_rows(src),
     ]
     return _table(["result", "measured", "page"], ["---", "---", "---"], rows)
 
@@ -394,4 +447,7 @@ VIEWS: dict[str, Callable[..., str]] = {
     "outer-h": outer_h,
     "upstream": upstream,
     "glance": glance,
+    "profile": profile,
+    **hosts.VIEWS,
+    **wire.VIEWS,
 }

@@ -174,6 +174,56 @@ CLAIMS: list[Claim] = [
         V(mean(DILOCO_T), F3),
         V(sd(DILOCO_T), F3),
     ),
+    # docs/results/lm_gap/README.md: the bytes of the state-sharing arms (one seed each)
+    *(
+        claim(
+            GAP_PAGE,
+            rf"^\| {prefix} \| \d\.\d{{3}} \|{cells} (\d+\.?\d*) MB \|",
+            V(lambda s, r=run: s.run(f"{GAP}/{r}", "comm/bytes_per_step") / 1e6, "{:.3g}"),
+        )
+        for cells, rows in (
+            (
+                r" [^|\n]* \|",
+                (
+                    (r"`complete` \| none", "complete-adamw-lr0.004/final/seed0"),
+                    (r"`complete` \| `exp_avg_sq`", "complete-v/stage1/0"),
+                    (r"`complete` \| `exp_avg`", "complete-m/stage1/0"),
+                    (r"`complete` \| `exp_avg` and `exp_avg_sq`", "complete-mv/stage1/0"),
+                ),
+            ),
+            (
+                "",
+                (
+                    (r"AdamW \(the baseline\) \| 4e-3", "complete-adamw-lr0.004/final/seed0"),
+                    (
+                        r"LaggedVAdamW, nothing shared \(the lag and clip alone\) \| 4e-3",
+                        "complete-lagged-v0/stage1/0",
+                    ),
+                    (
+                        r"LaggedVAdamW, `v` from the mean gradient \| 4e-3",
+                        "complete-lagged-v1/stage1/0",
+                    ),
+                    (
+                        r"LaggedVAdamW, `v` from the mean gradient \| 2e-3",
+                        "complete-lagged-v1/stage1/lr2e-3",
+                    ),
+                    (
+                        r"LaggedVAdamW, `v` from the mean gradient \| 1e-3",
+                        "complete-lagged-v1/stage1/lr0.001",
+                    ),
+                    (
+                        r"LaggedVAdamW, `v` from the mean gradient, `m` shared \| 4e-3",
+                        "complete-lagged-m1/stage1/0",
+                    ),
+                    (
+                        r"LaggedVAdamW, `v` from the mean gradient, `m` shared \| 2e-3",
+                        "complete-lagged-m1/stage1/lr2e-3",
+                    ),
+                ),
+            ),
+        )
+        for prefix, run in rows
+    ),
     # docs/results/lm_gap/README.md: one-seed arms
     *(
         one_run(GAP_PAGE, prefix, f"{GAP}/{run}")

@@ -34,6 +34,7 @@ from experiments.report.claims.base import (
     upstream_run,
     within_20,
 )
+from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
 
 CLAIMS: list[Claim] = [
     # docs/performance.md: make bench-upstream
@@ -356,5 +357,21 @@ CLAIMS: list[Claim] = [
         ),
         V(upstream_run(4, "ours", "cpu_step_s"), "{:.0f}"),
         V(upstream_run(4, "torch-ddp", "cpu_step_s"), "{:.0f}"),
+    ),
+    # docs/performance.md: the changes, as the profile (results.json) measured them
+    *(
+        claim(
+            "docs/performance.md",
+            rf"{label}: (\d+\.\d) -> (\d+\.\d) ms",
+            V(lambda s, k=key: profile_ms(s, UPSTREAM_RUN, 4, "before", k), "{:.1f}"),
+            V(lambda s, k=key: profile_ms(s, UPSTREAM_RUN, 4, "ours", k), "{:.1f}"),
+        )
+        for label, key in (("Mix", "mix"), ("Optimizer", "optimizer"))
+    ),
+    claim(
+        "docs/performance.md",
+        r"\(glibc `mallopt`\): ([\d,]+) -> ([\d,]+) minor page faults per step",
+        V(lambda s: upstream_run(4, "before", "faults_per_step")(s) / 1e3, "{:,.0f}"),
+        V(lambda s: upstream_run(4, "ours", "faults_per_step")(s) / 1e3, "{:,.0f}"),
     ),
 ]

@@ -10,6 +10,7 @@ import pytest
 from experiments.report.check_docs import check, main
 from experiments.report.claims import Claim, V, claim, mean
 from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
 
 ROOT = Path(__file__).resolve().parents[3]
 WIRE = "docs/results/network/table.json"
@@ -96,7 +97,10 @@ def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
             "lm-tuned runs=docs/results/lm/nope",
             "docs/results/lm/nope/allreduce-adamw/final: no run",
         ),
-        ("no-such-view", "unknown view 'no-such-view' (known: bench, by-topology, choose, glance"),
+        (
+            "no-such-view",
+            "unknown view 'no-such-view' (known: bench, by-topology, choose, elastic",
+        ),
         (
             "glance colour=red",
             "view 'glance': glance() got an unexpected keyword argument 'colour'",
@@ -179,3 +183,29 @@ def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
         f"docs/page.md:6: '**1.86x**' (row '10 Mb/s', column '`ring` / `allreduce`') "
         f"but {WIRE} gives '**1.59x**'",
     ]
+
+
+def test_a_drifted_profile_cell_names_the_profiled_run(tmp_path: Path) -> None:
+    mix = f"{profile_ms(Source(ROOT), UPSTREAM_RUN, 4, 'before', 'mix'):.1f}"
+    page = _copy(tmp_path, "docs/performance.md")
+    line = _edit(
+        page,
+        f"| mix (mixing passes, launch copy) | {mix} |",
+        "| mix (mixing passes, launch copy) | 4.2 |",
+    )
+    problems = check(tmp_path, data_root=ROOT)
+    assert problems == [
+        f"docs/performance.md:{line}: '4.2' (row 'mix (mixing passes, launch copy)', "
+        f"column 'before') but {UPSTREAM_RUN} gives '{mix}'"
+    ]
+
+
+def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
+    run = "docs/results/lm_gap/runs/complete-lagged-m1/stage1/lr2e-3"
+    mb = f"{Source(ROOT).run(run, 'comm/bytes_per_step') / 1e6:.3g}"
+    page = _copy(tmp_path, "docs/results/lm_gap/README.md")
+    old = f"`m` shared | 2e-3 | {Source(ROOT).run(run):.3f} | {mb} MB |"
+    _edit(page, old, old.replace(f"{mb} MB", "1.68 MB"))
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].endswith(f"but {run}/summary.json gives '{mb}'")

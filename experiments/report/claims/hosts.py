@@ -1,0 +1,172 @@
+"""Claims of sharded replicas and elastic hosts: their results pages and ``docs/recovery.md``
+(see :mod:`experiments.report.claims`). The sources are the views' own readers
+(:mod:`experiments.report.doc_views_hosts`), so that a sentence and its table agree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from experiments.report.claims.base import F0, Claim, Fn, V, claim, diff, ratio
+from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views_hosts import (
+    HSDP,
+    MEMORY_GLIBC,
+    STUDY,
+    elastic_field,
+    elastic_worst,
+    params_m,
+    peak_mb,
+    study,
+    tokens_per_s,
+)
+
+SHARDED_PAGE = "docs/results/sharded/README.md"
+ELASTIC_PAGE = "docs/results/elastic/README.md"
+RECOVERY = "docs/recovery.md"
+RES = "docs/results/README.md"
+RUNS = "docs/results/sharded/runs"
+LOOPBACK = ("loopback-ring", "loopback-one-peer-exp")
+F1 = "{:.1f}"
+
+
+def _same_tokens(s: Source) -> int:
+    """The tokens of every run of the testbed study (one value, or the runs differ)."""
+    tokens = {int(r["tokens"]) for r in s.json(STUDY)}
+    if len(tokens) != 1:
+        raise DataError(STUDY, f"the runs' tokens differ: {sorted(tokens)}")
+    return tokens.pop()
+
+
+def _mb(shape: str, arm: str, key: str = "tx_bytes_per_host_per_step") -> Fn:
+    """MB per step of one arm of the testbed study (mean over its seeds)."""
+    fn = study(shape, arm, key)
+    return lambda s: fn(s) / 1e6
+
+
+def _rejoin(pick: Callable, names: tuple[str, ...]) -> Fn:
+    """``pick`` over the fault runs ``names`` of the restarted host's way back (s)."""
+    return lambda s: pick(elastic_field(n, "rejoin_s")(s) for n in names)
+
+
+def _none_lost(s: Source) -> str:
+    """``no`` where no survivor of any fault run lost a step, else the most any lost."""
+    lost = elastic_worst("survivor_steps_lost")(s)
+    return "no" if lost == 0 else f"{lost:.0f}"
+
+
+_ALL = (
+    *LOOPBACK,
+    "testbed-ring-kill-at-quorum",
+    "testbed-one-peer-exp-kill-at-quorum",
+    "testbed-ring-kill-mid-interval",
+)
+
+CLAIMS: list[Claim] = [
+    # docs/results/sharded/README.md: peak memory per rank (bench.json, bench_glibc.json)
+    claim(SHARDED_PAGE, r"one GPT of (\d+\.\d)M parameters", V(params_m, F1)),
+    claim(RES, r"against unsharded and torch's HSDP \(a (\d+\.\d)M GPT", V(params_m, F1)),
+    claim(
+        SHARDED_PAGE,
+        r"the peak falls from\s+(\d+) to (\d+) to (\d+) MB per rank",
+        V(peak_mb("unsharded", 1), F0),
+        V(peak_mb("gossip", 2), F0),
+        V(peak_mb("gossip", 4), F0),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"about that buffer \((\d+) MB with 2 shards, (\d+) MB with 4\)",
+        V(diff(peak_mb("gossip", 2), peak_mb("hsdp", 2)), F0),
+        V(diff(peak_mb("gossip", 4), peak_mb("hsdp", 4)), F0),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"\((\d+\.\d), (\d+\.\d) and (\d+\.\d) MB per rank for 1, 2 and 4 shards",
+        *(
+            V(peak_mb(a, n, MEMORY_GLIBC), F1)
+            for a, n in (("unsharded", 1), ("gossip", 2), ("gossip", 4))
+        ),
+    ),
+    # the testbed study (study.json, runs/*/summary.json)
+    claim(
+        SHARDED_PAGE,
+        r"Equal tokens in every arm: ([\d,]+) \((\d+) steps on 2 hosts,\s+(\d+) on 4\)",
+        V(_same_tokens, "{:,}"),
+        V(lambda s: s.run(f"{RUNS}/2x2/ring/seed0", "train/steps"), F0),
+        V(lambda s: s.run(f"{RUNS}/4x2/ring/seed0", "train/steps"), F0),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"\((\d\.\d\d) MB per\s+step by the wrapper's count\), and the host's two ranks send "
+        r"about (\d) MB per\s+step",
+        V(_mb("2x2", "ring", "comm_bytes_per_step_per_rank"), "{:.2f}"),
+        V(_mb("2x2", "ring"), F0),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"Gossip is faster: (\d\.\d)x HSDP's tokens/s on 2 hosts \(about the same bytes per\s+"
+        r"link\), about (\d)x on 4",
+        V(ratio(tokens_per_s("2x2", "ring"), tokens_per_s("2x2", HSDP)), F1),
+        V(ratio(tokens_per_s("4x2", "ring"), tokens_per_s("4x2", HSDP)), F0),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"sends more per host \((\d\.\d) MB against (\d\.\d) MB\)",
+        V(_mb("4x2", HSDP), F1),
+        V(_mb("4x2", "ring"), F1),
+    ),
+    claim(
+        SHARDED_PAGE,
+        r"HSDP ends lower at equal tokens \((\d\.\d\d) against (\d\.\d\d) on 2 hosts, (\d\.\d\d)"
+        r"\s+against (\d\.\d\d)-(\d\.\d\d) on 4\)",
+        V(study("2x2", HSDP, "eval_loss"), "{:.2f}"),
+        V(study("2x2", "ring", "eval_loss"), "{:.2f}"),
+        V(study("4x2", HSDP, "eval_loss"), "{:.2f}"),
+        V(
+            lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
+            "{:.2f}",
+        ),
+        V(
+            lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
+            "{:.2f}",
+        ),
+    ),
+    # docs/results/elastic/README.md
+    claim(
+        ELASTIC_PAGE,
+        r"the longest pause of any survivor, about (\d) s",
+        V(lambda s: max(elastic_field(n, "survivor_gap_s")(s) for n in LOOPBACK), F0),
+    ),
+    claim(
+        ELASTIC_PAGE,
+        r"\*\*Rejoining took (\d+) to (\d+) s\*\*",
+        V(_rejoin(min, LOOPBACK), F0),
+        V(_rejoin(max, LOOPBACK), F0),
+    ),
+    claim(
+        ELASTIC_PAGE,
+        r"healed from its neighbour, (\d+) and\s+(\d+) steps after the kill",
+        *(V(elastic_field(n, "healed_after"), F0) for n in LOOPBACK),
+    ),
+    # docs/recovery.md, its elastic section
+    claim(
+        RECOVERY,
+        r"A kill between quorums paused the survivors for\s+about (\d) s",
+        V(elastic_worst("survivor_gap_s", False), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"paused them for `timeout_s` \((\d+) s\) once",
+        V(elastic_worst("survivor_gap_s", True), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"The restarted host\s+took part (\d+) to (\d+) s after its restart",
+        V(_rejoin(min, _ALL), F0),
+        V(_rejoin(max, _ALL), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"on loopback and on the testbed's 100 Mb/s links: (no) survivor\s+restarted or lost a step",
+        V(_none_lost, "{}"),
+    ),
+]

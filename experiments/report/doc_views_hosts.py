@@ -1,0 +1,276 @@
+"""The docs' tables of sharded replicas and elastic hosts, generated from their committed files.
+
+- ``sharded-memory``: peak memory per rank of ``make bench-sharded``
+  (``docs/results/sharded/bench.json``, one row per rank and arm);
+- ``sharded-testbed``: gossip between sharded replicas against HSDP on the testbed
+  (``docs/results/sharded/study.json``, one row per run);
+- ``elastic``: one host killed and restarted under ``fault_tolerance=torchft``
+  (``docs/results/elastic/*.json`` of ``experiments.bench.elastic_faults``, a column per file).
+
+The functions that read one figure (``peak_mb``, ``tokens_per_s``, ``elastic_runs`` ...) are
+also the sources of the claims in :mod:`experiments.report.claims.hosts` and of the README's
+results at a glance, so that a table, a sentence and the glance row read the same numbers.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from experiments.report.doc_data import DataError, Source, md_table
+
+SHARDED = "docs/results/sharded"
+MEMORY = f"{SHARDED}/bench.json"
+MEMORY_GLIBC = f"{SHARDED}/bench_glibc.json"
+STUDY = f"{SHARDED}/study.json"
+ELASTIC = "docs/results/elastic"
+# the arms of the study, as its rows name them, and how the tables name them
+STUDY_ARMS = ("ring", "one-peer-exp", "allreduce")
+HSDP = "allreduce"
+
+
+def _arm(row: dict[str, Any]) -> str:
+    return str(row.get("arm", "unsharded" if row["shards"] == 1 else "gossip"))
+
+
+def _ranks(src: Source, file: str, arm: str, shards: int) -> list[dict[str, Any]]:
+    """The rows (one per rank) of ``arm`` with ``shards`` shards in a sharded-memory bench file.
+
+    Files written before the bench had HSDP arms carry no ``arm``: their rows are the wrapper's
+    (``unsharded`` with 1 shard, ``gossip`` with more)."""
+    rows = [r for r in src.json(file)["rows"] if r["shards"] == shards and _arm(r) == arm]
+    if not rows:
+        raise DataError(file, f"no rows arm={arm} shards={shards}")
+    return rows
+
+
+def peak_mb(
+    arm: str, shards: int, file: str = MEMORY, pick: Callable = statistics.mean
+) -> Callable[[Source], float]:
+    """``pick`` (mean, max) over the ranks of their peak resident MB."""
+    return lambda s: float(pick(r["peak_mb"] for r in _ranks(s, file, arm, shards)))
+
+
+def state_mb(arm: str, shards: int, file: str = MEMORY) -> Callable[[Source], float]:
+    """The model state a rank holds (parameters, optimizer states, gossip buffer), in MiB."""
+    keys = ("param_bytes", "optim_bytes", "comm_bytes")
+    return lambda s: statistics.mean(
+        sum(r[k] for k in keys) / 2**20 for r in _ranks(s, file, arm, shards)
+    )
+
+
+def params_m(s: Source, file: str = MEMORY) -> float:
+    """The bench model's parameters, in millions."""
+    return float(s.key(file, "rows.0.model_params")) / 1e6
+
+
+_MEMORY_LABEL = {"unsharded": "unsharded wrapper", "gossip": "gossip between replicas"}
+
+
+def sharded_memory(src: Source, file: str = MEMORY) -> str:
+    """Per arm and shard count: peak MB per rank (mean and max over the ranks), the model state
+    per rank, and the median step over the ranks, in the order of the shard count."""
+    rows = src.json(file)["rows"]
+    order = {"unsharded": 0, "gossip": 1, "hsdp": 2}
+    keys = sorted({(r["shards"], _arm(r)) for r in rows}, key=lambda k: (k[0], order.get(k[1], 3)))
+    out = []
+    for shards, arm in keys:
+        ranks = _ranks(src, file, arm, shards)
+        replicas = ranks[0]["replicas"]
+        label = _MEMORY_LABEL.get(arm, "HSDP")
+        if arm == "hsdp" and replicas == 1:
+            label = "HSDP (one replica: plain FSDP)"
+        out.append(
+            [
+                label,
+                f"{shards} x {replicas}",
+                f"{peak_mb(arm, shards, file)(src):.1f} ({peak_mb(arm, shards, file, max)(src):.1f})",
+                f"{state_mb(arm, shards, file)(src):.1f}",
+                f"{statistics.median(r['step_s'] for r in ranks):.2f}",
+            ]
+        )
+    header = ["arm", "shards x replicas", "peak MB per rank, mean (max)"]
+    header += ["model state MB per rank (params + AdamW + gossip buffer)", "step s"]
+    return md_table(header, ["---", "---", "---:", "---:", "---:"], out)
+
+
+def _runs(src: Source, shape: str, arm: str, file: str = STUDY) -> list[dict[str, Any]]:
+    runs = [r for r in src.json(file) if r["shape"] == shape and r["arm"] == arm]
+    if not runs:
+        raise DataError(file, f"no run shape={shape} arm={arm}")
+    return runs
+
+
+def study(
+    shape: str, arm: str, key: str, pick: Callable = statistics.mean, file: str = STUDY
+) -> Callable[[Source], float]:
+    """``pick`` over the seeds of one arm's ``key`` in the testbed study (``study.json``)."""
+    return lambda s: float(pick([float(r[key]) for r in _runs(s, shape, arm, file)]))
+
+
+def tokens_per_s(shape: str, arm: str) -> Callable[[Source], float]:
+    """Mean tokens/s over the seeds of one arm of the testbed study."""
+    return study(shape, arm, "tokens_per_s")
+
+
+def _band(values: list[float], fmt: str) -> str:
+    if len(values) < 2:
+        return fmt.format(values[0])
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+
+_STUDY_LABEL = {"allreduce": "HSDP (`allreduce`)"}
+
+
+def sharded_testbed(src: Source, file: str = STUDY) -> str:
+    """Per shape and arm: seeds, tokens, tokens/s (mean ± sd over the seeds) and its ratio to
+    HSDP's, MB per host link and per rank per step, and the final eval loss."""
+    out = []
+    for shape in sorted({r["shape"] for r in src.json(file)}):
+        hsdp = study(shape, HSDP, "tokens_per_s", file=file)(src)
+        for arm in STUDY_ARMS:
+            runs = _runs(src, shape, arm, file)
+            tps = [float(r["tokens_per_s"]) for r in runs]
+            comm = runs[0]["comm_bytes_per_step_per_rank"]
+            out.append(
+                [
+                    shape,
+                    _STUDY_LABEL.get(arm, f"gossip, `{arm}`"),
+                    str(len(runs)),
+                    f"{runs[0]['tokens']:,}",
+                    _band(tps, "{:,.0f}"),
+                    f"{statistics.mean(tps) / hsdp:.2f}x",
+                    f"{statistics.mean(r['tx_bytes_per_host_per_step'] for r in runs) / 1e6:.2f}",
+                    "-" if comm is None else f"{comm / 1e6:.2f}",
+                    _band([float(r["eval_loss"]) for r in runs], "{:.3f}"),
+                ]
+            )
+    header = ["hosts x shards", "arm", "seeds", "tokens", "tokens/s", "vs HSDP"]
+    header += ["MB sent per host link per step", "wrapper's MB per rank per step"]
+    header.append("final eval loss")
+    return md_table(header, ["---", "---", "---:", *["---:"] * 6], out)
+
+
+def elastic_run(name: str, part: str = "fault") -> Callable[[Source], dict[str, Any]]:
+    """One part (``fault``, ``uninterrupted``) of a run of ``elastic_faults`` in ``ELASTIC``."""
+
+    def value(s: Source) -> dict[str, Any]:
+        rel = f"{ELASTIC}/{name}.json"
+        got = s.key(rel, part)
+        if not isinstance(got, dict):
+            raise DataError(rel, f"'{part}' is not a run")
+        return got
+
+    return value
+
+
+def elastic_field(name: str, key: str) -> Callable[[Source], float]:
+    """A figure of the fault run ``name``: ``survivor_gap_s``, ``survivor_steps_lost``,
+    ``rejoin_s``, or ``healed_to_step`` less ``kill_step`` (``healed_after``)."""
+
+    def value(s: Source) -> float:
+        if key == "healed_after":
+            kill = float(s.key(f"{ELASTIC}/{name}.json", "args.kill_step"))
+            return float(_joiner(elastic_run(name)(s), name)["healed_to_step"]) - kill
+        return float(s.key(f"{ELASTIC}/{name}.json", f"fault.{key}"))
+
+    return value
+
+
+def _joiner(run: dict[str, Any], name: str) -> dict[str, Any]:
+    """The restarted host's entry (the one host with a ``rejoin_s``)."""
+    found = [h for h in run["hosts"].values() if "rejoin_s" in h]
+    if len(found) != 1:
+        raise DataError(f"{ELASTIC}/{name}.json", "not exactly one restarted host")
+    return found[0]
+
+
+def _acc(run: dict[str, Any]) -> str:
+    values = [h["eval/acc_local"] for h in run["hosts"].values()]
+    lo, hi = f"{min(values):.4f}", f"{max(values):.4f}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def elastic(src: Source, runs: str) -> str:
+    """A column per run (``runs``: file names in ``ELASTIC`` without ``.json``): what the kill
+    cost the survivors, the restarted host's way back, and the final accuracy of every host."""
+    names = runs.split(",")
+    cols = []
+    for name in names:
+        fault = elastic_run(name)(src)
+        joiner = _joiner(fault, name)
+        col = [
+            f"{fault['survivor_gap_s']:.1f} s",
+            str(fault["survivor_steps_lost"]),
+            f"{fault['rejoin_s']:.1f} s",
+            f"`{joiner['healed_from']}` / {joiner['healed_to_step']}",
+            _acc(fault),
+        ]
+        if "uninterrupted" in src.json(f"{ELASTIC}/{name}.json"):
+            col.append(_acc(elastic_run(name, "uninterrupted")(src)))
+        cols.append(col)
+    labels = [
+        "longest wait between two steps of a survivor",
+        "steps a survivor lost",
+        "seconds from the restart to the restarted host's first step",
+        "it healed from (its neighbour) / at step",
+        "`eval/acc_local` at the end, every host (with the fault)",
+        "`eval/acc_local` at the end, every host (uninterrupted)",
+    ]
+    rows = [[label, *(c[i] if i < len(c) else "–" for c in cols)] for i, label in enumerate(labels)]
+    if not any(len(c) == len(labels) for c in cols):
+        rows.pop()
+    topologies = [f"`{src.key(f'{ELASTIC}/{n}.json', 'args.topology')}`" for n in names]
+    return md_table(["", *topologies], ["---", *["---:"] * len(names)], rows)
+
+
+_KILLED_IN_QUORUM = ("testbed-ring-kill-at-quorum", "testbed-one-peer-exp-kill-at-quorum")
+_KILLED_BETWEEN = ("loopback-ring", "loopback-one-peer-exp", "testbed-ring-kill-mid-interval")
+
+
+def elastic_worst(key: str, in_quorum: bool | None = None) -> Callable[[Source], float]:
+    """The largest ``key`` of the fault runs: those whose kill fell inside a quorum
+    (``in_quorum``), between quorums (not ``in_quorum``), or all (None)."""
+    if in_quorum is None:
+        names = _KILLED_IN_QUORUM + _KILLED_BETWEEN
+    else:
+        names = _KILLED_IN_QUORUM if in_quorum else _KILLED_BETWEEN
+    return lambda s: max(elastic_field(n, key)(s) for n in names)
+
+
+def glance_rows(src: Source) -> list[list[str]]:
+    """The README's results-at-a-glance rows of sharded replicas and elastic hosts."""
+    gossip, hsdp = (tokens_per_s("2x2", a)(src) for a in ("ring", HSDP))
+    one, two = peak_mb("unsharded", 1)(src), peak_mb("gossip", 2)(src)
+    lost = elastic_worst("survivor_steps_lost")(src)
+    between = elastic_worst("survivor_gap_s", False)(src)
+    inside = elastic_worst("survivor_gap_s", True)(src)
+    runs = _KILLED_IN_QUORUM + _KILLED_BETWEEN
+    sizes = {src.key(f"{ELASTIC}/{n}.json", "args.hosts") for n in runs}
+    if len(sizes) != 1:
+        raise DataError(ELASTIC, f"the fault runs' host counts differ: {sorted(sizes)}")
+    hosts = sizes.pop()
+    return [
+        [
+            "sharded replicas (FSDP2 inside, gossip between)",
+            f"testbed, 2 hosts x 2 shards, 100 Mb/s, tiny GPT: `ring` {gossip:,.0f} tokens/s, "
+            f"HSDP {hsdp:,.0f}: **{gossip / hsdp:.2f}x**; a {params_m(src):.1f}M GPT's peak "
+            f"memory per rank {two:.0f} MB with 2 shards against {one:.0f} MB unsharded",
+            "[sharded](docs/results/sharded/README.md)",
+        ],
+        [
+            "a host killed and restarted (`fault_tolerance=torchft`)",
+            f"{hosts} hosts, {len(runs)} runs: the survivors lost **{lost:.0f}** steps; their "
+            f"longest pause "
+            f"{between:.1f} s for a kill between quorums, {inside:.1f} s (`timeout_s`) inside one",
+            "[elastic](docs/results/elastic/README.md)",
+        ],
+    ]
+
+
+VIEWS: dict[str, Callable[..., str]] = {
+    "sharded-memory": sharded_memory,
+    "sharded-testbed": sharded_testbed,
+    "elastic": elastic,
+}

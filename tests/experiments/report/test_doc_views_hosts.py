@@ -1,0 +1,191 @@
+"""The sharded-replica and elastic-host views and claims: computed from their rows, and a
+drifted figure on their pages fails naming page, figure and file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+from experiments.report.check_docs import check
+from experiments.report.claims import CLAIMS
+from experiments.report.doc_data import Source
+from experiments.report.doc_views_hosts import MEMORY, STUDY, peak_mb
+
+ROOT = Path(__file__).resolve().parents[3]
+SHARDED = "docs/results/sharded/README.md"
+ELASTIC = "docs/results/elastic/README.md"
+
+
+def _copy(tmp_path: Path, page: str) -> Path:
+    target = tmp_path / page
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / page, target)
+    return target
+
+
+def _edit(page: Path, old: str, new: str) -> int:
+    text = page.read_text()
+    assert text.count(old) == 1, old
+    page.write_text(text.replace(old, new))
+    return text[: text.index(old)].count("\n") + 1
+
+
+def test_a_drifted_memory_cell_names_page_figure_and_file(tmp_path: Path) -> None:
+    src = Source(ROOT)
+    cell = f"{peak_mb('gossip', 2)(src):.1f} ({peak_mb('gossip', 2, pick=max)(src):.1f})"
+    drifted = f"{peak_mb('gossip', 2)(src) + 10:.1f} ({peak_mb('gossip', 2, pick=max)(src):.1f})"
+    line = _edit(_copy(tmp_path, SHARDED), f"| 2 x 2 | {cell} |", f"| 2 x 2 | {drifted} |")
+    assert check(tmp_path, data_root=ROOT) == [
+        f"{SHARDED}:{line}: '{drifted}' (row 'gossip between replicas', column "
+        f"'peak MB per rank, mean (max)') but {MEMORY} gives '{cell}'"
+    ]
+
+
+def test_a_drifted_ratio_in_the_sharded_prose_names_the_study(tmp_path: Path) -> None:
+    page = _copy(tmp_path, SHARDED)
+    text = page.read_text()
+    written = text.split("Gossip is faster: ")[1].split("x")[0]
+    wrong = f"{float(written) + 0.5:.1f}"
+    _edit(page, f"Gossip is faster: {written}x", f"Gossip is faster: {wrong}x")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert (
+        problems[0].startswith(f"{SHARDED}:") and f"'{wrong}' in \"Gossip is faster" in problems[0]
+    )
+    assert problems[0].endswith(f"but {STUDY} gives '{written}'")
+
+
+def test_the_recovery_pages_rejoin_time_is_tied_to_the_elastic_runs(tmp_path: Path) -> None:
+    # the page once said 28 s where the slowest rejoin was 27.49 s
+    page = _copy(tmp_path, "docs/recovery.md")
+    _edit(page, "took part 6 to 27 s after", "took part 6 to 28 s after")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert "'28' in \"The restarted host" in problems[0]
+    assert "docs/results/elastic/loopback-one-peer-exp.json" in problems[0]
+    assert problems[0].endswith("gives '27'")
+
+
+def test_a_drifted_elastic_cell_names_its_run(tmp_path: Path) -> None:
+    page = _copy(tmp_path, ELASTIC)
+    line = _edit(page, "| `h3` / 830 |", "| `h3` / 800 |")
+    problems = check(tmp_path, data_root=ROOT)
+    assert problems == [
+        f"{ELASTIC}:{line}: '`h3` / 800' (row 'it healed from (its neighbour) / at step', "
+        "column '`ring`') but docs/results/elastic/loopback-ring.json, "
+        "docs/results/elastic/loopback-one-peer-exp.json gives '`h3` / 830'"
+    ]
+
+
+def _page(root: Path, body: str) -> Path:
+    page = root / "docs" / "page.md"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(f"# A page\n\n{body}\n<!-- /data -->\n")
+    return page
+
+
+def _write(root: Path, rel: str, data: object) -> None:
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).write_text(json.dumps(data))
+
+
+def _rank(arm: str | None, shards: int, peak: float, step: float) -> dict:
+    row = {"shards": shards, "replicas": 4 // shards, "peak_mb": peak, "step_s": step}
+    row |= {"param_bytes": 2**20 * 4 // shards, "optim_bytes": 2**21 * 4 // shards}
+    row |= {"comm_bytes": 0 if arm == "hsdp" else 2**20 * 4 // shards}
+    return row if arm is None else {**row, "arm": arm}
+
+
+def test_the_memory_view_takes_mean_max_and_median_over_the_ranks(tmp_path: Path) -> None:
+    peaks, steps = [100.0, 130.0, 110.0, 120.0], [1.0, 4.0, 2.0, 3.0]
+    rows = [_rank("gossip", 2, p, s) for p, s in zip(peaks, steps, strict=True)]
+    rows += [_rank("hsdp", 2, p - 50, s) for p, s in zip(peaks, steps, strict=True)]
+    rows += [_rank(None, 1, 200.0, 1.5)] * 4  # a file from before the arms: the wrapper's
+    _write(tmp_path, "d/bench.json", {"rows": rows})
+    page = _page(tmp_path, "<!-- data: sharded-memory file=d/bench.json -->")
+    assert check(tmp_path, claims=[], write=True) == []
+    lines = page.read_text().splitlines()
+    mean, top, median = statistics.mean(peaks), max(peaks), statistics.median(steps)
+    state = (1 + 2 + 1) * 4 / 2  # MiB: params, AdamW's two states, the gossip buffer, halved
+    assert lines[5:8] == [
+        "| unsharded wrapper | 1 x 4 | 200.0 (200.0) | 16.0 | 1.50 |",
+        f"| gossip between replicas | 2 x 2 | {mean:.1f} ({top:.1f}) | {state:.1f} | {median:.2f} |",
+        f"| HSDP | 2 x 2 | {mean - 50:.1f} ({top - 50:.1f}) | {state - 2:.1f} | {median:.2f} |",
+    ]
+
+
+def test_the_testbed_view_bands_the_seeds_and_divides_by_hsdp(tmp_path: Path) -> None:
+    def run(arm: str, tps: float, loss: float, comm: float | None) -> dict:
+        return {
+            "shape": "2x2",
+            "arm": arm,
+            "tokens": 1000,
+            "tokens_per_s": tps,
+            "eval_loss": loss,
+            "tx_bytes_per_host_per_step": 3e6,
+            "comm_bytes_per_step_per_rank": comm,
+        }
+
+    rows = [run("allreduce", 500.0, 4.0, None), run("allreduce", 700.0, 4.2, None)]
+    rows += [run("ring", 1200.0, 5.0, 1.5e6), run("one-peer-exp", 900.0, 5.5, 1.5e6)]
+    _write(tmp_path, "d/study.json", rows)
+    page = _page(tmp_path, "<!-- data: sharded-testbed file=d/study.json -->")
+    assert check(tmp_path, claims=[], write=True) == []
+    lines = page.read_text().splitlines()
+    sd = statistics.stdev([500.0, 700.0])
+    assert lines[5:8] == [
+        "| 2x2 | gossip, `ring` | 1 | 1,000 | 1,200 | 2.00x | 3.00 | 1.50 | 5.000 |",
+        "| 2x2 | gossip, `one-peer-exp` | 1 | 1,000 | 900 | 1.50x | 3.00 | 1.50 | 5.500 |",
+        f"| 2x2 | HSDP (`allreduce`) | 2 | 1,000 | 600 ± {sd:,.0f} | 1.00x | 3.00 | - | "
+        f"4.100 ± {statistics.stdev([4.0, 4.2]):.3f} |",
+    ]
+    # a study without its HSDP arm cannot give the ratio: one line, naming the file
+    _write(tmp_path, "d/study.json", rows[2:])
+    problems = check(tmp_path, claims=[])
+    assert problems == [
+        "docs/page.md:3: data block 'sharded-testbed': d/study.json: no run shape=2x2 arm=allreduce"
+    ]
+
+
+def test_the_elastic_view_reads_the_restarted_host_and_refuses_two(tmp_path: Path) -> None:
+    host = {"eval/acc_local": 0.5, "steps": 10}
+    joiner = {**host, "rejoin_s": 3.25, "healed_from": "h0", "healed_to_step": 7}
+    fault = {"hosts": {"h0": host, "h1": joiner}, "survivor_gap_s": 1.04}
+    fault |= {"survivor_steps_lost": 2, "rejoin_s": 3.25}
+    data = {"args": {"topology": "ring", "kill_step": "4"}, "fault": fault}
+    _write(tmp_path, "docs/results/elastic/x.json", data)
+    page = _page(tmp_path, "<!-- data: elastic runs=x -->")
+    assert check(tmp_path, claims=[], write=True) == []
+    assert page.read_text().splitlines()[4:10] == [
+        "|---|---:|",
+        "| longest wait between two steps of a survivor | 1.0 s |",
+        "| steps a survivor lost | 2 |",
+        "| seconds from the restart to the restarted host's first step | 3.2 s |",
+        "| it healed from (its neighbour) / at step | `h0` / 7 |",
+        "| `eval/acc_local` at the end, every host (with the fault) | 0.5000 |",
+    ]
+    fault["hosts"]["h0"] = joiner
+    _write(tmp_path, "docs/results/elastic/x.json", data)
+    assert check(tmp_path, claims=[]) == [
+        "docs/page.md:3: data block 'elastic': docs/results/elastic/x.json: "
+        "not exactly one restarted host"
+    ]
+
+
+def test_every_claim_of_the_new_pages_matches_its_page() -> None:
+    pages = {SHARDED, ELASTIC, "docs/recovery.md"}
+    mine = [c for c in CLAIMS if c.page in pages]
+    assert len(mine) >= 15
+    assert check(ROOT, claims=mine) == []
+
+
+def test_a_drifted_glance_row_names_the_elastic_runs(tmp_path: Path) -> None:
+    page = _copy(tmp_path, "README.md")
+    line = _edit(page, "the survivors lost **0** steps", "the survivors lost **1** steps")
+    problems = check(tmp_path, data_root=ROOT)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"README.md:{line}: '") and "column 'measured'" in problems[0]
+    assert "docs/results/elastic/testbed-ring-kill-mid-interval.json" in problems[0]
+    assert "docs/results/sharded/study.json" in problems[0]
