@@ -1,11 +1,12 @@
-"""Checkpoints of sharded replicas (``train.shard_size > 1``) on real 4-rank gloo groups.
+"""Checkpoints of sharded replicas (``train.shard_size > 1``) on real 4- and 2-rank gloo groups.
 
 Each worker builds what the trainer builds (the ``("replicate", "shard")`` mesh, FSDP2
 over its shard dimension, the framework's :class:`TrainStep` and :class:`Checkpointer`)
 around a tiny float64 model, and trains on batches that are a pure function of its rank
 and the step. A run saved at step 3 and resumed in fresh processes must end bit for bit
 where the uninterrupted run ends, on every rank; a checkpoint resumes into another shard
-count with ``checkpoint.allow_reshard=true`` and is refused in one line without it.
+or replica count with ``checkpoint.allow_reshard=true`` and is refused in one line
+without it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from experiments.train.checkpointer import Checkpointer
 from experiments.train.metrics import Metrics, TrainWindow
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.run import ConfigError, validate
-from experiments.train.sharding import SHARDED_DIR, build_mesh, shard_model
+from experiments.train.sharding import SHARDED_DIR, build_mesh, check_sharded_resume, shard_model
 from experiments.train.step import TrainStep
 from tests.experiments.train.conftest import small_model
 from tests.support.dist_harness import ok_values, run_distributed
@@ -139,7 +140,16 @@ def test_a_sharded_checkpoint_reshards_into_another_shard_count(tmp_path: Path) 
         resume=True,
         overrides=["checkpoint.allow_reshard=true", "topology=complete"],
     )
-    for out in resharded:  # one replica of 4 shards: saved replica 0
+    # and on 2 ranks, one replica of 2 shards: another replica count
+    fewer = _run(
+        2,
+        shards=2,
+        root=str(tmp_path),
+        last=SAVE_AT + 1,
+        resume=True,
+        overrides=["checkpoint.allow_reshard=true", "topology=complete"],
+    )
+    for out in resharded + fewer:  # one replica: saved replica 0
         assert out["start"] == SAVE_AT
         for a, b in zip(saved[0]["params"], out["loaded"], strict=True):
             torch.testing.assert_close(b, a, rtol=0, atol=0)
@@ -154,3 +164,19 @@ def test_checkpoints_of_sharded_replicas_pass_validation_and_what_cannot_is_one_
     text = str(info.value)
     assert "checkpoint.every_steps=5 is invalid" in text and "topology=allreduce" in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("saved", "here", "needle"),
+    [
+        (None, {"replicas": 2, "shards": 2}, "holds whole models per rank"),
+        ({"replicas": 2, "shards": 2, "dir": "dcp"}, None, "holds sharded replicas"),
+    ],
+)
+def test_one_format_into_the_other_is_refused_in_one_line(
+    saved: dict[str, Any] | None, here: dict[str, Any] | None, needle: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        check_sharded_resume(saved, here, Path("ckpt/step_000000003"), allow_reshard=True)
+    assert needle in str(info.value) and "allowed:" in str(info.value)
+    assert "\n" not in str(info.value)
