@@ -22,6 +22,14 @@ same world size and topology each rank continues from its own shard, bit for
 bit. With another one (``checkpoint.allow_reshard=true``) every worker starts
 from the global average of the old shards, with fresh optimizer state,
 schedule and data position; the old layout's checkpoints are then moved aside.
+
+With ``train.shard_size > 1`` no rank holds a whole model: each replica is saved
+through ``decent_dp.save_sharded_checkpoint`` into the step's ``dcp/`` directory
+before the shards (which then hold no ``model`` or ``training``) and the index (whose
+meta adds ``sharded``). The same layout resumes bit for bit; another replica or shard
+count or topology, with ``allow_reshard``, loads replica ``r`` from saved replica
+``r mod R`` and continues from the saved step (:mod:`.sharding` says which layouts
+resume into which).
 """
 
 from __future__ import annotations
@@ -211,15 +219,15 @@ class Checkpointer:
         reshard = check_sharded_resume(
             saved, self.layout, info.path, self.allow_reshard, topologies
         )
-        assert saved is not None  # else check_sharded_resume raised
+        assert saved is not None and self.layout is not None  # else check_sharded_resume raised
         load_sharded_checkpoint(self.train_step.ddp, info.path / str(saved["dir"]))
         shard = ckpt.load_shard(info, self.rank % info.world_size)
         if reshard:
             log.warning(
                 "resharded: %d x %d replicas x shards resume from the checkpoint at step %d "
                 "of %d x %d (replica r from saved replica r mod %d)",
-                self.layout["replicas"] if self.layout else 0,
-                self.layout["shards"] if self.layout else 0,
+                self.layout["replicas"],
+                self.layout["shards"],
                 info.step,
                 saved["replicas"],
                 saved["shards"],
