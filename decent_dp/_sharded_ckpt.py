@@ -188,6 +188,9 @@ def load_sharded_checkpoint(wrapper: Any, path: str | os.PathLike[str]) -> dict[
     for b in engine.buckets or []:
         if b.scheduler is not None and extras["scheduler"] is not None:
             b.scheduler.load_state_dict(extras["scheduler"])
+            # the groups' lr is not saved (only per-parameter states are): the schedule's last
+            for group, lr in zip(b.optimizer.param_groups, b.scheduler.get_last_lr()):
+                group["lr"] = lr
     engine.forget_gossip()
     engine.step_count = int(extras["step"])
     engine.relaunch = engine.step_count > 0

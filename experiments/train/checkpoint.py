@@ -24,6 +24,11 @@ other ranks' shards before it writes the index).
 Resuming with another world size or topology reads the global average of a
 checkpoint's shards instead (:mod:`experiments.train.reshard`).
 
+A checkpoint of sharded replicas (``train.shard_size > 1``) also holds a ``dcp/``
+directory, written before the shards (:mod:`experiments.train.sharding`); its index's
+``meta["sharded"]`` names it, and the checkpoint counts as complete only once every
+replica's metadata and extras are there.
+
 A little over 500 lines on purpose: writing, verifying, listing and pruning checkpoints
 are one protocol (what makes a checkpoint complete), and splitting them would put the
 rules for one crash case in two files.
@@ -61,6 +66,7 @@ __all__ = [
     "load_shard",
     "checkpoint_dir",
     "shard_name",
+    "run_on_rank0",
 ]
 
 INDEX_NAME = "index.json"
@@ -209,6 +215,12 @@ def save_checkpoint(
 
     _collective(path, rank == 0, finish)
     return path
+
+
+def run_on_rank0(path: Path, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` on rank 0 while the others wait; an error there is raised on every rank."""
+    rank, _ = _rank_and_world_size()
+    _collective(path, rank == 0, fn)
 
 
 def _check_step(step: Any) -> int:
@@ -419,10 +431,25 @@ def _read_complete(root: Path, step: int, path: Path) -> CheckpointInfo | None:
         for name, rec in files.items():
             if name not in names or (path / name).stat().st_size != rec["size"]:
                 return None
+        # sharded replicas (train.shard_size > 1) sit beside the shards, in meta["sharded"]["dir"]
+        sharded = meta.get("sharded")
+        if sharded is not None and not _replicas_complete(
+            path / sharded["dir"], int(sharded["replicas"])
+        ):
+            return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return CheckpointInfo(
         root=root, step=step, path=path, meta={**meta, "world_size": world_size, "files": files}
+    )
+
+
+def _replicas_complete(path: Path, replicas: int) -> bool:
+    """Each replica's ``torch.distributed.checkpoint`` metadata and extras are there."""
+    return all(
+        (path / f"replica-{r}" / name).is_file()
+        for r in range(replicas)
+        for name in (".metadata", "extras.pt")
     )
 
 

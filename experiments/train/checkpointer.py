@@ -22,12 +22,21 @@ same world size and topology each rank continues from its own shard, bit for
 bit. With another one (``checkpoint.allow_reshard=true``) every worker starts
 from the global average of the old shards, with fresh optimizer state,
 schedule and data position; the old layout's checkpoints are then moved aside.
+
+With ``train.shard_size > 1`` no rank holds a whole model: each replica is saved
+through ``decent_dp.save_sharded_checkpoint`` into the step's ``dcp/`` directory
+before the shards (which then hold no ``model`` or ``training``) and the index (whose
+meta adds ``sharded``). The same layout resumes bit for bit; another replica or shard
+count or topology, with ``allow_reshard``, loads replica ``r`` from saved replica
+``r mod R`` and continues from the saved step (:mod:`.sharding` says which layouts
+resume into which).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,9 +44,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from decent_dp import load_sharded_checkpoint
 from experiments.train import checkpoint as ckpt
 from experiments.train.metrics import Metrics
 from experiments.train.reshard import check_compatible, global_average_from_checkpoint
+from experiments.train.sharding import (
+    SHARDED_DIR,
+    check_sharded_resume,
+    save_replicas,
+    sharded_layout,
+)
 from experiments.train.step import TrainStep
 
 __all__ = ["Checkpointer", "rng_state", "load_rng_state"]
@@ -109,6 +125,8 @@ class Checkpointer:
         self.resumed_from: int | None = None  # the step of the checkpoint resumed from
         self.resumed_path: str | None = None  # and its directory
         self.last_saved: int | None = None  # the step of this job's latest save
+        # train.shard_size > 1: the replicas go through torch.distributed.checkpoint
+        self.layout = sharded_layout(train_step)
 
     def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is saved at ``step``."""
@@ -117,9 +135,11 @@ class Checkpointer:
     def save(self, step: int) -> None:
         """Save every rank's shard of ``step`` (a collective) and prune to ``keep``."""
         epoch, batch = divmod(step, self.metrics.steps_per_epoch)
-        shard = {
-            "model": self.train_step.model_state(),  # the same keys whatever model.compile says
-            "training": self.train_step.training_state(),
+        shard: dict[str, Any] = {}
+        if self.layout is None:
+            shard["model"] = self.train_step.model_state()  # the same keys whatever compile says
+            shard["training"] = self.train_step.training_state()
+        shard |= {
             "rng": rng_state(self.train_step.device),
             "step": step,
             "epoch": epoch,
@@ -134,6 +154,12 @@ class Checkpointer:
             "topology": self.train_step.topology,
             "config_hash": self.config_hash,
         }
+        if self.layout is not None:
+            # the replicas first, the per-rank shards and the index last: complete or skipped
+            meta["sharded"] = {**self.layout, "dir": SHARDED_DIR}
+            path = ckpt.checkpoint_dir(self.root, step)
+            ckpt.run_on_rank0(path, lambda: _clear_replicas(path))
+            save_replicas(self.train_step.ddp, path / SHARDED_DIR)
         ckpt.save_checkpoint(self.root, step, shard, meta, keep=self.keep)
         self.last_saved = step
 
@@ -156,6 +182,9 @@ class Checkpointer:
         if info is None:
             return 0
         self.resumed_from, self.resumed_path = info.step, str(info.path)
+        saved = info.meta.get("sharded")
+        if saved is not None or self.layout is not None:
+            return self._resume_replicas(info, saved)
         if check_compatible(
             info,
             world_size=self.world_size,
@@ -176,6 +205,41 @@ class Checkpointer:
         self.train_step.load_model(shard["model"])
         self.train_step.load_training_state(shard["training"])
         load_rng_state(shard["rng"], self.train_step.device)
+        return self._continue(info, shard)
+
+    def _resume_replicas(self, info: ckpt.CheckpointInfo, saved: dict[str, Any] | None) -> int:
+        """Resume sharded replicas: the same layout bit for bit, another one resharded.
+
+        With another replica or shard count (``allow_reshard``), replica ``r`` loads saved
+        replica ``r mod R`` resharded, with its optimizer state and schedule, and training
+        continues from the saved step; the random generators start afresh and the metrics
+        state comes from the old rank ``rank mod world size``.
+        """
+        topologies = (str(info.meta.get("topology")), self.train_step.topology)
+        reshard = check_sharded_resume(
+            saved, self.layout, info.path, self.allow_reshard, topologies
+        )
+        assert saved is not None and self.layout is not None  # else check_sharded_resume raised
+        load_sharded_checkpoint(self.train_step.ddp, info.path / str(saved["dir"]))
+        shard = ckpt.load_shard(info, self.rank % info.world_size)
+        if reshard:
+            log.warning(
+                "resharded: %d x %d replicas x shards resume from the checkpoint at step %d "
+                "of %d x %d (replica r from saved replica r mod %d)",
+                self.layout["replicas"],
+                self.layout["shards"],
+                info.step,
+                saved["replicas"],
+                saved["shards"],
+                saved["replicas"],
+            )
+            shard.pop("loader", None)  # the data position follows from the step
+        else:
+            load_rng_state(shard["rng"], self.train_step.device)
+        return self._continue(info, shard)
+
+    def _continue(self, info: ckpt.CheckpointInfo, shard: dict[str, Any]) -> int:
+        """Restore the data position and the metrics of ``shard``; return its step."""
         step = int(shard["step"])
         if self.loader is not None and "loader" in shard:
             self.loader.load_state_dict(shard["loader"])
@@ -225,3 +289,11 @@ class Checkpointer:
         if errors[0] is not None:
             raise RuntimeError(f"could not move the old checkpoints to {aside}: {errors[0]}")
         log.info("moved the checkpoints of the old layout to %s", aside)
+
+
+def _clear_replicas(path: Path) -> None:
+    """Invalidate an earlier save of this step before its replicas are overwritten."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ckpt.INDEX_NAME).unlink(missing_ok=True)
+    if (path / SHARDED_DIR).exists():
+        shutil.rmtree(path / SHARDED_DIR)

@@ -255,13 +255,26 @@ def validate(cfg: DictConfig, world_size: int) -> None:
                 "parameters autograd sees, which FSDP replaces by unsharded ones)",
             )
         )
+        # sharded replicas are checkpointed through decent_dp.save_sharded_checkpoint,
+        # which keeps neither HSDP's optimizer, nor compressed gossip, nor outer copies
+        comp_name = str(comp.name) if comp is not None else "none"
+        outer_name = str(cfg.outer.name) if cfg.get("outer") is not None else "none"
+        blocker = (
+            "topology=allreduce"
+            if str(topo.name) == ALLREDUCE
+            else f"compression={comp_name}"
+            if comp_name != "none"
+            else f"outer={outer_name}"
+            if outer_name != "none"
+            else None
+        )
         rules.append(
             (
                 "checkpoint.every_steps",
                 cfg.checkpoint.every_steps,
-                cfg.checkpoint.every_steps == 0,
-                "0 with train.shard_size > 1 (a sharded replica is saved with "
-                "decent_dp.save_sharded_checkpoint, not by the framework's checkpointer)",
+                cfg.checkpoint.every_steps == 0 or blocker is None,
+                f"0 with train.shard_size > 1 and {blocker} (sharded checkpoints need a "
+                "gossip topology, exact gossip and no outer optimizer)",
             )
         )
     for rule in rules:

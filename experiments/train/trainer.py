@@ -226,11 +226,20 @@ class Trainer:
         self.evaluator = Evaluator(self.data.test, self.train_step)
         self.stop = StopRequest(
             int(cfg.checkpoint.signal_check_every),
-            # a sharded replica is not saved by this checkpointer (the config check says so)
-            bool(cfg.checkpoint.on_signal) and mesh is None,
+            # sharded replicas are saved unless HSDP, compression or outer (run.validate says so)
+            bool(cfg.checkpoint.on_signal) and self._saveable(mesh, cfg),
             rank=rank,
             world_size=world_size,
             timeout_s=float(cfg.dist.timeout_s),
+        )
+
+    def _saveable(self, mesh: Any, cfg: Any) -> bool:
+        """Whether the checkpointer can save this job (sharded replicas: not every kind)."""
+        outer = cfg.get("outer")
+        return mesh is None or (
+            self.checkpointer.layout is not None  # not HSDP
+            and self.train_step.compression is None
+            and (outer is None or str(outer.name) == "none")
         )
 
     def close(self) -> None:

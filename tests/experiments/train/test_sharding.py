@@ -39,8 +39,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "train.nan_policy=skip is invalid; it must be error with train.shard_size > 1",
         ),
         (
-            ["train.shard_size=2", "checkpoint.every_steps=5"],
-            "checkpoint.every_steps=5 is invalid; it must be 0 with train.shard_size > 1",
+            ["train.shard_size=2", "checkpoint.every_steps=5", "topology=allreduce"],
+            "checkpoint.every_steps=5 is invalid; it must be 0 with train.shard_size > 1 "
+            "and topology=allreduce",
         ),
         (
             ["train.shard_size=2", "topology=one-peer-exp", "+topology.kwargs.bogus=1"],
