@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 from experiments.report import doc_views_hosts as hosts
 from experiments.report import doc_views_wire as wire
@@ -437,6 +438,26 @@ def bench(src: Source, file: str = "docs/results/bench.json") -> str:
     return _table(header, ["---", "---:", "---", *["---:"] * 7], out)
 
 
+def mutate(src: Source, out: str = "docs/results/mutate") -> str:
+    """``make mutate``'s summaries, one row per module (``docs/testing.md``)."""
+    files = sorted((src.root / out).glob("*.json"))
+    if not files:
+        raise DataError(out, "no summary (*.json)")
+    rows = []
+    for path in files:
+        s = src.json(f"{out}/{path.name}")
+        c = s["counts"]
+        tests = ", ".join(f"`{Path(t).name}`" for t in s["tests"])
+        rows.append(
+            [f"`{s['module']}`", str(s["mutants"])]
+            + [str(c[k]) for k in ("killed", "survived", "timeout", "incompetent", "skipped")]
+            + [tests, str(s["baseline_s"])]
+        )
+    header = ["module", "mutants", "killed", "survived", "timeout", "incompetent", "skipped"]
+    header += ["tests", "s per run"]
+    return _table(header, ["---", *["---:"] * 6, "---", "---:"], rows)
+
+
 VIEWS: dict[str, Callable[..., str]] = {
     "bench": bench,
     "choose": choose,
@@ -448,6 +469,7 @@ VIEWS: dict[str, Callable[..., str]] = {
     "upstream": upstream,
     "glance": glance,
     "profile": profile,
+    "mutate": mutate,
     **hosts.VIEWS,
     **wire.VIEWS,
 }

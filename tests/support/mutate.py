@@ -234,20 +234,12 @@ def _version() -> str:
 
 
 def table(out: Path = OUT) -> str:
-    """The summaries under ``out`` as a markdown table (docs/testing.md shows it)."""
-    lines = [
-        "| module | mutants | killed | survived | timeout | incompetent | skipped | tests | s per run |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
-    for path in sorted(Path(out).glob("*.json")):
-        s = json.loads(path.read_text())
-        c = s["counts"]
-        tests = ", ".join(f"`{Path(t).name}`" for t in s["tests"])
-        lines.append(
-            f"| `{s['module']}` | {s['mutants']} | {c['killed']} | {c['survived']} | "
-            f"{c['timeout']} | {c['incompetent']} | {c['skipped']} | {tests} | {s['baseline_s']} |"
-        )
-    return "\n".join(lines) + "\n"
+    """The summaries under ``out`` as a markdown table (the view docs/testing.md is checked by)."""
+    from experiments.report.doc_data import Source
+    from experiments.report.doc_views import mutate
+
+    out = Path(out).resolve()
+    return mutate(Source(out.parent), out.name) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
