@@ -25,7 +25,8 @@ def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dic
     return plans
 
 
-@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
+# one-peer-exp in the slow tier: ring keeps the path in the fast one
+@pytest.mark.parametrize("topology", ["ring", pytest.param("one-peer-exp", marks=pytest.mark.slow)])
 def test_clean_leave_and_rejoin_replays_4_3_4(topology: str) -> None:
     """r2 leaves cleanly after step 4 and rejoins from its step-4 state; it heals at step 8."""
     every = 4
@@ -104,7 +105,9 @@ def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
     assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
 
 
-@pytest.mark.parametrize("where", ["die_in_quorum_at", "die_in_allreduce_at"])
+@pytest.mark.parametrize(
+    "where", ["die_in_quorum_at", pytest.param("die_in_allreduce_at", marks=pytest.mark.slow)]
+)
 def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on(where: str) -> None:
     """r2 joins the quorum of step 5 and dies before it takes part in it, or in its all-reduce.
 
