@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,25 +10,10 @@ from experiments.report.check_docs import check, main
 from experiments.report.claims import Claim, V, claim, mean
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
+from tests.support.doc_pages import copy_page, edit_once
 
 ROOT = Path(__file__).resolve().parents[3]
 WIRE = "docs/results/network/table.json"
-
-
-def _copy(tmp_path: Path, page: str) -> Path:
-    """A copy of one page of the repository under ``tmp_path`` (the data stays in ROOT)."""
-    target = tmp_path / page
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / page, target)
-    return target
-
-
-def _edit(page: Path, old: str, new: str) -> int:
-    """Replace the one occurrence of ``old``; the line number it is on."""
-    text = page.read_text()
-    assert text.count(old) == 1, old
-    page.write_text(text.replace(old, new))
-    return text[: text.index(old)].count("\n") + 1
 
 
 def test_the_repository_matches_its_data() -> None:
@@ -37,8 +21,8 @@ def test_the_repository_matches_its_data() -> None:
 
 
 def test_a_drifted_cell_of_a_generated_table_names_page_figure_and_file(tmp_path: Path) -> None:
-    page = _copy(tmp_path, "README.md")
-    line = _edit(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
+    page = copy_page(tmp_path, "README.md")
+    line = edit_once(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"README.md:{line}: '4 hosts x 1, 5 Mb/s, digits: `ring` 394")
@@ -48,8 +32,8 @@ def test_a_drifted_cell_of_a_generated_table_names_page_figure_and_file(tmp_path
 
 
 def test_a_drifted_figure_in_prose_names_page_figure_and_file(tmp_path: Path) -> None:
-    page = _copy(tmp_path, "docs/results/README.md")
-    line = _edit(page, "3.576 over 3 seeds", "3.567 over 3 seeds")
+    page = copy_page(tmp_path, "docs/results/README.md")
+    line = edit_once(page, "3.576 over 3 seeds", "3.567 over 3 seeds")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"docs/results/README.md:{line}: '3.567' in ")
@@ -58,16 +42,16 @@ def test_a_drifted_figure_in_prose_names_page_figure_and_file(tmp_path: Path) ->
 
 def test_a_figure_on_the_wrong_side_of_its_rounding_fails(tmp_path: Path) -> None:
     # 0.9880 written as 0.9881: one digit off in the fourth place is still a different figure
-    page = _copy(tmp_path, "docs/results/README.md")
-    _edit(page, "`one-peer-exp` 0.9880 against", "`one-peer-exp` 0.9881 against")
+    page = copy_page(tmp_path, "docs/results/README.md")
+    edit_once(page, "`one-peer-exp` 0.9880 against", "`one-peer-exp` 0.9881 against")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1 and "'0.9881'" in problems[0] and "gives '0.9880'" in problems[0]
     assert "docs/results/compression/runs/one-peer-exp_int8_seed*" in problems[0]
 
 
 def test_a_sentence_whose_claim_no_longer_matches_fails(tmp_path: Path) -> None:
-    page = _copy(tmp_path, "docs/results/README.md")
-    _edit(page, "`compression=int8` sends", "`compression=int8` moves")
+    page = copy_page(tmp_path, "docs/results/README.md")
+    edit_once(page, "`compression=int8` sends", "`compression=int8` moves")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1
     assert problems[0].startswith("docs/results/README.md: the phrase /`compression=int8` sends")
@@ -162,8 +146,8 @@ def test_json_keys_are_read_by_path_and_a_missing_one_is_named() -> None:
 def test_the_command_exits_1_with_one_line_per_problem(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    page = _copy(tmp_path, "README.md")
-    _edit(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
+    page = copy_page(tmp_path, "README.md")
+    edit_once(page, "`ring` 349 samples/s", "`ring` 394 samples/s")
     assert main(["--root", str(tmp_path), "--data-root", str(ROOT)]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("README.md:") and err[-1].startswith("check-docs: 1 figure(s)")
@@ -187,8 +171,8 @@ def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
 
 def test_a_drifted_profile_cell_names_the_profiled_run(tmp_path: Path) -> None:
     mix = f"{profile_ms(Source(ROOT), UPSTREAM_RUN, 4, 'before', 'mix'):.1f}"
-    page = _copy(tmp_path, "docs/performance.md")
-    line = _edit(
+    page = copy_page(tmp_path, "docs/performance.md")
+    line = edit_once(
         page,
         f"| mix (mixing passes, launch copy) | {mix} |",
         "| mix (mixing passes, launch copy) | 4.2 |",
@@ -203,9 +187,9 @@ def test_a_drifted_profile_cell_names_the_profiled_run(tmp_path: Path) -> None:
 def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
     run = "docs/results/lm_gap/runs/complete-lagged-m1/stage1/lr2e-3"
     mb = f"{Source(ROOT).run(run, 'comm/bytes_per_step') / 1e6:.3g}"
-    page = _copy(tmp_path, "docs/results/lm_gap/README.md")
+    page = copy_page(tmp_path, "docs/results/lm_gap/README.md")
     old = f"`m` shared | 2e-3 | {Source(ROOT).run(run):.3f} | {mb} MB |"
-    _edit(page, old, old.replace(f"{mb} MB", "1.68 MB"))
+    edit_once(page, old, old.replace(f"{mb} MB", "1.68 MB"))
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert problems[0].endswith(f"but {run}/summary.json gives '{mb}'")

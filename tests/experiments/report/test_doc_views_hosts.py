@@ -4,7 +4,6 @@ drifted figure on their pages fails naming page, figure and file."""
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 from pathlib import Path
 
@@ -12,31 +11,18 @@ from experiments.report.check_docs import check
 from experiments.report.claims import CLAIMS
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_hosts import MEMORY, STUDY, peak_mb
+from tests.support.doc_pages import copy_page, edit_once
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARDED = "docs/results/sharded/README.md"
 ELASTIC = "docs/results/elastic/README.md"
 
 
-def _copy(tmp_path: Path, page: str) -> Path:
-    target = tmp_path / page
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / page, target)
-    return target
-
-
-def _edit(page: Path, old: str, new: str) -> int:
-    text = page.read_text()
-    assert text.count(old) == 1, old
-    page.write_text(text.replace(old, new))
-    return text[: text.index(old)].count("\n") + 1
-
-
 def test_a_drifted_memory_cell_names_page_figure_and_file(tmp_path: Path) -> None:
     src = Source(ROOT)
     cell = f"{peak_mb('gossip', 2)(src):.1f} ({peak_mb('gossip', 2, pick=max)(src):.1f})"
     drifted = f"{peak_mb('gossip', 2)(src) + 10:.1f} ({peak_mb('gossip', 2, pick=max)(src):.1f})"
-    line = _edit(_copy(tmp_path, SHARDED), f"| 2 x 2 | {cell} |", f"| 2 x 2 | {drifted} |")
+    line = edit_once(copy_page(tmp_path, SHARDED), f"| 2 x 2 | {cell} |", f"| 2 x 2 | {drifted} |")
     assert check(tmp_path, data_root=ROOT) == [
         f"{SHARDED}:{line}: '{drifted}' (row 'gossip between replicas', column "
         f"'peak MB per rank, mean (max)') but {MEMORY} gives '{cell}'"
@@ -44,11 +30,11 @@ def test_a_drifted_memory_cell_names_page_figure_and_file(tmp_path: Path) -> Non
 
 
 def test_a_drifted_ratio_in_the_sharded_prose_names_the_study(tmp_path: Path) -> None:
-    page = _copy(tmp_path, SHARDED)
+    page = copy_page(tmp_path, SHARDED)
     text = page.read_text()
     written = text.split("Gossip is faster: ")[1].split("x")[0]
     wrong = f"{float(written) + 0.5:.1f}"
-    _edit(page, f"Gossip is faster: {written}x", f"Gossip is faster: {wrong}x")
+    edit_once(page, f"Gossip is faster: {written}x", f"Gossip is faster: {wrong}x")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert (
@@ -59,8 +45,8 @@ def test_a_drifted_ratio_in_the_sharded_prose_names_the_study(tmp_path: Path) ->
 
 def test_the_recovery_pages_rejoin_time_is_tied_to_the_elastic_runs(tmp_path: Path) -> None:
     # the page once said 28 s where the slowest rejoin was 27.49 s
-    page = _copy(tmp_path, "docs/recovery.md")
-    _edit(page, "took part 6 to 27 s after", "took part 6 to 28 s after")
+    page = copy_page(tmp_path, "docs/recovery.md")
+    edit_once(page, "took part 6 to 27 s after", "took part 6 to 28 s after")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert "'28' in \"The restarted host" in problems[0]
@@ -69,8 +55,8 @@ def test_the_recovery_pages_rejoin_time_is_tied_to_the_elastic_runs(tmp_path: Pa
 
 
 def test_a_drifted_elastic_cell_names_its_run(tmp_path: Path) -> None:
-    page = _copy(tmp_path, ELASTIC)
-    line = _edit(page, "| `h3` / 830 |", "| `h3` / 800 |")
+    page = copy_page(tmp_path, ELASTIC)
+    line = edit_once(page, "| `h3` / 830 |", "| `h3` / 800 |")
     problems = check(tmp_path, data_root=ROOT)
     assert problems == [
         f"{ELASTIC}:{line}: '`h3` / 800' (row 'it healed from (its neighbour) / at step', "
@@ -182,8 +168,8 @@ def test_every_claim_of_the_new_pages_matches_its_page() -> None:
 
 
 def test_a_drifted_glance_row_names_the_elastic_runs(tmp_path: Path) -> None:
-    page = _copy(tmp_path, "README.md")
-    line = _edit(page, "the survivors lost **0** steps", "the survivors lost **1** steps")
+    page = copy_page(tmp_path, "README.md")
+    line = edit_once(page, "the survivors lost **0** steps", "the survivors lost **1** steps")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"README.md:{line}: '") and "column 'measured'" in problems[0]

@@ -4,38 +4,24 @@ page, figure and file, and the views compute from their rows."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from experiments.report.check_docs import check
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_wire import HIER, PAIRBENCH, pair_ratio
+from tests.support.doc_pages import copy_page, edit_once
 
 ROOT = Path(__file__).resolve().parents[3]
 NET = "docs/results/network/README.md"
 HIER_PAGE = "docs/results/hierarchical/README.md"
 
 
-def _copy(tmp_path: Path, page: str) -> Path:
-    target = tmp_path / page
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / page, target)
-    return target
-
-
-def _edit(page: Path, old: str, new: str) -> int:
-    text = page.read_text()
-    assert text.count(old) == 1, old
-    page.write_text(text.replace(old, new))
-    return text[: text.index(old)].count("\n") + 1
-
-
 def test_a_drifted_pair_exchange_cell_names_its_file(tmp_path: Path) -> None:
     same = f"{pair_ratio('nicqueue_500mbit', 'allreduce-same')(Source(ROOT)):.2f}x"
-    page = _copy(tmp_path, NET)
+    page = copy_page(tmp_path, NET)
     rows = [r for r in page.read_text().splitlines() if r.startswith("| the same pair every round")]
     assert len(rows) == 1 and rows[0].endswith(f"| {same} |")
-    line = _edit(page, rows[0], rows[0].removesuffix(f"| {same} |") + "| 1.07x |")
+    line = edit_once(page, rows[0], rows[0].removesuffix(f"| {same} |") + "| 1.07x |")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"{NET}:{line}: '1.07x' (row 'the same pair every round'")
@@ -63,8 +49,8 @@ def test_bold_follows_the_data_not_its_rounding(tmp_path: Path) -> None:
 
 
 def test_a_drifted_count_in_the_hierarchical_prose_fails(tmp_path: Path) -> None:
-    page = _copy(tmp_path, HIER_PAGE)
-    _edit(page, "brings 5 of the 6", "brings 6 of the 6")
+    page = copy_page(tmp_path, HIER_PAGE)
+    edit_once(page, "brings 5 of the 6", "brings 6 of the 6")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert "'6' in \"the shared host link brings 6 of the 6" in problems[0]
@@ -98,12 +84,12 @@ def test_the_calibration_view_adds_each_profiles_ratio(tmp_path: Path) -> None:
 def test_a_drifted_validation_cell_names_its_file(tmp_path: Path) -> None:
     rel = "docs/results/simulate/validation/balanced/validation.json"
     row = next(r for r in Source(ROOT).json(rel)["rows"] if r["n"] == 4 and r["method"] == "ring")
-    page = _copy(tmp_path, "docs/results/simulate/README.md")
+    page = copy_page(tmp_path, "docs/results/simulate/README.md")
     measured = f"{row['measured_s'] * 1e3:.1f}"
     text = page.read_text()
     cell = f"| {row['predicted_s'] * 1e3:.1f} | {measured} |"
     assert text.count(cell) == 1
-    _edit(page, cell, cell.replace(measured, "150.0"))
+    edit_once(page, cell, cell.replace(measured, "150.0"))
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
     assert "'150.0' (row '4', column 'measured (ms)')" in problems[0]
