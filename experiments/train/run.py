@@ -26,6 +26,10 @@ on each:
    agreed step and exits to be requeued (:mod:`experiments.train.preempt`).
 6. Close the wrapper and the metrics sinks, in a ``finally``; a clean job
    ends with a barrier.
+
+A little past 500 lines as one unit: the stages above, and the checks of
+stage 1 that need the whole config at once (each group's own checks live
+with its schema).
 """
 
 from __future__ import annotations
