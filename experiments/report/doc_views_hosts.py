@@ -242,6 +242,7 @@ def elastic_worst(key: str, in_quorum: bool | None = None) -> Callable[[Source],
 def glance_rows(src: Source) -> list[list[str]]:
     """The README's results-at-a-glance rows of sharded replicas and elastic hosts."""
     gossip, hsdp = (tokens_per_s("2x2", a)(src) for a in ("ring", HSDP))
+    loss_gossip, loss_hsdp = (study("2x2", a, "eval_loss")(src) for a in ("ring", HSDP))
     one, two = peak_mb("unsharded", 1)(src), peak_mb("gossip", 2)(src)
     lost = elastic_worst("survivor_steps_lost")(src)
     between = elastic_worst("survivor_gap_s", False)(src)
@@ -255,7 +256,8 @@ def glance_rows(src: Source) -> list[list[str]]:
         [
             "sharded replicas (FSDP2 inside, gossip between)",
             f"testbed, 2 hosts x 2 shards, 100 Mb/s, tiny GPT: `ring` {gossip:,.0f} tokens/s, "
-            f"HSDP {hsdp:,.0f}: **{gossip / hsdp:.2f}x**; a {params_m(src):.1f}M GPT's peak "
+            f"HSDP {hsdp:,.0f}: **{gossip / hsdp:.2f}x**, but HSDP ends lower at equal tokens "
+            f"({loss_hsdp:.2f} against {loss_gossip:.2f} nats, untuned); a {params_m(src):.1f}M GPT's peak "
             f"memory per rank {two:.0f} MB with 2 shards against {one:.0f} MB unsharded",
             "[sharded](docs/results/sharded/README.md)",
         ],
