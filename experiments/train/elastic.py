@@ -12,6 +12,12 @@ scheduler as the non-elastic job does, and trains with
   heals from a live neighbour: the model, the optimizer and scheduler states,
   the step and the data position; it continues from there, not from its own
   checkpoint;
+- with ``checkpoint.every_steps > 0`` each host saves that same state every
+  ``every_steps`` steps and at the end, in ``<run dir>/<replica id>/checkpoints``
+  (atomically, :mod:`experiments.train.checkpoint`), and on start loads its own
+  newest complete one before its first quorum: when the whole job restarts
+  (no member alive) every host resumes from its own checkpoint; a host behind
+  the others still heals from a neighbour at that quorum;
 - with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
   ``fault_tolerance.quorum_every``), outer rounds fall on quorum steps, and a
   change of membership restarts the round in progress from the members' mean;
@@ -44,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from decent_dp.elastic import ElasticGossip, default_replica_id
 from decent_dp.utils import get_device
 from experiments.schema import plain
+from experiments.train.checkpoint import latest_checkpoint, load_shard, save_checkpoint
 from experiments.train.logger import MetricsLogger
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_kwargs
@@ -99,6 +106,16 @@ def _evaluate(task: Any, model: torch.nn.Module, test: Any) -> dict[str, float]:
         return {}
     result = task.eval_metrics(task.eval_totals(own, own))
     return {k: v for k, v in result.items() if k.endswith("_local")}
+
+
+def _resume(gossip: ElasticGossip, root: Path) -> int | None:
+    """Load this host's newest complete checkpoint, if any; return its step."""
+    info = latest_checkpoint(root)
+    if info is None:
+        return None
+    gossip.load_state_dict(load_shard(info, 0)["elastic"])
+    log.warning("%s: resumed from %s (step %d)", gossip.replica_id, info.path, info.step)
+    return info.step
 
 
 def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -161,6 +178,10 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         outer_every=outer.get("outer_every"),
         log=log.warning,
     )
+    every, keep = int(cfg.checkpoint.every_steps), int(cfg.checkpoint.keep)
+    ckpt_root = out_dir / "checkpoints"
+    # no process group here: save_checkpoint writes this host's shard as a world of one
+    resumed = _resume(gossip, ckpt_root) if every > 0 else None
     history: list[dict[str, Any]] = []
     loss_sum = torch.zeros((), device=device)
     count = 0
@@ -194,10 +215,14 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 count = 0
             if line:
                 sink.log({"step": step, "time": time.time(), **line})
+            if every > 0 and (step % every == 0 or step == total):
+                meta = {"replica_id": replica_id, "elastic": True}
+                save_checkpoint(ckpt_root, step, {"elastic": gossip.state_dict()}, meta, keep)
         result = _evaluate(task, model, data.test)
         summary = {
             "replica_id": replica_id,
             "steps": gossip.step_count,
+            "resumed_from_step": resumed,
             "members": list(gossip.members),
             "changes": history,
             "wall_s": time.time() - wall_start,
