@@ -133,6 +133,7 @@ def _assert_clean(results: list[tuple[int, str]]) -> None:
         ]
 
 
+@pytest.mark.slow  # a torchrun of 4 ranks; the thread and group checks above stay fast
 def test_a_run_ending_with_destroy_process_group_exits_cleanly() -> None:
     # the wrapper is never closed: it is released at interpreter exit, before finalization
     _assert_clean(_exits(["diloco"], runs=1))
