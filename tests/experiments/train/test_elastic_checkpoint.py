@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,54 +18,18 @@ import pytest
 import torch
 
 from experiments.train.checkpoint import checkpoint_dir, latest_checkpoint, load_shard
-from experiments.train.run import run
-from tests.support.launch import compose_config
 
 pytest.importorskip("torchft")
 
 from tests.support import elastic_cases as ec  # noqa: E402
+from tests.support.elastic_hosts import run_hosts  # noqa: E402
 
 HOSTS = ("h0", "h1")
 
 
-def _host(cfg: Any, run_dir: Path, out: dict[str, Any]) -> None:
-    try:
-        out[str(cfg.fault_tolerance.replica_id)] = run(cfg, run_dir=run_dir)
-    except BaseException as exc:  # reported to the test
-        out[str(cfg.fault_tolerance.replica_id)] = exc
-
-
 def _job(run_dir: Path) -> dict[str, Any]:
     """Both hosts, 6 steps, a checkpoint every 3, on a fresh lighthouse."""
-    server = ec.lighthouse()
-    lh = ec.loopback_address(server)
-    out: dict[str, Any] = {}
-    cfgs = [
-        compose_config(
-            "fault_tolerance=torchft",
-            "logger=none",
-            "topology=ring",
-            f"fault_tolerance.lighthouse={lh}",
-            f"fault_tolerance.replica_id={rid}",
-            "fault_tolerance.min_replicas=2",
-            "fault_tolerance.timeout_s=20",
-            "fault_tolerance.quorum_every=3",
-            "fault_tolerance.host=127.0.0.1",
-            "train.max_steps=6",
-            "log.every=3",
-            "checkpoint.every_steps=3",
-            "checkpoint.on_signal=false",
-        )
-        for rid in HOSTS
-    ]
-    threads = [threading.Thread(target=_host, args=(c, run_dir, out)) for c in cfgs]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-    finally:
-        server.shutdown()
+    out = run_hosts(run_dir, "checkpoint.every_steps=3", hosts=HOSTS)
     for rid in HOSTS:
         assert not isinstance(out[rid], BaseException), out[rid]
     return out

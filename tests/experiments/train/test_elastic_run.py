@@ -7,21 +7,18 @@ The two hosts are two threads of this process, each running ``run(cfg)`` as its 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from experiments.schema import ConfigError
-from experiments.train.run import run, validate
+from experiments.train.run import validate
 from tests.support.launch import compose_config
 
 pytest.importorskip("torchft")
 
 from tests.support import elastic_cases as ec  # noqa: E402
-
-FT = ("fault_tolerance=torchft", "logger=none", "topology=ring")
+from tests.support.elastic_hosts import FT, run_hosts  # noqa: E402
 
 
 def test_off_by_default_and_composes_with_its_keys() -> None:
@@ -79,41 +76,9 @@ def test_what_cannot_be_elastic_is_one_line(
     assert "\n" not in str(e.value)
 
 
-def _host(cfg: Any, run_dir: Path, out: dict[str, Any]) -> None:
-    try:
-        out[str(cfg.fault_tolerance.replica_id)] = run(cfg, run_dir=run_dir)
-    except BaseException as exc:  # reported to the test
-        out[str(cfg.fault_tolerance.replica_id)] = exc
-
-
 @ec.isolated  # the lighthouse's threads stay out of the test process
 def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_path: Path) -> None:
-    server = ec.lighthouse()
-    lh = ec.loopback_address(server)
-    out: dict[str, Any] = {}
-    cfgs = [
-        compose_config(
-            *FT,
-            f"fault_tolerance.lighthouse={lh}",
-            f"fault_tolerance.replica_id=h{i}",
-            "fault_tolerance.min_replicas=2",
-            "fault_tolerance.timeout_s=20",
-            "fault_tolerance.quorum_every=3",
-            "fault_tolerance.host=127.0.0.1",
-            "train.max_steps=6",
-            "log.every=3",
-            "checkpoint.on_signal=false",
-        )
-        for i in range(2)
-    ]
-    threads = [threading.Thread(target=_host, args=(c, tmp_path, out)) for c in cfgs]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-    finally:
-        server.shutdown()
+    out = run_hosts(tmp_path)
     for rid in ("h0", "h1"):
         summary = out[rid]
         assert not isinstance(summary, BaseException), summary
