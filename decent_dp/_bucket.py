@@ -101,6 +101,8 @@ class Bucket:
         self.work: Any = None
         self.pending: Any = None
         self.state_pending: Any = None  # optimizer states in flight with it (state_sync)
+        self.group: Any = None  # the process group of the gossip in flight
+        self.mixed: Any = None  # the edge the latest step mixed with (None: no gossip)
         self.launch_t = 0.0
         self.delay_s = 0.0
         # per-iteration state

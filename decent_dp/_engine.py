@@ -91,6 +91,8 @@ class _Resources:
         interpreter is whole.
         """
         gossip, outer = self.gossip, self.outer
+        for b in self.buckets:
+            b.group = None
         if gossip is not None:
             gossip.groups[:] = [None] * len(gossip.groups)
             if gossip.compressor is not None:

@@ -55,6 +55,11 @@ class GossipState:
             of several hosts (:mod:`decent_dp._hierarchical`), or ``None``.
         state_sync: Optimizer state gossiped with the parameters
             (:mod:`decent_dp._state_sync`), or ``None``.
+        on_lost: Elastic gossip (:mod:`decent_dp.elastic`): an exchange that
+            fails (a member of its group died) is called here with the bucket,
+            the edge and the error, instead of raising; the bucket's step then
+            mixes nothing (each member of the group keeps its peers' weight)
+            and the group is not used again (``broken``) until it is rebuilt.
     """
 
     edges: list[Edge]
@@ -70,6 +75,8 @@ class GossipState:
     outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
     hosts: HostExchange | None = None
     state_sync: StateSync | None = None
+    on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
+    broken: set[int] = field(default_factory=set)  # id() of groups whose exchange failed
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -152,7 +159,15 @@ def wait(state: GossipState, bucket: Bucket) -> None:
     if bucket.work is None:
         return
     t0 = state.timers.mark()
-    bucket.work.wait()
+    try:
+        bucket.work.wait()
+    except Exception as exc:
+        if state.on_lost is None:
+            raise
+        bucket.work = None
+        _lost(state, bucket, exc)
+        state.timers.add("comm/wait_s", t0, state.timers.mark())
+        return
     if state.stream is not None:
         # work.wait() ordered only the current stream after the collective; the next mix
         # runs on the side stream, which must not read the buffer before it is written
@@ -169,9 +184,39 @@ def wait(state: GossipState, bucket: Bucket) -> None:
     state.timers.add("comm/wait_s", t0, state.timers.mark())
 
 
+def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
+    """An exchange failed: its step mixes nothing, its group is not used again.
+
+    Every live member of the group fails alike (no collective completes without
+    the dead member's part), so each keeps its peers' weight: ``W`` stays
+    symmetric and doubly stochastic over the survivors. A compressed exchange's
+    references do not move (they move only by a completed exchange's sum), so
+    the survivors' copies stay identical.
+    """
+    assert state.on_lost is not None
+    state.broken.add(id(bucket.group))
+    edge = bucket.pending[0] if bucket.pending is not None else state.alone
+    bucket.pending = None
+    bucket.state_pending = None
+    if state.compressor is not None:
+        state.compressor.forget(bucket.index)
+    state.on_lost(bucket, edge, exc)
+
+
 @torch.no_grad()
 def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     """Start the gossip whose result step ``for_step`` (1-based) mixes in."""
+    if state.on_lost is None:
+        _launch(state, bucket, for_step)
+        return
+    try:
+        _launch(state, bucket, for_step)
+    except Exception as exc:  # a pair a dead member already closed
+        bucket.work = None
+        _lost(state, bucket, exc)
+
+
+def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     outer = state.outer
     # a fragment of the outer optimizer reads the topology's rounds shifted as its outer rounds
     shift = outer.shift(bucket.index) if outer is not None else 0
@@ -183,6 +228,10 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     bucket.state_pending = None
+    bucket.group = group
+    if state.on_lost is not None and id(group) in state.broken:  # lost until the rebuild
+        bucket.pending = None
+        return
     # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard
     # rank's part of small parameters, empty on every rank of its group: decent_dp._sharded)
     if (k == 1 and not outer_round) or bucket.numel == 0:
@@ -303,6 +352,7 @@ def step_bucket(state: GossipState, bucket: Bucket, skip_update: bool) -> None:
     wait(state, bucket)
     t0 = timers.mark()
     pending = bucket.pending
+    bucket.mixed = pending[0] if pending is not None else None
     outer_round = pending is not None and state.outer is not None and pending[0] is state.outer.edge
     if outer_round:
         state.outer.step(bucket)  # comm: xbar(t-1) becomes the stepped x_outer, mixed in below

@@ -245,6 +245,7 @@ class DecentralizedDataParallel(
         outer_scale_by_inner_lr: bool = False,
         state_sync: Mapping[str, int] | None = None,
         device_mesh: Any = None,
+        _broadcast: bool = True,
     ):
         super().__init__()
         # every check that can differ between ranks' inputs runs before the first collective
@@ -315,7 +316,8 @@ class DecentralizedDataParallel(
         # object collectives stage on the current device: make it the parameters' one
         with device_guard(device):
             check_ranks_agree(every, self.topology, self._world_size)
-            broadcast_from_rank0(self._plain, self._world_size)
+            if _broadcast:  # elastic gossip rebuilds over members that hold their own models
+                broadcast_from_rank0(self._plain, self._world_size)
             self._engine = Engine(
                 [p for _, p in named],
                 [n for n, _ in named],

@@ -79,9 +79,17 @@ from torch.optim import Optimizer
 
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from ._elastic_wrapper import ElasticDataParallel
 from .topo import Edge, Topology, TopologyReg
 
-__all__ = ["ElasticGossip", "check_elastic_topology", "default_replica_id", "elastic_topology"]
+__all__ = [
+    "ElasticDataParallel",
+    "ElasticGossip",
+    "check_elastic_topology",
+    "default_replica_id",
+    "elastic_topology",
+    "heal_sources",
+]
 
 # what a topology that cannot be built for some member counts becomes for those counts
 _FALLBACK = {"one-peer-exp": ("base-k", {"k": 1})}
@@ -138,6 +146,47 @@ def elastic_topology(name: str, n: int, kwargs: dict[str, Any]) -> Topology:
             ) from None
         other, other_kwargs = _FALLBACK[name]
         return TopologyReg.create(other, n, 1, **other_kwargs)
+
+
+def heal_sources(
+    topology: Topology,
+    view: QuorumView,
+    joiners: list[int],
+    top: int,
+    group_world_size: int = 1,
+    behind: list[int] | None = None,
+) -> dict[int, int]:
+    """The live neighbour each joiner heals from, the same on every member.
+
+    A member's processes are ranks ``member * L + local rank`` of ``topology``;
+    a joiner's source is the lowest member up to date (at step ``top``) in the
+    edge of its first process in the round it gossips in next, or the next
+    round with one, or else the lowest member up to date.
+
+    Args:
+        topology: The topology built for the new members.
+        view: The quorum.
+        joiners: The members that heal.
+        top: The quorum's highest step.
+        group_world_size: ``L``, processes per member.
+        behind: The members not up to date (``joiners`` by default).
+
+    Returns:
+        ``{joiner: source member}``.
+    """
+    lws = group_world_size
+    late = set(joiners if behind is None else behind)
+    up = [m for m in range(view.world_size) if m not in late]
+    out = {}
+    for j in joiners:
+        out[j] = up[0]
+        for k in range(topology.period):
+            edge = topology.get_edge((top + k) % topology.period, j * lws)
+            peers = sorted({r // lws for r in edge.ranks} & set(up))
+            if peers:
+                out[j] = peers[0]
+                break
+    return out
 
 
 def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:
@@ -432,16 +481,10 @@ class ElasticGossip:
 
     def _source(self, joiner: int, behind: list[int], top: int) -> int:
         """The live neighbour a joiner heals from: same on every member."""
-        assert self.topology is not None
-        up = [r for r in range(len(self.view.steps if self.view else ())) if r not in behind]
+        assert self.topology is not None and self.view is not None
         if top == 0:
             return 0
-        for k in range(self.topology.period):
-            edge = self.topology.get_edge((top + k) % self.topology.period, joiner)
-            peers = [r for r in sorted(edge.ranks) if r in up]
-            if peers:
-                return peers[0]
-        return up[0]
+        return heal_sources(self.topology, self.view, [joiner], top, 1, behind)[joiner]
 
     def _member_mean(self, n: int) -> torch.Tensor:
         """``xbar``, the members' mean of ``x`` (one all-reduce of the quorum)."""

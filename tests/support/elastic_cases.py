@@ -250,8 +250,16 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
         out.put((rid, "error", f"{type(exc).__name__}: {exc}"))
 
 
-def run(plans: dict[str, dict[str, Any]], restarts: dict[str, dict[str, Any]], timeout: float = 90):
+def run(
+    plans: dict[str, dict[str, Any]],
+    restarts: dict[str, dict[str, Any]],
+    timeout: float = 90,
+    target: Callable[..., None] | None = None,
+):
     """Run the replicas (and restarted ones after their first process died); gather reports.
+
+    ``target`` is the replica's function (:func:`replica` by default), run in
+    a spawned process with ``(rid, lighthouse, plan, queue, events)``.
 
     Returns:
         ``{rid: [report, ...]}`` in arrival order.
@@ -264,8 +272,9 @@ def run(plans: dict[str, dict[str, Any]], restarts: dict[str, dict[str, Any]], t
     events["start"] = ctx.Barrier(len(plans))
     server = _LighthouseProcess(ctx)
     lh = server.url
+    target = target or replica
     procs = {
-        rid: ctx.Process(target=replica, args=(rid, lh, p, out, events)) for rid, p in plans.items()
+        rid: ctx.Process(target=target, args=(rid, lh, p, out, events)) for rid, p in plans.items()
     }
     for p in procs.values():
         p.start()
@@ -282,7 +291,7 @@ def run(plans: dict[str, dict[str, Any]], restarts: dict[str, dict[str, Any]], t
                     continue
                 restarted.add(rid)
                 plan = dict(plan, restarted=True)
-                procs[rid] = ctx.Process(target=replica, args=(rid, lh, plan, out, events))
+                procs[rid] = ctx.Process(target=target, args=(rid, lh, plan, out, events))
                 procs[rid].start()
                 running.add(rid)
             try:
@@ -318,7 +327,11 @@ def _grad(x: torch.Tensor, rid: str, cursor: int) -> torch.Tensor:
 
 
 def replay(
-    reports: dict[str, list[Any]], topology: str, every: int, outer_every: int | None = None
+    reports: dict[str, list[Any]],
+    topology: str,
+    every: int,
+    outer_every: int | None = None,
+    identical_start: bool = False,
 ) -> dict[str, Any]:
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
@@ -393,6 +406,8 @@ def replay(
             expected = [members[r] for r in sorted(edge.ranks) if r != i]
             if not outer_round:
                 assert set(info["mixed"]) <= set(expected), (t, rid, info["mixed"], expected)
+            if identical_start and t == 1 and not info["mixed"]:
+                expected = []
             for gone in set(expected) - set(info["mixed"]):
                 nxt = steps[gone].get(t + 1)
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"

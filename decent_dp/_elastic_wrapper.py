@@ -1,0 +1,466 @@
+"""The wrapper's own path, elastic: buckets stepped in the backward pass, gossip over a torchft quorum.
+
+:class:`ElasticDataParallel` keeps a :class:`~decent_dp.ddp.DecentralizedDataParallel`
+for the members of the current quorum and builds a new one when they change:
+
+* **Between quorums** it *is* that wrapper: each bucket's optimizer step and
+  LR scheduler run inside the backward pass and each bucket's gossip with its
+  neighbours overlaps the next computation, on gloo groups of the quorum's
+  processes. A member that dies meanwhile fails the exchanges of the groups it
+  is in; their live members mix nothing for that bucket and step (each keeps
+  its peers' weight) and leave the group alone until the next quorum
+  (``GossipState.on_lost``). No survivor waits beyond ``timeout_s``.
+* **At a quorum** (every ``quorum_every`` steps, in the forward pass that
+  starts the step) whose members changed, or where any member lost a group,
+  every member drains its gossip in flight and drops it, makes a new default
+  process group over the quorum's processes (on the quorum's store; ranks
+  ``member * L + local rank``), builds the topology for the new count and a
+  new wrapper over the same module, and loads its own training state into it
+  (optimizer and scheduler states, step, bucket layout). Its first gossip is
+  then launched on the new topology: ``W(t)`` is built for the members of
+  step ``t``. Members behind the quorum's highest step heal first from the
+  neighbour the new topology names (model, buffers, optimizer and scheduler
+  states, step and the caller's extra state, over torchft's ``HTTPTransport``).
+* **Compressed gossip** keeps references per round that every member of the
+  round's group holds identically. A failed exchange does not move them (they
+  move only by a completed exchange's sum), so the survivors' copies stay
+  identical; at a rebuild every member starts them afresh at zero, at the same
+  step, since the rounds' groups are new.
+
+The decision to rebuild is the same on every member: each publishes whether
+it lost a group on the quorum's store, and all read all.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from .topo import Edge, Topology
+
+__all__ = ["ElasticDataParallel"]
+
+# what the wrapper takes that cannot be rebuilt per quorum here
+_REFUSED = {
+    "outer_optim_fn": "an outer optimizer's rounds need every member; use "
+    "decent_dp.elastic.ElasticGossip(outer_optim_fn=...), whose rounds fall on quorum steps",
+    "outer_every": "see outer_optim_fn",
+    "device_mesh": "a sharded replica's shard ranks would have to leave together; "
+    "not supported elastically",
+    "local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
+    "topology_kwargs": "pass topology_kwargs= to ElasticDataParallel itself",
+}
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+class ElasticDataParallel(nn.Module):
+    """:class:`~decent_dp.ddp.DecentralizedDataParallel` over the live members of a torchft quorum.
+
+    Each replica group (one host: one ``torchrun --nproc_per_node=L``, or one
+    process) is a member; members leave and join without a restart. Use it as
+    the wrapper: ``loss = loss_fn(edp(x), y); loss.backward()`` steps every
+    bucket inside the backward pass. Do not initialise a process group: it
+    makes one for each quorum.
+
+    Args:
+        model: The module (all trained parameters on one device).
+        optim_fn: As the wrapper's: builds an optimizer from ``(name, parameter)`` pairs.
+        lr_scheduler_fn: As the wrapper's, or ``None``.
+        topology: A registered topology name, rebuilt for each membership
+            (:func:`decent_dp.elastic.check_elastic_topology`).
+        lighthouse: The torchft lighthouse, ``http://HOST:PORT``.
+        replica_id: This replica group's id; by default unique per host.
+        min_replicas: The fewest members a quorum may have.
+        timeout_s: Seconds for the lighthouse, a quorum, a peer's exchange and
+            a checkpoint transfer; a peer silent for longer counts as lost.
+        quorum_every: ``k``: a quorum before every step ``t`` with ``(t - 1) % k == 0``.
+        topology_kwargs: Extra keyword arguments of the topology.
+        host: The address peers reach this host at (default: the interface
+            towards the lighthouse).
+        state_fn: Returns extra state a joiner heals with (e.g. the data position).
+        load_state_fn: Loads that state on the joiner.
+        consensus: Compute the consensus distance over the members at every quorum.
+        log: Where progress lines go (stderr by default).
+        group_rank: This process's rank in its replica group (default ``LOCAL_RANK`` or 0).
+        group_world_size: The replica group's processes ``L`` (default
+            ``LOCAL_WORLD_SIZE`` or 1).
+        **wrapper_kwargs: The wrapper's other options (``compression``,
+            ``bucket_size_in_mb``, ``grad_clip_norm``, ``scaler``, ``state_sync``,
+            ...); not an outer optimizer or a device mesh.
+
+    Raises:
+        ValueError: A topology or option that cannot be elastic, a bad number,
+            a process group already initialised, or (at a quorum) a replica id used twice.
+        TimeoutError: The lighthouse is unreachable, or no quorum of
+            ``min_replicas`` formed, within the timeout.
+    """
+
+    _inner: Any  # the current wrapper; set with object.__setattr__, so not a submodule
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optim_fn: Any,
+        lr_scheduler_fn: Any = None,
+        topology: str = "ring",
+        *,
+        lighthouse: str,
+        replica_id: str | None = None,
+        min_replicas: int = 1,
+        timeout_s: float = 60.0,
+        quorum_every: int = 8,
+        topology_kwargs: dict[str, Any] | None = None,
+        host: str | None = None,
+        state_fn: Callable[[], Any] | None = None,
+        load_state_fn: Callable[[Any], None] | None = None,
+        consensus: bool = True,
+        log: Callable[[str], None] | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        **wrapper_kwargs: Any,
+    ) -> None:
+        from .elastic import _positive, check_elastic_topology, default_replica_id
+
+        super().__init__()
+        for key in wrapper_kwargs:
+            if key in _REFUSED:
+                raise ValueError(f"{key}= cannot be elastic here: {_REFUSED[key]}")
+        self.topology_kwargs = dict(topology_kwargs or {})
+        self.topology_name = check_elastic_topology(topology, self.topology_kwargs)
+        _positive("min_replicas", min_replicas)
+        _positive("quorum_every", quorum_every)
+        _positive("timeout_s", timeout_s, float)
+        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
+            raise ValueError(f"replica_id={replica_id!r} is invalid; it must be a non-empty string")
+        self.group_world_size = (
+            _env_int("LOCAL_WORLD_SIZE", 1) if group_world_size is None else group_world_size
+        )
+        self.group_rank = _env_int("LOCAL_RANK", 0) if group_rank is None else group_rank
+        _positive("group_world_size", self.group_world_size)
+        if not 0 <= self.group_rank < self.group_world_size:
+            raise ValueError(
+                f"group_rank={self.group_rank!r} is invalid; it must be in "
+                f"[0, group_world_size={self.group_world_size})"
+            )
+        if dist.is_initialized():
+            raise ValueError(
+                "a process group is initialised; ElasticDataParallel makes one for each quorum: "
+                "do not call init_process_group"
+            )
+        self.module = model
+        self.optim_fn = optim_fn
+        self.lr_scheduler_fn = lr_scheduler_fn
+        self.wrapper_kwargs = wrapper_kwargs
+        self.quorum_every = int(quorum_every)
+        self.timeout = datetime.timedelta(seconds=float(timeout_s))
+        self.state_fn = state_fn
+        self.load_state_fn = load_state_fn
+        self.consensus = bool(consensus)
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        host = host or default_advertise_host(lighthouse)
+        self.replica_id = replica_id or default_replica_id(host=host)
+        membership_kwargs: dict[str, Any] = {}
+        if self.group_world_size > 1:
+            membership_kwargs = {
+                "group_rank": self.group_rank,
+                "group_world_size": self.group_world_size,
+            }
+        self.membership = Membership(
+            lighthouse,
+            self.replica_id,
+            int(min_replicas),
+            float(timeout_s),
+            host,
+            self.log,
+            **membership_kwargs,
+        )
+        self.view: QuorumView | None = None
+        self.topology: Topology | None = None
+        self.lost: set[int] = set()  # flat ranks whose exchange failed since the latest quorum
+        self.last_consensus_distance: float | None = None
+        self.last_change: dict[str, Any] | None = None
+        self.healed_from: str | None = None
+        self.last_quorum_step = -1
+        self.rebuilds = 0
+        object.__setattr__(self, "_inner", None)  # not a submodule: the module is this one's
+        self._loaded: dict[str, Any] | None = None
+        self._quorum_at = -1
+
+    # ------------------------------------------------------------ properties
+    @property
+    def step_count(self) -> int:
+        """Steps taken (the training state's step)."""
+        if self._inner is not None:
+            return int(self._inner.step_count)
+        return int(self._loaded["training"]["step"]) if self._loaded else 0
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the current quorum's process group."""
+        assert self.view is not None, "no quorum yet: run a forward pass first"
+        return self.view.rank * self.group_world_size + self.group_rank
+
+    @property
+    def world_size(self) -> int:
+        """The processes of the current quorum."""
+        return self.view.world_size * self.group_world_size if self.view is not None else 0
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The current quorum's replica ids, in member order."""
+        return self.view.members if self.view is not None else ()
+
+    def member_of(self, rank: int) -> str:
+        """The replica id of a process rank of the current quorum."""
+        return self.members[rank // self.group_world_size]
+
+    @property
+    def wrapper(self) -> Any:
+        """The current :class:`~decent_dp.ddp.DecentralizedDataParallel` (new at each rebuild)."""
+        return self._inner
+
+    def mixed_edge(self, bucket: int = 0) -> Edge | None:
+        """The edge a bucket mixed with at the latest step (``None``: it mixed nothing)."""
+        buckets = self._inner._engine.buckets if self._inner is not None else None
+        return buckets[bucket].mixed if buckets else None
+
+    # --------------------------------------------------------------- forward
+    def quorum(self) -> None:
+        """Take part in the quorum if one is due before this step (the forward pass does otherwise).
+
+        Call it before reading the step's batch where the data position is
+        part of the healed state (``state_fn``): healing may move it.
+        """
+        step = self.step_count
+        if self._inner is None or (step % self.quorum_every == 0 and self._quorum_at != step):
+            self._quorum(step)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Take part in the quorum if one is due, then run the wrapper's forward."""
+        self.quorum()
+        return self._inner(*args, **kwargs)
+
+    def _quorum(self, step: int) -> None:
+        """A quorum, asked again if its work fails (a member died after it formed)."""
+        self._quorum_at = step
+        start = time.monotonic()
+        old = self.view
+        for attempt in range(4):
+            view = self.membership.quorum(self.step_count)
+            try:
+                self._after_quorum(view, old, start)
+                self._quorum_at = self.step_count  # healing may have moved the step
+                return
+            except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
+                self._world_failed = True
+                if attempt == 3:
+                    raise
+                self.log(
+                    f"[decent_dp.elastic] {self.replica_id}: the quorum's work failed "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); asking again"
+                )
+
+    _world_failed = False
+
+    def _broken(self) -> bool:
+        if self._world_failed or self._inner is None:
+            return True
+        return bool(self._inner._engine.gossip.broken)
+
+    def _must_rebuild(self, view: QuorumView, old: QuorumView | None) -> bool:
+        """Whether the process group is rebuilt: the same answer on every member."""
+        mine = self._broken() or old is None or old.quorum_id != view.quorum_id
+        key = f"rebuild/{self.group_rank}"
+        self.membership.store_set(f"{key}/{view.rank}", "1" if mine else "0")
+        votes = [self.membership.store_get(f"{key}/{r}") for r in range(view.world_size)]
+        return "1" in votes
+
+    def _after_quorum(self, view: QuorumView, old: QuorumView | None, start: float) -> None:
+        self.healed_from = None
+        if self._must_rebuild(view, old):
+            self._rebuild(view)
+        self.view = view
+        self.lost = set()
+        self.last_quorum_step = self.step_count
+        if self.consensus:
+            self.last_consensus_distance = self._consensus_distance()
+        if old is None or old.members != view.members:
+            before = set(old.members) if old is not None else set()
+            self.last_change = {
+                "step": self.step_count,
+                "quorum_id": view.quorum_id,
+                "members": list(view.members),
+                "left": sorted(before - set(view.members)),
+                "joined": sorted(set(view.members) - before) if old is not None else [],
+                "healed_from": self.healed_from,
+                "seconds": time.monotonic() - start,
+            }
+            self.log(
+                f"[decent_dp.elastic] {self.replica_id}: quorum {view.quorum_id} at step "
+                f"{self.step_count}: {view.world_size} members {list(view.members)}, rank "
+                f"{self.rank} of {self.world_size}, {self.topology.name if self.topology else ''} "
+                "rebuilt" + (f", healed from {self.healed_from}" if self.healed_from else "")
+            )
+
+    # --------------------------------------------------------------- rebuild
+    def _carry(self) -> dict[str, Any] | None:
+        """This member's training state, its gossip in flight drained and dropped."""
+        if self._inner is None:
+            return self._loaded
+        engine = self._inner._engine
+        engine.drain()  # a failed exchange is absorbed here (on_lost)
+        return {
+            "model": None,  # the module itself holds it
+            "training": engine.training_state(),
+            "extra": self.state_fn() if self.state_fn is not None else None,
+        }
+
+    def _rebuild(self, view: QuorumView) -> None:
+        from .ddp import DecentralizedDataParallel
+        from .elastic import elastic_topology, heal_sources
+
+        state = self._loaded = self._carry()  # kept until the new wrapper holds it
+        if self._inner is not None:
+            self._inner.close()
+            object.__setattr__(self, "_inner", None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._world_failed = False
+        n, lws = view.world_size, self.group_world_size
+        world = n * lws
+        self.topology = elastic_topology(self.topology_name, world, self.topology_kwargs)
+        top = max(view.steps)
+        first = top == 0
+        # healing: per member; each process of a joiner fetches from the same local rank
+        behind = [r for r, s in enumerate(view.steps) if s < top]
+        sources = {} if first else heal_sources(self.topology, view, behind, top, lws)
+        self.healed_from = None
+        if view.rank in sources.values():
+            self.membership.serve_state(top, self._snapshot(state))
+            self.membership.store_set(f"staged/{view.rank}/{self.group_rank}", "1")
+        if view.rank in sources:
+            src = sources[view.rank]
+            self.membership.store_get(f"staged/{src}/{self.group_rank}")
+            state = self.membership.fetch_state(view.addresses[src], top)
+            self.healed_from = view.members[src]
+        elif first and view.rank != 0:
+            self.healed_from = view.members[0]  # the wrapper broadcasts rank 0's model
+        if state is not None and state.get("model") is not None:
+            self.module.load_state_dict(state["model"])
+        if state is not None and state.get("extra") is not None and self.load_state_fn:
+            self.load_state_fn(state["extra"])
+        if state is not None and self.healed_from is not None and not first:
+            self._loaded = {"model": None, "training": state["training"], "extra": None}
+        self.rebuilds += 1
+        dist.init_process_group(
+            "gloo",
+            store=self._world_store(view),
+            rank=view.rank * lws + self.group_rank,
+            world_size=world,
+            timeout=self.timeout,
+        )
+        inner = DecentralizedDataParallel(
+            self.module,
+            self.optim_fn,
+            self.lr_scheduler_fn,
+            topology=self.topology,
+            _broadcast=first and state is None,
+            **self.wrapper_kwargs,
+        )
+        inner._engine.gossip.on_lost = self._on_lost
+        if state is not None and state.get("training") is not None:
+            training = dict(state["training"])
+            training.pop("compression", None)  # the rounds' groups are new: start afresh
+            inner._engine.load_training_state(training)
+        object.__setattr__(self, "_inner", inner)
+        self._loaded = None
+
+    def _world_store(self, view: QuorumView) -> Any:
+        """The store every process of the quorum builds the new process group on."""
+        m = self.membership
+        return dist.PrefixStore(f"{m._prefix}/world", m._quorum_store(view.quorum_id))
+
+    def _snapshot(self, state: dict[str, Any] | None) -> dict[str, Any]:
+        # the transport serves CPU tensors by reference: stage copies, not the live ones
+        out = dict(state or {"training": None, "extra": None})
+        out["model"] = self.module.state_dict()
+        return copy.deepcopy(out)
+
+    def _on_lost(self, bucket: Any, edge: Edge, exc: BaseException) -> None:
+        gone = [r for r in edge.ranks if r != self.rank and r not in self.lost]
+        self.lost.update(edge.ranks)
+        self.lost.discard(self.rank)
+        if gone:
+            names = sorted({self.member_of(r) for r in gone})
+            self.log(
+                f"[decent_dp.elastic] {self.replica_id}: step {self.step_count + 1}: the exchange "
+                f"with {names} failed ({type(exc).__name__}); their weight stays here until "
+                "the next quorum"
+            )
+
+    def _consensus_distance(self) -> float:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes (two all-reduces)."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        x = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float64)
+        n = dist.get_world_size()
+        mean = x.clone()
+        dist.all_reduce(mean)
+        mean /= n
+        sq = ((x - mean) ** 2).sum().reshape(1)
+        dist.all_reduce(sq)
+        return float(sq) / n
+
+    # ----------------------------------------------------------------- state
+    def elastic_state(self) -> dict[str, Any]:
+        """The replica's training state: model, the wrapper's training state, extra state."""
+        if self._inner is not None:
+            training = self._inner._engine.training_state()
+        else:
+            training = self._loaded["training"] if self._loaded else {"step": 0}
+        return {
+            "model": self.module.state_dict(),
+            "training": training,
+            "extra": self.state_fn() if self.state_fn is not None else None,
+        }
+
+    def load_elastic_state(self, state: dict[str, Any]) -> None:
+        """Load :meth:`elastic_state` before the first forward (a restarted host's checkpoint).
+
+        If the others are ahead, the first quorum heals this one from a neighbour instead.
+        """
+        if self._inner is not None:
+            raise RuntimeError("load_elastic_state() after the first forward pass")
+        self.module.load_state_dict(state["model"])
+        if state.get("extra") is not None and self.load_state_fn is not None:
+            self.load_state_fn(state["extra"])
+        self._loaded = {"model": None, "training": state["training"], "extra": None}
+
+    # -------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Leave: finish the gossip in flight, close the wrapper and the group, stop heartbeating."""
+        if self._inner is not None:
+            self._inner.close()
+            object.__setattr__(self, "_inner", None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.membership.close()
+
+    def __enter__(self) -> ElasticDataParallel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

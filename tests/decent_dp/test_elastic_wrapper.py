@@ -1,0 +1,139 @@
+"""The wrapper's own path, elastic: buckets stepped in the backward pass, gossip over a torchft quorum.
+
+Each replica is a real process with an :class:`decent_dp.elastic.ElasticDataParallel`
+on an in-process lighthouse on loopback; its steps are replayed in float64 in
+one process (:func:`tests.support.elastic_cases.replay`), ``W(t)`` built over
+the members of each step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchft")
+
+from tests.support import elastic_cases as ec  # noqa: E402
+from tests.support import elastic_wrapper_cases as ew  # noqa: E402
+
+RIDS = ["r0", "r1", "r2", "r3"]
+
+
+def _plans(steps: int, every: int, **r2: object) -> dict[str, dict[str, object]]:
+    plans: dict[str, dict[str, object]] = {
+        rid: {"steps": steps, "every": every, "topology": "ring"} for rid in RIDS
+    }
+    plans["r2"].update(r2)
+    return plans
+
+
+def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict[str, object]]:
+    """r2 leaves cleanly after step ``every`` and rejoins at the quorum of step ``2 every + 1``."""
+    plans = _plans(steps, every, leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
+    for rid, plan in plans.items():
+        plan.update(extra)
+        if rid != "r2":
+            plan["set_at"] = {"rejoin": every + 2}
+            plan["wait_for"] = {"joined": 2 * every}
+    return plans
+
+
+def test_the_wrapper_replays_4_3_4_in_float64() -> None:
+    """r2 leaves after step 4 and comes back with its stale state; it heals at step 8."""
+    every = 4
+    reports = ec.run(_leave_and_rejoin(12, every), {}, timeout=150, target=ew.replica)
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
+    steps = result["steps"]
+    # between quorums each bucket mixed with its edge (the replay checked which)
+    assert all(steps[rid][t]["mixed"] for rid in RIDS for t in range(2, 13) if t in steps[rid])
+    resumed = [m for m in reports["r2"] if m[0] == "resumed"]
+    assert resumed and resumed[0][1] == 4
+    assert steps["r2"][9]["healed_from"] == "r3"  # its ring neighbour in the round of step 9
+    assert steps["r2"][9]["cursor"] == 8  # the data position came with the state
+    assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
+
+
+def _ref_groups(result: dict, t: int) -> list[list[str]]:
+    """The groups of each round of the topology over the members of step ``t``."""
+    from decent_dp.elastic import elastic_topology
+
+    members = result["members"][t]
+    topo = elastic_topology("ring", len(members), {})
+    groups = []
+    for r in range(topo.period):
+        seen = set()
+        for i in range(len(members)):
+            edge = tuple(sorted(topo.get_edge(r, i).ranks))
+            if len(edge) > 1 and edge not in seen:
+                seen.add(edge)
+                groups.append((r, [members[j] for j in edge]))
+    return groups
+
+
+def test_compressed_references_stay_identical_within_each_group_through_4_3_4() -> None:
+    """int8 gossip: every round's reference is the same on each member of its group, every step.
+
+    A membership change rebuilds the rounds' groups; every member starts the
+    references afresh at that step. A joiner that took its source's references
+    (or a survivor that kept those of its old groups) would hold another
+    reference than its new neighbour, and the check fails.
+    """
+    every = 4
+    plans = _leave_and_rejoin(12, every, compression="int8")
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    steps: dict[str, dict[int, dict]] = {rid: {} for rid in RIDS}
+    for rid, msgs in reports.items():
+        for m in msgs:
+            assert m[0] != "error", f"{rid}: {m[1]}"
+            if m[0] == "step":
+                steps[rid][m[1]] = m[2]
+    result = {"members": {t: steps["r0"][t]["members"] for t in range(1, 13)}}
+    checked = 0
+    for t in range(1, 13):
+        for r, group in _ref_groups(result, t):
+            refs = [steps[rid][t]["refs"].get(r) for rid in group if t in steps[rid]]
+            if len(refs) < 2 or any(x is None for x in refs):
+                continue
+            assert all(x == refs[0] for x in refs), (t, r, group)
+            checked += 1
+    # references moved (the gossip ran compressed) and were checked after each change
+    assert checked >= 20
+    assert any(any(v != 0.0 for v in steps["r2"][12]["refs"][r]) for r in steps["r2"][12]["refs"])
+    # the rejoined member merged: its distance to the others fell after it healed
+    assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
+
+
+@pytest.mark.slow
+def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """r2 is killed after step 2; its neighbours' exchanges with it fail and keep its weight."""
+    every = 4
+    ckpt = str(tmp_path / "r2.pt")
+    plans = _plans(12, every, kill_after=2, save_at=2, save_to=ckpt)
+    for rid in ("r0", "r1", "r3"):
+        plans[rid]["set_at"] = {"restart": 6}
+        plans[rid]["wait_for"] = {"joined": 8}
+    restart = dict(plans["r2"], kill_after=None, save_at=None, resume=ckpt, set_at={"joined": 2})
+    reports = ec.run(
+        plans, {"r2": dict(restart, after_event="restart")}, timeout=150, target=ew.replica
+    )
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
+    lost = {
+        (t, rid)
+        for rid in ("r1", "r3")
+        for t in (3, 4)
+        if "r2" not in result["steps"][rid][t]["mixed"]
+    }
+    assert lost, "no survivor noticed r2's death"
+    for rid in ("r0", "r1", "r3"):
+        assert sorted(result["steps"][rid]) == list(range(1, 13))
+    resumed = [m for m in reports["r2"] if m[0] == "resumed"]
+    assert resumed and resumed[0][1] == 2
+    assert result["steps"]["r2"][9]["healed_from"] in ("r1", "r3")
+    assert result["steps"]["r2"][9]["cursor"] == 8

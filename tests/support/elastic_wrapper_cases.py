@@ -1,0 +1,129 @@
+"""Replicas of :class:`decent_dp.elastic.ElasticDataParallel`: the wrapper's in-backward path, elastic.
+
+Each replica is a spawned process (a host) that reports every step as
+:func:`tests.support.elastic_cases.replica` does, so that
+:func:`tests.support.elastic_cases.replay` recomputes the run in one process:
+the same model, data and SGD with momentum, the same schema.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from tests.support import elastic_cases as ec
+
+
+def _optim(named: list[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
+    return torch.optim.SGD([p for _, p in named], lr=ec.LR, momentum=ec.MOMENTUM)
+
+
+def _refs(edp: Any) -> dict[int, list[float]]:
+    """Compressed gossip's reference of each round (one bucket), as every member of it holds it."""
+    comp = edp.wrapper._engine.gossip.compressor
+    if comp is None:
+        return {}
+    return {r: t.tolist() for (r, b), t in sorted(comp.refs.items()) if b == 0}
+
+
+def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
+    """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
+
+    Also ``compression`` (the wrapper's option) and ``bucket_size_in_mb``.
+    """
+    from decent_dp.elastic import ElasticDataParallel
+
+    torch.set_num_threads(1)
+    try:
+        model = ec._model(rid)
+        data = {"cursor": 0}
+        extra: dict[str, Any] = {}
+        if plan.get("compression"):
+            extra["compression"] = plan["compression"]
+
+        def make() -> ElasticDataParallel:
+            return ElasticDataParallel(
+                model,
+                _optim,
+                topology=plan["topology"],
+                lighthouse=lh,
+                replica_id=rid,
+                min_replicas=plan.get("min_replicas", 1),
+                timeout_s=plan.get("timeout_s", 10.0),
+                quorum_every=plan["every"],
+                host="127.0.0.1",
+                state_fn=lambda: dict(data),
+                load_state_fn=lambda s: data.update(s),
+                log=lambda line: None,
+                **extra,
+            )
+
+        edp = make()
+        if "start" in events and not plan.get("restarted"):
+            events["start"].wait(60)
+            time.sleep(0.5)  # every first replica's heartbeat reaches the lighthouse
+        if plan.get("resume"):
+            edp.load_elastic_state(torch.load(plan["resume"], weights_only=False))
+            out.put((rid, "resumed", edp.step_count, ec._flat(model), dict(data)))
+        while edp.step_count < plan["steps"]:
+            s = edp.step_count
+            for name, at in plan.get("wait_for", {}).items():
+                if at == s:
+                    events[name].wait(60)
+                    time.sleep(1.0)
+            for name, at in plan.get("set_at", {}).items():
+                if at == s:
+                    events[name].set()
+            params_before = ec._flat(model)
+            edp.quorum()  # before the batch is read: healing brings the data position
+            cursor = data["cursor"]
+            x, y = ec.batch(rid, cursor)
+            pred = edp(x)
+            nn.functional.mse_loss(pred, y).backward()
+            t = edp.step_count
+            edge = edp.mixed_edge()
+            mixed = [] if edge is None else [edp.member_of(r) for r in sorted(edge.ranks)]
+            mixed = [m for m in mixed if m != rid]
+            out.put(
+                (
+                    rid,
+                    "step",
+                    t,
+                    {
+                        "members": list(edp.members),
+                        "quorum_id": edp.view.quorum_id if edp.view else None,
+                        "mixed": mixed,
+                        "healed_from": edp.healed_from if edp.last_quorum_step == t - 1 else None,
+                        "cursor": cursor,
+                        "before": params_before,
+                        "params": ec._flat(model),
+                        "consensus": edp.last_consensus_distance,
+                        "refs": _refs(edp),
+                    },
+                )
+            )
+            data["cursor"] += 1
+            if plan.get("save_at") == t:
+                torch.save(edp.elastic_state(), plan["save_to"])
+            if plan.get("kill_after") == t:
+                out.close()
+                out.join_thread()
+                os.kill(os.getpid(), signal.SIGKILL)
+            if plan.get("leave_after") == t:
+                stale = edp.elastic_state()
+                edp.close()
+                events[plan["rejoin_when"]].wait(60)
+                edp = make()
+                edp.load_elastic_state(stale)
+                out.put((rid, "resumed", edp.step_count, ec._flat(model), dict(data)))
+        out.put((rid, "done", edp.step_count))
+        edp.close()
+    except BaseException as exc:  # every failure goes to the parent, as one line
+        import traceback
+
+        out.put((rid, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"))
