@@ -44,13 +44,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
 import re
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -247,8 +249,29 @@ def _check_meta(meta: Any, world_size: int) -> dict:
     return json.loads(text)
 
 
+_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("checkpoint_alone", default=False)
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Save and load as rank 0 of a world of one, even where a process group exists.
+
+    An elastic host's checkpoint is its own: the process group of its quorum
+    changes with the members, and the others save on their own schedule.
+    """
+    token = _ALONE.set(True)
+    try:
+        yield
+    finally:
+        _ALONE.reset(token)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and not _ALONE.get()
+
+
 def _rank_and_world_size() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -270,7 +293,7 @@ def _collective(path: Path, run_here: bool, fn: Callable[[], Any]) -> list[Any]:
             rank, _ = _rank_and_world_size()
             lines = str(exc).strip().splitlines()
             error = f"rank {rank}: {type(exc).__name__}: {lines[0] if lines else ''}"
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, (result, error))
     else:

@@ -3,7 +3,9 @@
 Each host runs ``torchrun --nproc_per_node=1 train.py fault_tolerance=torchft
 ...``; :func:`run_elastic` builds the data, the model, the optimizer and its
 scheduler as the non-elastic job does, and trains with
-:class:`decent_dp.elastic.ElasticGossip` on the lighthouse the config names:
+:class:`decent_dp.elastic.ElasticDataParallel` (the wrapper's own path: each
+bucket's optimizer step inside the backward pass, its gossip overlapping the
+next computation) on the lighthouse the config names:
 
 - every ``fault_tolerance.quorum_every`` steps the hosts meet in a quorum; a
   host that died is gone from the next one, and the topology is rebuilt for
@@ -18,9 +20,13 @@ scheduler as the non-elastic job does, and trains with
   newest complete one before its first quorum: when the whole job restarts
   (no member alive) every host resumes from its own checkpoint; a host behind
   the others still heals from a neighbour at that quorum;
+- ``compression=...`` is gossiped compressed; a change of membership starts
+  the references afresh on every member;
 - with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
-  ``fault_tolerance.quorum_every``), outer rounds fall on quorum steps, and a
-  change of membership restarts the round in progress from the members' mean;
+  ``fault_tolerance.quorum_every``), the job runs on
+  :class:`decent_dp.elastic.ElasticGossip` instead (a step after the backward
+  pass), whose outer rounds fall on quorum steps, and a change of membership
+  restarts the round in progress from the members' mean;
 - each host writes its own metrics lines (``<run dir>/<replica id>/metrics.jsonl``):
   ``train/loss`` every ``log.every`` steps, and at every quorum
   ``consensus/distance`` over the members (the merge of a joiner shows there),
@@ -47,10 +53,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from decent_dp.elastic import ElasticGossip, default_replica_id
+from decent_dp.elastic import ElasticDataParallel, ElasticGossip, default_replica_id
 from decent_dp.utils import get_device
 from experiments.schema import plain
-from experiments.train.checkpoint import latest_checkpoint, load_shard, save_checkpoint
+from experiments.train.checkpoint import alone, latest_checkpoint, load_shard, save_checkpoint
+from experiments.train.config import compression_arg
 from experiments.train.logger import MetricsLogger
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_kwargs
@@ -108,7 +115,42 @@ def _evaluate(task: Any, model: torch.nn.Module, test: Any) -> dict[str, float]:
     return {k: v for k, v in result.items() if k.endswith("_local")}
 
 
-def _resume(gossip: ElasticGossip, root: Path) -> int | None:
+class _Elastic:
+    """One loop for both elastic paths: the wrapper's (in the backward pass) and ElasticGossip's."""
+
+    def __init__(self, impl: ElasticDataParallel | ElasticGossip, model: torch.nn.Module) -> None:
+        self.impl = impl
+        self.wrapper = isinstance(impl, ElasticDataParallel)
+        # what the forward runs: the wrapper steps inside the backward of its own forward
+        self.net: torch.nn.Module = impl if isinstance(impl, ElasticDataParallel) else model
+
+    def begin(self) -> None:
+        """The quorum, if due, before the batch is read (healing moves the data position)."""
+        if isinstance(self.impl, ElasticDataParallel):
+            self.impl.quorum()
+        else:
+            self.impl.zero_grad()
+
+    def end(self) -> None:
+        if isinstance(self.impl, ElasticGossip):
+            self.impl.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.impl, ElasticDataParallel):
+            return self.impl.elastic_state()
+        return self.impl.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(self.impl, ElasticDataParallel):
+            self.impl.load_elastic_state(state)
+        else:
+            self.impl.load_state_dict(state)
+
+    def __getattr__(self, name: str) -> Any:  # step_count, members, view, last_* ...
+        return getattr(self.impl, name)
+
+
+def _resume(gossip: _Elastic, root: Path) -> int | None:
     """Load this host's newest complete checkpoint, if any; return its step."""
     info = latest_checkpoint(root)
     if info is None:
@@ -147,9 +189,8 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     # the same initial model on every host (the first quorum also aligns them)
     torch.manual_seed(int(t.seed))
     model = task.build_model(cfg.model).to(device)
-    named = [(p, n) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = build_optim_fn(cfg.optim)(named)
-    scheduler = build_scheduler_fn(cfg.scheduler, steps_per_epoch, total)(optimizer)
+    optim_fn = build_optim_fn(cfg.optim)
+    scheduler_fn = build_scheduler_fn(cfg.scheduler, steps_per_epoch, total)
     position = _Position(data.train)
     out_dir = Path(run_dir) / replica_id
     sink = MetricsLogger(
@@ -160,27 +201,45 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         run_name=replica_id,
     )
     outer = outer_kwargs(cfg.get("outer"), cfg.topology)
-    gossip = ElasticGossip(
-        model,
-        optimizer,
-        scheduler,
-        topology=str(cfg.topology.name),
-        topology_kwargs=dict(cfg.topology.get("kwargs") or {}),
-        lighthouse=str(ft.lighthouse),
-        replica_id=replica_id,
-        min_replicas=int(ft.min_replicas),
-        timeout_s=float(ft.timeout_s),
-        quorum_every=int(ft.quorum_every),
-        host=host,
-        state_fn=position.state,
-        load_state_fn=position.load,
-        outer_optim_fn=outer.get("outer_optim_fn"),
-        outer_every=outer.get("outer_every"),
-        log=log.warning,
-    )
+    common: dict[str, Any] = {
+        "topology": str(cfg.topology.name),
+        "topology_kwargs": dict(cfg.topology.get("kwargs") or {}),
+        "lighthouse": str(ft.lighthouse),
+        "replica_id": replica_id,
+        "min_replicas": int(ft.min_replicas),
+        "timeout_s": float(ft.timeout_s),
+        "quorum_every": int(ft.quorum_every),
+        "host": host,
+        "state_fn": position.state,
+        "load_state_fn": position.load,
+        "log": log.warning,
+    }
+    impl: ElasticDataParallel | ElasticGossip
+    if outer:  # outer rounds on quorum steps: the step after the backward pass
+        named = [(p, n) for n, p in model.named_parameters() if p.requires_grad]
+        optimizer = optim_fn(named)
+        impl = ElasticGossip(
+            model,
+            optimizer,
+            scheduler_fn(optimizer),
+            outer_optim_fn=outer.get("outer_optim_fn"),
+            outer_every=outer.get("outer_every"),
+            **common,
+        )
+    else:
+        impl = ElasticDataParallel(
+            model,
+            optim_fn,
+            scheduler_fn,
+            compression=compression_arg(cfg.get("compression")),
+            bucket_size_in_mb=float(cfg.topology.bucket_size_in_mb),
+            grad_clip_norm=float(t.grad_clip_norm),
+            **common,
+        )
+    gossip = _Elastic(impl, model)
     every, keep = int(cfg.checkpoint.every_steps), int(cfg.checkpoint.keep)
     ckpt_root = out_dir / "checkpoints"
-    # no process group here: save_checkpoint writes this host's shard as a world of one
+    # each host's own checkpoint (alone(): a world of one, whatever the quorum's group)
     resumed = _resume(gossip, ckpt_root) if every > 0 else None
     history: list[dict[str, Any]] = []
     loss_sum = torch.zeros((), device=device)
@@ -188,16 +247,16 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     last_change: dict[str, Any] | None = None
     try:
         while gossip.step_count < total:
-            gossip.zero_grad()
+            gossip.begin()
             step = gossip.step_count + 1
             if gossip.last_change is not last_change and gossip.last_change is not None:
                 last_change = gossip.last_change
                 history.append(dict(last_change, time=time.time()))
                 sink.log({"step": gossip.step_count, "elastic/change": last_change})
             x, y = position.next()
-            loss, _, _ = task.forward(model, x, y)
-            loss.backward()
-            gossip.step()
+            loss, _, _ = task.forward(gossip.net, x, y)
+            loss.backward()  # the wrapper steps each bucket here
+            gossip.end()
             loss_sum += loss.detach()
             count += 1
             line: dict[str, Any] = {}
@@ -217,7 +276,8 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 sink.log({"step": step, "time": time.time(), **line})
             if every > 0 and (step % every == 0 or step == total):
                 meta = {"replica_id": replica_id, "elastic": True}
-                save_checkpoint(ckpt_root, step, {"elastic": gossip.state_dict()}, meta, keep)
+                with alone():  # this host's own: the quorum's group is not the job's
+                    save_checkpoint(ckpt_root, step, {"elastic": gossip.state_dict()}, meta, keep)
         result = _evaluate(task, model, data.test)
         summary = {
             "replica_id": replica_id,

@@ -71,7 +71,7 @@ def is_elastic(cfg: Any) -> bool:
 # what cannot be elastic, and why (one line each)
 _NOT_ELASTIC = {
     "topology": "allreduce and hierarchical are not gossip over replicas of one process",
-    "compression": "the references a group shares would have to be rebuilt at every change",
+    "compression": "outer rounds run on the path without compressed gossip (ElasticGossip)",
     "outer": "a streamed, compressed or scaled outer round is not elastic",
 }
 
@@ -123,13 +123,14 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
     except ValueError as exc:
         raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
     comp = cfg.get("compression")
-    if comp is not None and str(comp.name) != "none":
-        raise ConfigError(
-            f"compression={comp.name} cannot be elastic with fault_tolerance=torchft: "
-            f"{_NOT_ELASTIC['compression']}; use compression=none"
-        )
     outer = cfg.get("outer")
-    if outer is not None and str(outer.name) != "none":
+    has_outer = outer is not None and str(outer.name) != "none"
+    if comp is not None and str(comp.name) != "none" and has_outer:
+        raise ConfigError(
+            f"compression={comp.name} cannot be elastic with fault_tolerance=torchft and "
+            f"outer={outer.name}: {_NOT_ELASTIC['compression']}; use compression=none"
+        )
+    if has_outer:
         plain_round = (
             int(outer.get("fragments", 1)) == 1
             and str(outer.get("compression", "none")) == "none"

@@ -1,13 +1,12 @@
-"""Hosts of ``fault_tolerance=torchft`` as threads of one process, each running ``run(cfg)``.
+"""Hosts of ``fault_tolerance=torchft`` as spawned processes, each running ``run(cfg)``.
 
-Each thread does what its host's own ``torchrun --nproc_per_node=1 train.py`` would, on a
-fresh in-process lighthouse. Call it from a test wrapped in
-:func:`tests.support.elastic_cases.isolated`, so that torchft stays out of pytest's process.
+Each process does what its host's own ``torchrun --nproc_per_node=1 train.py`` would
+(the elastic wrapper makes a process group of its own per quorum, so a host is a
+process), on a fresh lighthouse in a spawned process: torchft stays out of pytest's.
 """
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +17,25 @@ from tests.support.launch import compose_config
 FT = ("fault_tolerance=torchft", "logger=none", "topology=ring")
 
 
-def _host(cfg: Any, run_dir: Path, out: dict[str, Any]) -> None:
+def _host(cfg: Any, run_dir: str, out: Any) -> None:
+    rid = str(cfg.fault_tolerance.replica_id)
     try:
-        out[str(cfg.fault_tolerance.replica_id)] = run(cfg, run_dir=run_dir)
-    except BaseException as exc:  # reported to the test
-        out[str(cfg.fault_tolerance.replica_id)] = exc
+        out.put((rid, run(cfg, run_dir=Path(run_dir))))
+    except BaseException as exc:  # reported to the test, as one picklable error
+        out.put((rid, RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
 def run_hosts(run_dir: Path, *overrides: str, hosts: tuple[str, ...] = ("h0", "h1")) -> dict:
     """Train ``hosts`` together for 6 steps (a quorum every 3); each one's summary, or its error."""
-    server = ec.lighthouse()
-    lh = ec.loopback_address(server)
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    server = ec._LighthouseProcess(ctx)
     out: dict[str, Any] = {}
     cfgs = [
         compose_config(
             *FT,
-            f"fault_tolerance.lighthouse={lh}",
+            f"fault_tolerance.lighthouse={server.url}",
             f"fault_tolerance.replica_id={rid}",
             f"fault_tolerance.min_replicas={len(hosts)}",
             "fault_tolerance.timeout_s=20",
@@ -46,12 +48,24 @@ def run_hosts(run_dir: Path, *overrides: str, hosts: tuple[str, ...] = ("h0", "h
         )
         for rid in hosts
     ]
-    threads = [threading.Thread(target=_host, args=(c, run_dir, out)) for c in cfgs]
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_host, args=(c, str(run_dir), queue)) for c in cfgs]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        for p in procs:
+            p.start()
+        for _ in procs:
+            try:
+                rid, result = queue.get(timeout=150)
+            except Exception:
+                break
+            out[rid] = result
     finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
         server.shutdown()
+    for rid in hosts:
+        out.setdefault(rid, RuntimeError(f"host {rid} did not finish"))
     return out

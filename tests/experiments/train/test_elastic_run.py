@@ -1,7 +1,7 @@
 """``fault_tolerance=torchft``: the config group, its one-line refusals, and two hosts' replicas.
 
-The two hosts are two threads of this process, each running ``run(cfg)`` as its own
-``torchrun --nproc_per_node=1`` would, on an in-process lighthouse on loopback.
+The two hosts are two spawned processes, each running ``run(cfg)`` as its own
+``torchrun --nproc_per_node=1`` would, on a lighthouse on loopback.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from tests.support.launch import compose_config
 
 pytest.importorskip("torchft")
 
-from tests.support import elastic_cases as ec  # noqa: E402
 from tests.support.elastic_hosts import FT, run_hosts  # noqa: E402
 
 
@@ -34,7 +33,11 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
 @pytest.mark.parametrize(
     ("overrides", "world", "message"),
     [
-        (("compression=int8",), 1, r"^compression=int8 cannot be elastic"),
+        (
+            ("compression=int8", "outer=slowmo", "outer.every=16"),
+            1,
+            r"^compression=int8 cannot be elastic with fault_tolerance=torchft and outer=slowmo",
+        ),
         (
             ("outer=diloco", "outer.fragments=2", "outer.every=16"),
             1,
@@ -76,7 +79,6 @@ def test_what_cannot_be_elastic_is_one_line(
     assert "\n" not in str(e.value)
 
 
-@ec.isolated  # the lighthouse's threads stay out of the test process
 def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_path: Path) -> None:
     out = run_hosts(tmp_path)
     for rid in ("h0", "h1"):
