@@ -272,6 +272,7 @@ class Membership:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decent-dp-quorum")
         self._calls: dict[int, int] = {}  # quorum id -> quorum calls made under it
         self._stores: dict[int, Any] = {}
+        self._addresses: dict[int, str] = {}  # quorum id -> its store's address, see below
         self._lock = threading.Lock()
         self.view: QuorumView | None = None
         self._progress_every = min(10.0, max(1.0, timeout_s / 4))
@@ -290,6 +291,7 @@ class Membership:
         self._store: Any = None
         if self.group_rank == 0:
             self._store = tcp_store(self.host, 0, is_master=True, wait_for_workers=False)
+        self._group_client: Any = self._store  # every process's client of the group's store
         if rendezvous is None:  # one process per group: nobody to tell
             return self.host, int(self._store.port)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -311,6 +313,9 @@ class Membership:
                 f"group rank 0 of replica_id={self.replica_id!r} published no store at "
                 f"{rendezvous[0]}:{rendezvous[1]} within timeout_s={self.timeout.total_seconds():g}"
             ) from None
+        self._group_client = tcp_store(
+            host, int(port), is_master=False, wait_for_workers=False, timeout=self.timeout
+        )
         return host, int(port)
 
     # ----------------------------------------------------------------- quorum
@@ -451,21 +456,34 @@ class Membership:
                 f"rank {rank} (group rank {group_rank}) of quorum {qid} never took part"
             ) from None
 
-    def _quorum_address(self) -> str:
-        """``host:port/prefix`` of the quorum's store, one namespace for every group rank.
+    def _quorum_address(self, qid: int) -> str:
+        """``host:port/prefix`` of quorum ``qid``'s store, one namespace for every group rank.
 
         torchft configures the gloo group of group rank g on
-        ``{store}/torchft/{quorum_id}/{g}``; this is that without the ``/{g}``.
+        ``{store}/torchft/{quorum_id}/{g}``, where ``store`` is the group store of
+        the member at g modulo the members at the highest step: group ranks may
+        have different stores. Every process uses group rank 0's, which group
+        rank 0 tells the others of its group on the group's own store.
         """
         address, _, last = str(self._seen["store"]).rpartition("/")
         if last != str(self.group_rank):
             raise RuntimeError(f"torchft's quorum store {self._seen['store']!r} has no group rank")
+        if self.group_world_size > 1:
+            key = f"decent_dp/quorum_store/{qid}"
+            if self.group_rank == 0:
+                self._group_client.set(key, address)
+            else:
+                try:
+                    address = bytes(self._group_client.get(key)).decode()
+                except RuntimeError:  # torch's DistStoreError: group rank 0 did not come
+                    raise _MemberGone(f"group rank 0 took no part in quorum {qid}") from None
         return f"{address}/decent_dp"
 
     def _quorum_store(self, qid: int) -> Any:
         if qid not in self._stores:
             self._stores.clear()
-            self._stores[qid] = self._create_store_client(self._quorum_address(), self.timeout)
+            self._addresses = {qid: self._quorum_address(qid)}
+            self._stores[qid] = self._create_store_client(self._addresses[qid], self.timeout)
         return self._stores[qid]
 
     def store_set(self, key: str, value: str) -> None:
@@ -496,7 +514,7 @@ class Membership:
         import torch.distributed as dist
 
         assert self.view is not None, "world_store() needs a quorum first"
-        client = self._create_store_client(self._quorum_address(), self.timeout)
+        client = self._create_store_client(self._addresses[self.view.quorum_id], self.timeout)
         return dist.PrefixStore(f"{self._prefix}/world/{prefix}", client)
 
     # ------------------------------------------------------------- exchanges

@@ -37,12 +37,14 @@ def test_two_groups_of_two_processes_share_quorums_a_flat_group_and_heal_per_ran
     assert len(set(addresses)) == 2 * gc.GROUP
     for r, rid in enumerate(first["members"]):
         assert all(f"//{gc.HOSTS[rid]}:" in a for a in first["process_addresses"][r])
-    # the quorum's store is a group's store on the address it advertises (not the rendezvous
-    # store's 127.0.0.1), with torchft's suffix per group rank
+    # torchft's store of group rank g's group is member g's group store, on the address that
+    # member advertises (not the rendezvous stores' 127.0.0.1): one store per group rank, so
+    # world_store must pick one for all of them
     stores = {k: reports[k]["view"][1] for k in PROCS}
-    store = stores[PROCS[0]].rsplit("/", 1)[0]
-    assert store.split(":")[0] in gc.HOSTS.values(), stores
-    assert all(s == f"{store}/{g}" for (_, g), s in stores.items()), stores
+    for g in range(gc.GROUP):
+        (store,) = {s for (_, h), s in stores.items() if h == g}
+        assert store.endswith(f"/torchft/{first['quorum_id']}/{g}"), stores
+        assert store.split(":")[0] == gc.HOSTS[first["members"][g]], stores
     # the flat group of 4 from world_store: ranks rank * 2 + group_rank, an exact sum
     flats = {k: reports[k]["sums"][0] for k in PROCS}
     assert sorted(flats.values()) == [0, 1, 2, 3]
@@ -62,7 +64,12 @@ def test_two_groups_of_two_processes_share_quorums_a_flat_group_and_heal_per_ran
     # hostB left: hostA's processes see one member and a flat group of 2
     for g in range(gc.GROUP):
         v = reports[("hostA", g)]["view2"][0]
-        assert (v["members"], v["steps"], v["rank"], v["group_rank"]) == (["hostA"], [1], 0, g)
+        assert (v["members"], v["steps"], v["rank"], v["group_rank"]) == (
+            ["hostA"],
+            [gc.STEPS["hostA"] + 1],
+            0,
+            g,
+        )
         assert v["quorum_id"] != first["quorum_id"]
         assert len(v["process_addresses"]) == 1
         flat, total = reports[("hostA", g)]["sums2"]
@@ -82,6 +89,57 @@ def test_groups_of_different_sizes_are_refused() -> None:
     # hostA's group rank 1 has no peer of its group rank: torchft's gloo group of the quorum
     # cannot form, and the quorum fails
     assert "error" in reports[("hostA", 1)]
+
+
+@pytest.mark.slow  # two torchruns of two processes each
+def test_two_torchruns_form_one_quorum_through_torchruns_stores() -> None:
+    import json
+    import multiprocessing as mp
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support import elastic_cases as ec
+
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=root)
+    server = ec._LighthouseProcess(mp.get_context("spawn"))
+    runs: list[subprocess.Popen[str]] = []
+    try:
+        runs += [
+            subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+                + ["--nproc_per_node", "2", "-m", "tests.support.elastic_group_torchrun"]
+                + [rid, server.url],
+                cwd=root,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rid in ("hostA", "hostB")
+        ]
+        outs = [r.communicate(timeout=90)[0] for r in runs]
+    finally:
+        for r in runs:
+            if r.poll() is None:
+                r.kill()
+        server.shutdown()
+    assert all(r.returncode == 0 for r in runs), outs
+    lines = [
+        json.loads(line.split("RESULT ", 1)[1])
+        for out in outs
+        for line in out.splitlines()
+        if "RESULT " in line
+    ]
+    assert sorted((x["rid"], x["g"], x["flat"]) for x in lines) == [
+        ("hostA", 0, 0),
+        ("hostA", 1, 1),
+        ("hostB", 0, 2),
+        ("hostB", 1, 3),
+    ]
+    assert all(x["members"] == ["hostA", "hostB"] and x["sum"] == 15.0 for x in lines)
 
 
 @pytest.mark.parametrize(

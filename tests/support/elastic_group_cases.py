@@ -20,7 +20,9 @@ import torch
 from tests.support import elastic_cases as ec
 
 GROUP = 2  # processes per replica group
-STEPS = {"hostA": 0, "hostB": 3}  # each group's step when it asks for its first quorum
+# each group's step when it asks for its first quorum: the same, so that torchft gives group
+# rank g the store of member g (the members at the highest step take turns), not all one store
+STEPS = {"hostA": 2, "hostB": 2}
 # each group's address (loopback, but not the rendezvous stores' 127.0.0.1): what it advertises
 HOSTS = {"hostA": "127.0.0.2", "hostB": "127.0.0.3"}
 
@@ -110,7 +112,7 @@ def member(
             m.close()
         else:
             m.min_replicas = 1
-            view = m.quorum(1)
+            view = m.quorum(STEPS[rid] + 1)
             out.put((rid, group_rank, "view2", _view(view)))
             flat, total = _flat_allreduce(m, view, "flat")
             out.put((rid, group_rank, "sums2", flat, total))
