@@ -19,14 +19,22 @@ adds, thinly:
 * **Pairs, not all-reduce.** ``Manager.allreduce`` and torchft's DDP, LocalSGD
   and DiLoCo average over the whole quorum; gossip sends and receives between
   neighbours on the quorum's process group instead (:meth:`Membership.exchange`).
+* **Replica groups of several processes** (one torchrun per host, as torchft
+  launches them): each process has its own ``Manager`` of the group's rank, the
+  group asks the lighthouse once, the quorum's gloo group spans one group rank
+  of every member, each process publishes its own checkpoint address, and
+  :meth:`Membership.world_store` gives the store of a flat group of every process.
 
 torchft is imported when a :class:`Membership` is built, never by ``import
-decent_dp``.
+decent_dp``. The module is one unit past 500 lines: every part of it works on
+the same torchft objects of one membership (its ``Manager``, the quorum's group
+and store, the transport), which no other module touches.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import threading
@@ -37,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -66,8 +74,12 @@ class QuorumView:
         quorum_id: torchft's quorum id (new on every change of membership).
         rank: This replica's rank, its index in ``members``.
         members: The members' replica ids, in rank order (torchft sorts them as strings).
-        steps: Each member's step count when it asked for the quorum.
-        addresses: Each member's checkpoint address (``HTTPTransport``).
+        steps: Each member's step count when it asked for the quorum (its group rank 0's).
+        addresses: Each member's checkpoint address (``HTTPTransport``) of its group rank 0.
+        group_rank: This process's rank in its replica group.
+        group_world_size: The processes of each replica group.
+        process_addresses: The checkpoint address of every member's every group
+            rank, member-major (``process_addresses[rank][group_rank]``).
     """
 
     quorum_id: int
@@ -75,11 +87,24 @@ class QuorumView:
     members: tuple[str, ...]
     steps: tuple[int, ...]
     addresses: tuple[str, ...]
+    group_rank: int = 0
+    group_world_size: int = 1
+    process_addresses: tuple[tuple[str, ...], ...] = ()
 
     @property
     def world_size(self) -> int:
         """The number of members."""
         return len(self.members)
+
+    def address(self, member: int, group_rank: int) -> str:
+        """The checkpoint address of group rank ``group_rank`` of member ``member``.
+
+        A joiner's group rank g heals from its source's group rank g: each
+        process holds its own state.
+        """
+        if group_rank == 0 and not self.process_addresses:
+            return self.addresses[member]
+        return self.process_addresses[member][group_rank]
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -132,9 +157,14 @@ def default_advertise_host(lighthouse: str) -> str:
 class Membership:
     """This replica's membership of the quorum: a torchft ``Manager``, its gloo group, a transport.
 
-    One process per replica group (one host). The replica's own store, the
-    ``Manager``'s server and the checkpoint server advertise ``host``, the
-    address peers reach this host at.
+    Each process of a replica group (one host's torchrun) builds one, with the
+    group's ``replica_id`` and its own ``group_rank``; group rank 0 makes the
+    group's store and runs the ``Manager``'s server, which asks the lighthouse
+    once for the whole group, so that every process gets the same quorum. The
+    group's store, the ``Manager``'s server and the checkpoint servers advertise
+    ``host``, the address peers reach this host at. The exchanges, the
+    all-reduce, the store keys and the checkpoints work per group rank: the
+    quorum's gloo group spans the same group rank of every member.
 
     Args:
         lighthouse: The lighthouse's address, ``http://HOST:PORT``.
@@ -145,7 +175,19 @@ class Membership:
             ``QUORUM_TIMEOUTS`` (3) times as long.
         host: The address to advertise; by default the interface towards the lighthouse.
         log: Where progress lines go (``print`` to stderr by default).
+        group_rank: This process's rank in its replica group.
+        group_world_size: The processes of the replica group (the same on every host).
+        group_store: ``(host, port)`` of the replica group's rendezvous store, where
+            group rank 0 publishes the port of its store for the others; by default
+            (with ``group_world_size > 1``) torchrun's ``MASTER_ADDR``/``MASTER_PORT``.
+
+    Raises:
+        ValueError: A bad ``group_rank`` or ``group_world_size``, or no rendezvous store.
     """
+
+    # how many Memberships this process built per replica id: part of the key under which group
+    # rank 0 publishes its store's port (every process of a group builds them alike)
+    _built: ClassVar[dict[str, int]] = {}
 
     def __init__(
         self,
@@ -155,7 +197,24 @@ class Membership:
         timeout_s: float,
         host: str | None = None,
         log: Callable[[str], None] | None = None,
+        group_rank: int = 0,
+        group_world_size: int = 1,
+        group_store: tuple[str, int] | None = None,
     ) -> None:
+        if group_world_size < 1:
+            raise ValueError(f"group_world_size={group_world_size} is invalid; it must be >= 1")
+        if not 0 <= group_rank < group_world_size:
+            raise ValueError(
+                f"group_rank={group_rank} is invalid; it must be in "
+                f"[0, group_world_size={group_world_size})"
+            )
+        if group_world_size > 1 and group_store is None:
+            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+                raise ValueError(
+                    f"group_store=None with group_world_size={group_world_size} needs "
+                    "MASTER_ADDR and MASTER_PORT (launch with torchrun) or group_store=(host, port)"
+                )
+            group_store = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         check_lighthouse(lighthouse, timeout_s)
         from torch.distributed import TCPStore
@@ -172,6 +231,8 @@ class Membership:
         # survivor stuck for timeout_s in the work of the quorum before is then waited for)
         self.quorum_timeout = timedelta(seconds=QUORUM_TIMEOUTS * timeout_s)
         self.host = host or default_advertise_host(lighthouse)
+        self.group_rank = group_rank
+        self.group_world_size = group_world_size
         seen: dict[str, Any] = {}
         self._seen = seen
 
@@ -185,7 +246,7 @@ class Membership:
                 seen.update(store=store_addr, rank=rank, world=world_size, quorum_id=quorum_id)
                 super().configure(store_addr, replica_id, rank, world_size, *args)
 
-        self._store = TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
+        store_host, store_port = self._group_store(TCPStore, group_store)
         self.pg = _QuorumGloo(timeout=self.timeout)
         self.transport = HTTPTransport(timeout=self.timeout, num_chunks=0)
         self.manager = Manager(
@@ -197,10 +258,11 @@ class Membership:
             timeout=self.timeout,
             quorum_timeout=self.quorum_timeout,
             connect_timeout=self.timeout,
-            store_addr=self.host,
-            store_port=self._store.port,
-            rank=0,
-            world_size=1,
+            # group rank 0's server advertises this store as the quorum's: it must be `host`
+            store_addr=store_host,
+            store_port=store_port,
+            rank=group_rank,
+            world_size=group_world_size,
             lighthouse_addr=lighthouse,
             replica_id=replica_id,
             hostname=self.host,
@@ -210,9 +272,51 @@ class Membership:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decent-dp-quorum")
         self._calls: dict[int, int] = {}  # quorum id -> quorum calls made under it
         self._stores: dict[int, Any] = {}
+        self._addresses: dict[int, str] = {}  # quorum id -> its store's address, see below
         self._lock = threading.Lock()
         self.view: QuorumView | None = None
         self._progress_every = min(10.0, max(1.0, timeout_s / 4))
+
+    def _group_store(self, tcp_store: Any, rendezvous: tuple[str, int] | None) -> tuple[str, int]:
+        """``(host, port)`` of the replica group's store; group rank 0 makes it.
+
+        Not torchrun's store itself: torchft advertises the group's store to the
+        other hosts as the quorum's, and torchrun's is often on loopback
+        (``--standalone``) and outlives a restart of the workers; so group rank 0
+        makes its own on ``host`` (as with one process) and publishes its port on
+        the rendezvous store, under a key per restart and per Membership built.
+        """
+        made = self._built.get(self.replica_id, 0)
+        self._built[self.replica_id] = made + 1
+        self._store: Any = None
+        if self.group_rank == 0:
+            self._store = tcp_store(self.host, 0, is_master=True, wait_for_workers=False)
+        self._group_client: Any = self._store  # every process's client of the group's store
+        if rendezvous is None:  # one process per group: nobody to tell
+            return self.host, int(self._store.port)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        key = f"decent_dp/group_store/{self.replica_id}/{restart}/{made}"
+        rdzv = tcp_store(
+            rendezvous[0],
+            rendezvous[1],
+            is_master=False,
+            wait_for_workers=False,
+            timeout=self.timeout,
+        )
+        if self.group_rank == 0:
+            rdzv.set(key, f"{self.host} {self._store.port}")
+            return self.host, int(self._store.port)
+        try:
+            host, port = bytes(rdzv.get(key)).decode().split()
+        except RuntimeError:  # torch's DistStoreError: group rank 0 never came
+            raise TimeoutError(
+                f"group rank 0 of replica_id={self.replica_id!r} published no store at "
+                f"{rendezvous[0]}:{rendezvous[1]} within timeout_s={self.timeout.total_seconds():g}"
+            ) from None
+        self._group_client = tcp_store(
+            host, int(port), is_master=False, wait_for_workers=False, timeout=self.timeout
+        )
+        return host, int(port)
 
     # ----------------------------------------------------------------- quorum
     def _checkpoint_address(self) -> str:
@@ -299,14 +403,22 @@ class Membership:
         self._calls[qid] = count + 1
         store = self._quorum_store(qid)
         prefix = f"c{count}"
-        mine = {"id": self.replica_id, "step": step, "addr": self._checkpoint_address()}
-        store.set(f"{prefix}/member/{rank}", json.dumps(mine))
-        infos = []
-        for r in range(world):
-            try:
-                infos.append(json.loads(store.get(f"{prefix}/member/{r}")))
-            except RuntimeError:  # torch's DistStoreError: it never wrote, within the timeout
-                raise _MemberGone(f"rank {r} of quorum {qid} never took part") from None
+        mine = {
+            "id": self.replica_id,
+            "step": step,
+            "addr": self._checkpoint_address(),
+            "groups": self.group_world_size,
+        }
+        store.set(f"{prefix}/member/{rank}/{self.group_rank}", json.dumps(mine))
+        # members and steps from each member's group rank 0 (the same in every process), first,
+        # so that a bad quorum fails at once; then every group rank's checkpoint address
+        infos = [self._member_info(store, f"{prefix}/member", qid, r, 0) for r in range(world)]
+        sizes = {int(i.get("groups", 1)) for i in infos}
+        if sizes != {self.group_world_size}:
+            raise ValueError(
+                f"group_world_size={self.group_world_size} differs between the members of "
+                f"quorum {qid} ({sorted(sizes)}); launch the same processes on every host"
+            )
         ids = [str(i["id"]) for i in infos]
         twins = [r for r, i in enumerate(ids) if i == self.replica_id]
         if len(twins) > 1:
@@ -314,33 +426,96 @@ class Membership:
                 f"replica_id={self.replica_id!r} is used by {len(twins)} members of quorum {qid} "
                 f"(ranks {twins}); give each host its own replica_id"
             )
+        table = [
+            [info]
+            + [
+                self._member_info(store, f"{prefix}/member", qid, r, g)
+                for g in range(1, self.group_world_size)
+            ]
+            for r, info in enumerate(infos)
+        ]
         self.view = QuorumView(
             quorum_id=qid,
             rank=rank,
             members=tuple(ids),
             steps=tuple(int(i["step"]) for i in infos),
             addresses=tuple(str(i["addr"]) for i in infos),
+            group_rank=self.group_rank,
+            group_world_size=self.group_world_size,
+            process_addresses=tuple(tuple(str(i["addr"]) for i in row) for row in table),
         )
         self._prefix = prefix
         return self.view
 
+    @staticmethod
+    def _member_info(store: Any, prefix: str, qid: int, rank: int, group_rank: int) -> Any:
+        try:
+            return json.loads(store.get(f"{prefix}/{rank}/{group_rank}"))
+        except RuntimeError:  # torch's DistStoreError: it never wrote, within the timeout
+            raise _MemberGone(
+                f"rank {rank} (group rank {group_rank}) of quorum {qid} never took part"
+            ) from None
+
+    def _quorum_address(self, qid: int) -> str:
+        """``host:port/prefix`` of quorum ``qid``'s store, one namespace for every group rank.
+
+        torchft configures the gloo group of group rank g on
+        ``{store}/torchft/{quorum_id}/{g}``, where ``store`` is the group store of
+        the member at g modulo the members at the highest step: group ranks may
+        have different stores. Every process uses group rank 0's, which group
+        rank 0 tells the others of its group on the group's own store.
+        """
+        address, _, last = str(self._seen["store"]).rpartition("/")
+        if last != str(self.group_rank):
+            raise RuntimeError(f"torchft's quorum store {self._seen['store']!r} has no group rank")
+        if self.group_world_size > 1:
+            key = f"decent_dp/quorum_store/{qid}"
+            if self.group_rank == 0:
+                self._group_client.set(key, address)
+            else:
+                try:
+                    address = bytes(self._group_client.get(key)).decode()
+                except RuntimeError:  # torch's DistStoreError: group rank 0 did not come
+                    raise _MemberGone(f"group rank 0 took no part in quorum {qid}") from None
+        return f"{address}/decent_dp"
+
     def _quorum_store(self, qid: int) -> Any:
         if qid not in self._stores:
             self._stores.clear()
-            self._stores[qid] = self._create_store_client(
-                f"{self._seen['store']}/decent_dp", self.timeout
-            )
+            self._addresses = {qid: self._quorum_address(qid)}
+            self._stores[qid] = self._create_store_client(self._addresses[qid], self.timeout)
         return self._stores[qid]
 
     def store_set(self, key: str, value: str) -> None:
-        """Set a key under the current quorum call's prefix."""
+        """Set a key under the current quorum call's prefix, for this group rank's processes."""
         assert self.view is not None
-        self._quorum_store(self.view.quorum_id).set(f"{self._prefix}/{key}", value)
+        store = self._quorum_store(self.view.quorum_id)
+        store.set(f"{self._prefix}/g{self.group_rank}/{key}", value)
 
     def store_get(self, key: str) -> str:
         """Wait for a key under the current quorum call's prefix (up to the timeout)."""
         assert self.view is not None
-        return bytes(self._quorum_store(self.view.quorum_id).get(f"{self._prefix}/{key}")).decode()
+        store = self._quorum_store(self.view.quorum_id)
+        return bytes(store.get(f"{self._prefix}/g{self.group_rank}/{key}")).decode()
+
+    def world_store(self, prefix: str) -> Any:
+        """A store every process of the current quorum reaches, for a flat process group.
+
+        One namespace for all group ranks, under the quorum and the quorum call
+        (keys of other quorums and calls do not collide) and ``prefix``. The flat
+        group has ``view.world_size * group_world_size`` processes; this process's
+        flat rank is ``view.rank * group_world_size + group_rank``. E.g.
+        ``torch.distributed.ProcessGroupGloo(membership.world_store("dp"), rank, size,
+        timeout)``, which every process of the quorum must build alike.
+
+        Returns:
+            A ``torch.distributed.PrefixStore`` client of the quorum's store, of its own.
+        """
+        import torch.distributed as dist
+
+        assert self.view is not None, "world_store() needs a quorum first"
+        client = self._create_store_client(self._addresses[self.view.quorum_id], self.timeout)
+        return dist.PrefixStore(f"{self._prefix}/world/{prefix}", client)
 
     # ------------------------------------------------------------- exchanges
     def start_exchange(
