@@ -98,6 +98,8 @@ class ElasticDataParallel(nn.Module):
         group_rank: This process's rank in its replica group (default ``LOCAL_RANK`` or 0).
         group_world_size: The replica group's processes ``L`` (default
             ``LOCAL_WORLD_SIZE`` or 1).
+        group_store: ``(host, port)`` of a store the group's processes share
+            (default: torchrun's, ``MASTER_ADDR``/``MASTER_PORT``).
         **wrapper_kwargs: The wrapper's other options (``compression``,
             ``bucket_size_in_mb``, ``grad_clip_norm``, ``scaler``, ``state_sync``,
             ...); not an outer optimizer or a device mesh.
@@ -131,6 +133,7 @@ class ElasticDataParallel(nn.Module):
         log: Callable[[str], None] | None = None,
         group_rank: int | None = None,
         group_world_size: int | None = None,
+        group_store: tuple[str, int] | None = None,
         **wrapper_kwargs: Any,
     ) -> None:
         from .elastic import _positive, check_elastic_topology, default_replica_id
@@ -178,6 +181,7 @@ class ElasticDataParallel(nn.Module):
             membership_kwargs = {
                 "group_rank": self.group_rank,
                 "group_world_size": self.group_world_size,
+                "group_store": group_store,
             }
         self.membership = Membership(
             lighthouse,
@@ -284,10 +288,10 @@ class ElasticDataParallel(nn.Module):
     def _must_rebuild(self, view: QuorumView, old: QuorumView | None) -> bool:
         """Whether the process group is rebuilt: the same answer on every member."""
         mine = self._broken() or old is None or old.quorum_id != view.quorum_id
-        key = f"rebuild/{self.group_rank}"
-        self.membership.store_set(f"{key}/{view.rank}", "1" if mine else "0")
-        votes = [self.membership.store_get(f"{key}/{r}") for r in range(view.world_size)]
-        return "1" in votes
+        store = self.membership.world_store("rebuild")
+        store.set(str(view.rank * self.group_world_size + self.group_rank), "1" if mine else "0")
+        world = view.world_size * self.group_world_size
+        return any(bytes(store.get(str(r))) == b"1" for r in range(world))
 
     def _after_quorum(self, view: QuorumView, old: QuorumView | None, start: float) -> None:
         self.healed_from = None
@@ -355,9 +359,9 @@ class ElasticDataParallel(nn.Module):
         if view.rank in sources:
             src = sources[view.rank]
             self.membership.store_get(f"staged/{src}/{self.group_rank}")
-            state = self.membership.fetch_state(view.addresses[src], top)
+            state = self.membership.fetch_state(view.address(src, self.group_rank), top)
             self.healed_from = view.members[src]
-        elif first and view.rank != 0:
+        elif first and view.rank * lws + self.group_rank != 0:
             self.healed_from = view.members[0]  # the wrapper broadcasts rank 0's model
         if state is not None and state.get("model") is not None:
             self.module.load_state_dict(state["model"])
@@ -391,8 +395,7 @@ class ElasticDataParallel(nn.Module):
 
     def _world_store(self, view: QuorumView) -> Any:
         """The store every process of the quorum builds the new process group on."""
-        m = self.membership
-        return dist.PrefixStore(f"{m._prefix}/world", m._quorum_store(view.quorum_id))
+        return self.membership.world_store("world")
 
     def _snapshot(self, state: dict[str, Any] | None) -> dict[str, Any]:
         # the transport serves CPU tensors by reference: stage copies, not the live ones

@@ -137,3 +137,31 @@ def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint
     assert resumed and resumed[0][1] == 2
     assert result["steps"]["r2"][9]["healed_from"] in ("r1", "r3")
     assert result["steps"]["r2"][9]["cursor"] == 8
+
+
+def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process() -> None:
+    """Two replica groups (hosts) of two processes each: ring over the 4 processes.
+
+    hB's two processes leave after step 4 and come back; the ring re-forms over
+    hA's 2 processes, then over 4 again. Every process heals from its source's
+    process of the same group rank.
+    """
+    every, size = 4, 2
+    ports = {"hA": ec.free_port(), "hB": ec.free_port()}
+    plans: dict[str, dict[str, object]] = {}
+    for host in ("hA", "hB"):
+        for g in range(size):
+            plan: dict[str, object] = {"steps": 12, "every": every, "topology": "ring"}
+            plan["group"] = (host, g, size, ports[host])
+            if host == "hB":
+                plan.update(leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
+            else:
+                plan.update(set_at={"rejoin": every + 2}, wait_for={"joined": 2 * every})
+            plans[f"{host}.{g}"] = plan
+    reports = ec.run(plans, {}, timeout=180, target=ew.replica)
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
+    for g in range(size):
+        assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"
+        assert result["steps"][f"hB.{g}"][9]["cursor"] == 8

@@ -31,10 +31,23 @@ def _refs(edp: Any) -> dict[int, list[float]]:
     return {r: t.tolist() for (r, b), t in sorted(comp.refs.items()) if b == 0}
 
 
+def _healed(edp: Any, size: int, g: int) -> str | None:
+    """The process this one healed from: the same group rank of its source (rank 0's at the start)."""
+    if edp.healed_from is None or size == 1:
+        return edp.healed_from
+    if edp.step_count == 1 and edp.last_quorum_step == 0:  # the first build: flat rank 0's model
+        return f"{edp.members[0]}.0"
+    return f"{edp.healed_from}.{g}"
+
+
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
 
-    Also ``compression`` (the wrapper's option) and ``bucket_size_in_mb``.
+    Also ``compression`` (the wrapper's option). With ``group`` ``(replica id,
+    group rank, group size, rendezvous port)`` the process is one of its host's
+    processes (``rid`` names the process, ``replica.g``): group rank 0 holds the
+    group's rendezvous store, as torchrun's agent does. Reports then name
+    processes (``members`` are the quorum's processes, in flat rank order).
     """
     from decent_dp.elastic import ElasticDataParallel
 
@@ -42,6 +55,14 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
     try:
         model = ec._model(rid)
         data = {"cursor": 0}
+        replica_id, g, size, port = plan.get("group") or (rid, 0, 1, 0)
+        group: dict[str, Any] = {}
+        if size > 1:
+            from torch.distributed import TCPStore
+
+            group = {"group_rank": g, "group_world_size": size, "group_store": ("127.0.0.1", port)}
+            if g == 0:  # kept alive with the process, as the agent's
+                group["_rdzv"] = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
         extra: dict[str, Any] = {}
         if plan.get("compression"):
             extra["compression"] = plan["compression"]
@@ -52,7 +73,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 _optim,
                 topology=plan["topology"],
                 lighthouse=lh,
-                replica_id=rid,
+                replica_id=replica_id,
                 min_replicas=plan.get("min_replicas", 1),
                 timeout_s=plan.get("timeout_s", 10.0),
                 quorum_every=plan["every"],
@@ -61,7 +82,13 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 load_state_fn=lambda s: data.update(s),
                 log=lambda line: None,
                 **extra,
+                **{k: v for k, v in group.items() if not k.startswith("_")},
             )
+
+        def procs() -> list[str]:
+            if size == 1:
+                return list(edp.members)
+            return [f"{m}.{r}" for m in edp.members for r in range(size)]
 
         edp = make()
         if "start" in events and not plan.get("restarted"):
@@ -87,7 +114,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             nn.functional.mse_loss(pred, y).backward()
             t = edp.step_count
             edge = edp.mixed_edge()
-            mixed = [] if edge is None else [edp.member_of(r) for r in sorted(edge.ranks)]
+            mixed = [] if edge is None else [procs()[r] for r in sorted(edge.ranks)]
             mixed = [m for m in mixed if m != rid]
             out.put(
                 (
@@ -95,10 +122,10 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                     "step",
                     t,
                     {
-                        "members": list(edp.members),
+                        "members": procs(),
                         "quorum_id": edp.view.quorum_id if edp.view else None,
                         "mixed": mixed,
-                        "healed_from": edp.healed_from if edp.last_quorum_step == t - 1 else None,
+                        "healed_from": _healed(edp, size, g) if edp.last_quorum_step == t - 1 else None,
                         "cursor": cursor,
                         "before": params_before,
                         "params": ec._flat(model),
