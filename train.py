@@ -61,7 +61,7 @@ def main(cfg: DictConfig) -> float | None:
     """
     try:
         summary = run(cfg)
-        acc = summary["eval/acc"]
+        acc = summary.get("eval/acc")  # absent where an elastic job lost a member at the end
         return summary.get("eval/loss") if acc is None else acc
     except Exception as exc:
         rank = _rank()

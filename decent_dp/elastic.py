@@ -190,14 +190,18 @@ def heal_sources(
 
 
 def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:
-    """``HOSTNAME-ADDRESS-PID``: unique per host even where hosts share a hostname.
+    """``HOSTNAME-ADDRESS-LAUNCH``: unique per host even where hosts share a hostname.
 
     The address is this host's interface towards the lighthouse, which differs
-    between hosts that share a name (network namespaces, containers).
+    between hosts that share a name (network namespaces, containers). ``LAUNCH``
+    tells this launch apart from an earlier one on the host: torchrun's run id,
+    the same in all of the host's processes (``TORCHELASTIC_RUN_ID``), or else
+    the process id.
     """
     if host is None:
         host = default_advertise_host(lighthouse) if lighthouse else "local"
-    return f"{socket.gethostname()}-{host}-{os.getpid()}".replace(":", ".")
+    launch = os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())
+    return f"{socket.gethostname()}-{host}-{launch}".replace(":", ".")
 
 
 def _positive(name: str, value: Any, kind: type = int) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import zlib
 from collections.abc import Iterator
@@ -99,8 +100,52 @@ class _Position:
         self.batches = batches_from(self.loader, self.read)
 
 
-def _evaluate(task: Any, model: torch.nn.Module, test: Any) -> dict[str, float]:
-    """The local model on this host's test set (``eval/*_local``)."""
+def _members_mean(gossip: _Elastic, model: torch.nn.Module) -> list[torch.Tensor] | None:
+    """The members' mean of the parameters (one all-reduce of the quorum), or ``None``.
+
+    ``None`` where a member is gone since the latest quorum (its all-reduce fails
+    within ``timeout_s``): the average model is then not evaluated.
+    """
+    import torch.distributed as dist
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        if gossip.wrapper:
+            flat = torch.cat([p.detach().reshape(-1) for p in params])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+        else:
+            flat = gossip.impl._member_mean(len(gossip.members))
+    except (RuntimeError, OSError) as exc:
+        log.warning("%s: no members' average to evaluate (%s)", gossip.replica_id, exc)
+        return None
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view_as(p).clone())
+        offset += p.numel()
+    return out
+
+
+def _evaluate_average(
+    task: Any, model: torch.nn.Module, test: Any, mean: list[torch.Tensor]
+) -> dict[str, float]:
+    """The members' average model on the test set (``eval/*``, as a non-elastic run reports)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    own = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, m in zip(params, mean):
+            p.copy_(m)
+    try:
+        result = _evaluate(task, model, test, local=False)
+    finally:
+        with torch.no_grad():
+            for p, o in zip(params, own):
+                p.copy_(o)
+    return result
+
+
+def _evaluate(task: Any, model: torch.nn.Module, test: Any, local: bool = True) -> dict[str, float]:
+    """A model on this host's test set: ``eval/*_local``, or with ``local=False`` ``eval/*``."""
     model.eval()
     sums: torch.Tensor | None = None
     with torch.no_grad():
@@ -112,7 +157,7 @@ def _evaluate(task: Any, model: torch.nn.Module, test: Any) -> dict[str, float]:
     if not own:
         return {}
     result = task.eval_metrics(task.eval_totals(own, own))
-    return {k: v for k, v in result.items() if k.endswith("_local")}
+    return {k: v for k, v in result.items() if k.endswith("_local") == local}
 
 
 class _Elastic:
@@ -177,8 +222,12 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     task = task_for(cfg)
     host = ft.get("host") or None
     replica_id = ft.replica_id or default_replica_id(str(ft.lighthouse), host)
-    # every host's own order of the whole training set
-    seed = int(t.seed) * 100003 + zlib.crc32(replica_id.encode()) % 100003
+    # a host's processes (one torchrun per host): each its own data order and directory
+    group_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    group_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    name = replica_id if group_size == 1 else f"{replica_id}.{group_rank}"
+    # every process's own order of the whole training set
+    seed = int(t.seed) * 100003 + zlib.crc32(name.encode()) % 100003
     torch.manual_seed(int(t.seed))
     batch = per_worker_batch(t, 1)
     data = task.build_data(
@@ -192,13 +241,13 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     optim_fn = build_optim_fn(cfg.optim)
     scheduler_fn = build_scheduler_fn(cfg.scheduler, steps_per_epoch, total)
     position = _Position(data.train)
-    out_dir = Path(run_dir) / replica_id
+    out_dir = Path(run_dir) / name
     sink = MetricsLogger(
         out_dir,
         enabled=True,
         wandb_cfg=cfg.logger,
         config=plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)),
-        run_name=replica_id,
+        run_name=name,
     )
     outer = outer_kwargs(cfg.get("outer"), cfg.topology)
     common: dict[str, Any] = {
@@ -279,6 +328,9 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 with alone():  # this host's own: the quorum's group is not the job's
                     save_checkpoint(ckpt_root, step, {"elastic": gossip.state_dict()}, meta, keep)
         result = _evaluate(task, model, data.test)
+        mean = _members_mean(gossip, model)
+        if mean is not None:
+            result.update(_evaluate_average(task, model, data.test, mean))
         summary = {
             "replica_id": replica_id,
             "steps": gossip.step_count,

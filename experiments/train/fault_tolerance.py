@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,10 +108,12 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
         "null (unique per host) or a non-empty string without ':'",
     )
-    if world_size != 1:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
+    if world_size != local:
         raise ConfigError(
-            f"fault_tolerance=torchft runs one process per host (a replica group of one), "
-            f"got a world size of {world_size}; launch torchrun --nproc_per_node=1 on each host"
+            f"fault_tolerance=torchft runs one torchrun per host (a replica group is one host's "
+            f"processes), got a world size of {world_size} over hosts of {local}; launch "
+            "torchrun --nnodes=1 --nproc_per_node=L on each host"
         )
     topo = str(cfg.topology.name)
     if topo in ("allreduce", "hierarchical") or cfg.topology.get("_target_") is not None:
@@ -129,6 +132,11 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         raise ConfigError(
             f"compression={comp.name} cannot be elastic with fault_tolerance=torchft and "
             f"outer={outer.name}: {_NOT_ELASTIC['compression']}; use compression=none"
+        )
+    if has_outer and local > 1:
+        raise ConfigError(
+            f"outer={outer.name} with fault_tolerance=torchft runs one process per host, got "
+            f"hosts of {local}; launch torchrun --nproc_per_node=1, or drop the outer optimizer"
         )
     if has_outer:
         plain_round = (

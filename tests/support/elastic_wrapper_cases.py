@@ -125,7 +125,9 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                         "members": procs(),
                         "quorum_id": edp.view.quorum_id if edp.view else None,
                         "mixed": mixed,
-                        "healed_from": _healed(edp, size, g) if edp.last_quorum_step == t - 1 else None,
+                        "healed_from": _healed(edp, size, g)
+                        if edp.last_quorum_step == t - 1
+                        else None,
                         "cursor": cursor,
                         "before": params_before,
                         "params": ec._flat(model),

@@ -60,7 +60,6 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
             1,
             r"^optim.state_sync=\{'exp_avg_sq': 1\} cannot",
         ),
-        ((), 4, r"one process per host .* world size of 4"),
         (
             ("fault_tolerance.lighthouse=nowhere",),
             1,
@@ -79,6 +78,20 @@ def test_what_cannot_be_elastic_is_one_line(
     assert "\n" not in str(e.value)
 
 
+def test_one_torchrun_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's processes are one replica group; a torchrun over several nodes is refused."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    validate(compose_config(*FT), 4)  # torchrun --nproc_per_node=4 on one host
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(
+        ConfigError, match=r"one torchrun per host .* world size of 4 over hosts of 2"
+    ):
+        validate(compose_config(*FT), 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^outer=slowmo with fault_tolerance=torchft runs one"):
+        validate(compose_config(*FT, "outer=slowmo", "outer.every=16"), 2)
+
+
 def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_path: Path) -> None:
     out = run_hosts(tmp_path)
     for rid in ("h0", "h1"):
@@ -93,6 +106,8 @@ def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_pat
         assert all(x["elastic/members"] == 2 for x in quorums)
         assert [x["step"] for x in lines if "train/loss" in x] == [3, 6]
         assert (tmp_path / rid / "summary.json").exists()
+    # the members' average model, evaluated alike on both
+    assert out["h0"]["eval/acc"] == out["h1"]["eval/acc"]
     # everyone starts from rank 0's state: h1 healed from h0
     assert out["h1"]["changes"][0]["healed_from"] == "h0"
     assert out["h0"]["changes"][0]["healed_from"] is None
