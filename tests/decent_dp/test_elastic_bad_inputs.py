@@ -156,3 +156,54 @@ def test_one_peer_exp_runs_as_base_k_where_the_members_are_no_power_of_two() -> 
     assert elastic_topology("one-peer-exp", 4, {}).name == "one-peer-exp"
     three = elastic_topology("one-peer-exp", 3, {})
     assert three.name == "base-k" and all(len(e.ranks) <= 2 for r in three.rounds for e in r)
+
+
+def _wrapper(**kwargs: object) -> object:
+    from decent_dp.elastic import ElasticDataParallel
+
+    model = torch.nn.Linear(2, 1)
+    opt = lambda named: torch.optim.SGD([p for _, p in named], lr=0.1)  # noqa: E731
+    args = {"lighthouse": f"http://127.0.0.1:{ec.free_port()}", "timeout_s": 1.0}
+    args.update(kwargs)
+    return ElasticDataParallel(model, opt, **args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"outer_every": 4}, r"^outer_every= cannot be elastic here"),
+        ({"device_mesh": object()}, r"^device_mesh= cannot be elastic here: a sharded replica"),
+        ({"topology": "hierarchical"}, r"^topology='hierarchical' cannot be elastic"),
+        ({"topology": "alternating-exp-ring"}, r"^topology='alternating-exp-ring' cannot be"),
+        ({"quorum_every": 0}, r"^quorum_every=0 is invalid"),
+        ({"group_world_size": 2, "group_rank": 2}, r"^group_rank=2 is invalid; .*\[0, group_"),
+        ({"replica_id": ""}, r"^replica_id='' is invalid"),
+    ],
+)
+def test_the_wrapper_refuses_what_cannot_be_elastic_in_one_line(
+    kwargs: dict[str, object], message: str
+) -> None:
+    # refused before torchft starts: nothing of it runs in the test process
+    with pytest.raises(ValueError, match=message) as e:
+        _wrapper(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_the_wrapper_refuses_a_process_group_it_did_not_make() -> None:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"^a process group is initialised; .* do not call"):
+            _wrapper()
+    finally:
+        dist.destroy_process_group()
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_the_wrappers_unreachable_lighthouse_fails_within_the_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"):
+        _wrapper(host="127.0.0.1")
+    assert time.monotonic() - start < 5
