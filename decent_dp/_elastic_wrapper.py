@@ -45,7 +45,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._elastic_common import (
+    _positive,
+    check_elastic_topology,
+    default_replica_id,
+    elastic_topology,
+    heal_sources,
+)
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from .ddp import DecentralizedDataParallel
 from .topo import Edge, Topology
 
 __all__ = ["ElasticDataParallel"]
@@ -136,8 +144,6 @@ class ElasticDataParallel(nn.Module):
         group_store: tuple[str, int] | None = None,
         **wrapper_kwargs: Any,
     ) -> None:
-        from .elastic import _positive, check_elastic_topology, default_replica_id
-
         super().__init__()
         for key in wrapper_kwargs:
             if key in _REFUSED:
@@ -334,8 +340,6 @@ class ElasticDataParallel(nn.Module):
         }
 
     def _rebuild(self, view: QuorumView) -> None:
-        from .ddp import DecentralizedDataParallel
-        from .elastic import elastic_topology, heal_sources
 
         state = self._loaded = self._carry()  # kept until the new wrapper holds it
         if self._inner is not None:

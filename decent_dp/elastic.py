@@ -66,8 +66,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import os
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -77,10 +75,17 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from ._elastic_common import (
+    _positive,
+    check_elastic_topology,
+    default_replica_id,
+    elastic_topology,
+    heal_sources,
+)
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
 from ._elastic_wrapper import ElasticDataParallel
-from .topo import Edge, Topology, TopologyReg
+from .topo import Edge, Topology
 
 __all__ = [
     "ElasticDataParallel",
@@ -90,125 +95,6 @@ __all__ = [
     "elastic_topology",
     "heal_sources",
 ]
-
-# what a topology that cannot be built for some member counts becomes for those counts
-_FALLBACK = {"one-peer-exp": ("base-k", {"k": 1})}
-# the member counts a topology is checked on when elastic gossip starts
-_CHECKED_COUNTS = range(1, 65)
-# topologies that are not a function of the number of members alone
-_NOT_ELASTIC = {
-    "hierarchical": "a replica is one process (one host) here, so there is no host level; "
-    "use its inter-host topology (e.g. one-peer-exp) directly",
-}
-
-
-def check_elastic_topology(topology: Any, kwargs: dict[str, Any] | None = None) -> str:
-    """Return the registered name if ``topology`` can be rebuilt for any membership.
-
-    It is built here for every count of members from 1 to 64 (with the fallback of
-    :func:`elastic_topology`), so that neither a bad keyword argument nor a count
-    it cannot take fails in the middle of a run.
-
-    Raises:
-        ValueError: An instance, an unknown name, or a topology that cannot be elastic.
-    """
-    if isinstance(topology, Topology):
-        raise ValueError(
-            f"topology={type(topology).__name__}(...) cannot be elastic: an instance is built "
-            "for one world size; pass a registered name, which is rebuilt at every change"
-        )
-    if not isinstance(topology, str) or topology not in TopologyReg.registry:
-        known = ", ".join(sorted(n for n in TopologyReg.registry if n not in _NOT_ELASTIC))
-        raise ValueError(f"topology={topology!r} is not registered; elastic ones: {known}")
-    if topology in _NOT_ELASTIC:
-        raise ValueError(f"topology={topology!r} cannot be elastic: {_NOT_ELASTIC[topology]}")
-    for n in _CHECKED_COUNTS:
-        elastic_topology(topology, n, dict(kwargs or {}))
-    return topology
-
-
-def elastic_topology(name: str, n: int, kwargs: dict[str, Any]) -> Topology:
-    """``name`` built for ``n`` members, or its fallback where it cannot be.
-
-    ``one-peer-exp`` needs a power of two; for other counts it becomes
-    ``base-k`` with ``k=1``, one peer per round as well, with an exact average
-    after each period.
-
-    Raises:
-        ValueError: ``name`` cannot be built for ``n`` and has no fallback.
-    """
-    try:
-        return TopologyReg.create(name, n, 1, **kwargs)
-    except ValueError as exc:
-        if name not in _FALLBACK:
-            raise ValueError(
-                f"topology={name!r} cannot be elastic: it cannot be built for {n} members ({exc})"
-            ) from None
-        other, other_kwargs = _FALLBACK[name]
-        return TopologyReg.create(other, n, 1, **other_kwargs)
-
-
-def heal_sources(
-    topology: Topology,
-    view: QuorumView,
-    joiners: list[int],
-    top: int,
-    group_world_size: int = 1,
-    behind: list[int] | None = None,
-) -> dict[int, int]:
-    """The live neighbour each joiner heals from, the same on every member.
-
-    A member's processes are ranks ``member * L + local rank`` of ``topology``;
-    a joiner's source is the lowest member up to date (at step ``top``) in the
-    edge of its first process in the round it gossips in next, or the next
-    round with one, or else the lowest member up to date.
-
-    Args:
-        topology: The topology built for the new members.
-        view: The quorum.
-        joiners: The members that heal.
-        top: The quorum's highest step.
-        group_world_size: ``L``, processes per member.
-        behind: The members not up to date (``joiners`` by default).
-
-    Returns:
-        ``{joiner: source member}``.
-    """
-    lws = group_world_size
-    late = set(joiners if behind is None else behind)
-    up = [m for m in range(view.world_size) if m not in late]
-    out = {}
-    for j in joiners:
-        out[j] = up[0]
-        for k in range(topology.period):
-            edge = topology.get_edge((top + k) % topology.period, j * lws)
-            peers = sorted({r // lws for r in edge.ranks} & set(up))
-            if peers:
-                out[j] = peers[0]
-                break
-    return out
-
-
-def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:
-    """``HOSTNAME-ADDRESS-LAUNCH``: unique per host even where hosts share a hostname.
-
-    The address is this host's interface towards the lighthouse, which differs
-    between hosts that share a name (network namespaces, containers). ``LAUNCH``
-    tells this launch apart from an earlier one on the host: torchrun's run id,
-    the same in all of the host's processes (``TORCHELASTIC_RUN_ID``), or else
-    the process id.
-    """
-    if host is None:
-        host = default_advertise_host(lighthouse) if lighthouse else "local"
-    launch = os.environ.get("TORCHELASTIC_RUN_ID") or str(os.getpid())
-    return f"{socket.gethostname()}-{host}-{launch}".replace(":", ".")
-
-
-def _positive(name: str, value: Any, kind: type = int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise ValueError(f"{name}={value!r} is invalid; it must be a positive {kind.__name__}")
-    if not value > 0:
-        raise ValueError(f"{name}={value!r} is invalid; it must be > 0")
 
 
 class ElasticGossip:
