@@ -73,6 +73,46 @@ def _ref_groups(result: dict, t: int) -> list[list[str]]:
     return groups
 
 
+def _check_refs(reports: dict, last: int) -> int:
+    """Every round's reference equal on each member of its group at every step; how many checked."""
+    steps: dict[str, dict[int, dict]] = {rid: {} for rid in reports}
+    for rid, msgs in reports.items():
+        for m in msgs:
+            assert m[0] != "error", f"{rid}: {m[1]}"
+            if m[0] == "step":
+                steps[rid][m[1]] = m[2]
+    first = {t: next(s[t] for s in steps.values() if t in s) for t in range(1, last + 1)}
+    result = {"members": {t: first[t]["members"] for t in range(1, last + 1)}}
+    checked = 0
+    for t in range(1, last + 1):
+        for r, group in _ref_groups(result, t):
+            refs = [steps[rid][t]["refs"].get(r) for rid in group if t in steps[rid]]
+            if len(refs) < 2 or any(x is None for x in refs):
+                continue
+            assert all(x == refs[0] for x in refs), (t, r, group)
+            checked += 1
+    return checked
+
+
+@pytest.mark.slow
+def test_compressed_references_stay_identical_when_a_host_is_killed() -> None:
+    """int8 gossip, r2 killed after step 2: its neighbours' exchanges fail and move no reference."""
+    every = 4
+    plans = _plans(12, every, kill_after=2)
+    for plan in plans.values():
+        plan["compression"] = "int8"
+    for rid in ("r0", "r1", "r3"):
+        plans[rid]["set_at"] = {"restart": 6}
+        plans[rid]["wait_for"] = {"joined": 8}
+    restart = dict(plans["r2"], kill_after=None, set_at={"joined": 0})
+    reports = ec.run(
+        plans, {"r2": dict(restart, after_event="restart")}, timeout=150, target=ew.replica
+    )
+    assert _check_refs(reports, 12) >= 20
+    for rid in ("r0", "r1", "r3"):
+        assert [m[1] for m in reports[rid] if m[0] == "step"] == list(range(1, 13))
+
+
 def test_compressed_references_stay_identical_within_each_group_through_4_3_4() -> None:
     """int8 gossip: every round's reference is the same on each member of its group, every step.
 
@@ -84,25 +124,11 @@ def test_compressed_references_stay_identical_within_each_group_through_4_3_4() 
     every = 4
     plans = _leave_and_rejoin(12, every, compression="int8")
     reports = ec.run(plans, {}, timeout=150, target=ew.replica)
-    steps: dict[str, dict[int, dict]] = {rid: {} for rid in RIDS}
-    for rid, msgs in reports.items():
-        for m in msgs:
-            assert m[0] != "error", f"{rid}: {m[1]}"
-            if m[0] == "step":
-                steps[rid][m[1]] = m[2]
-    result = {"members": {t: steps["r0"][t]["members"] for t in range(1, 13)}}
-    checked = 0
-    for t in range(1, 13):
-        for r, group in _ref_groups(result, t):
-            refs = [steps[rid][t]["refs"].get(r) for rid in group if t in steps[rid]]
-            if len(refs) < 2 or any(x is None for x in refs):
-                continue
-            assert all(x == refs[0] for x in refs), (t, r, group)
-            checked += 1
+    checked = _check_refs(reports, 12)
+    steps = {rid: {m[1]: m[2] for m in msgs if m[0] == "step"} for rid, msgs in reports.items()}
     # references moved (the gossip ran compressed) and were checked after each change
     assert checked >= 20
     assert any(any(v != 0.0 for v in steps["r2"][12]["refs"][r]) for r in steps["r2"][12]["refs"])
-    # the rejoined member merged: its distance to the others fell after it healed
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
