@@ -23,19 +23,22 @@ __all__ = [
 _FALLBACK = {"one-peer-exp": ("base-k", {"k": 1})}
 # the member counts a topology is checked on when elastic gossip starts
 _CHECKED_COUNTS = range(1, 65)
-# topologies that are not a function of the number of members alone
+# topologies that need more than a count of members
 _NOT_ELASTIC = {
-    "hierarchical": "a replica is one process (one host) here, so there is no host level; "
-    "use its inter-host topology (e.g. one-peer-exp) directly",
+    "hierarchical": "its hosts are replica groups of several processes; a replica group of "
+    "one process has no host level (use its inter-host topology, e.g. one-peer-exp, directly)",
 }
 
 
-def check_elastic_topology(topology: Any, kwargs: dict[str, Any] | None = None) -> str:
+def check_elastic_topology(
+    topology: Any, kwargs: dict[str, Any] | None = None, local_world_size: int = 1
+) -> str:
     """Return the registered name if ``topology`` can be rebuilt for any membership.
 
     It is built here for every count of members from 1 to 64 (with the fallback of
     :func:`elastic_topology`), so that neither a bad keyword argument nor a count
-    it cannot take fails in the middle of a run.
+    it cannot take fails in the middle of a run. ``hierarchical`` is elastic where
+    a member (a host) has several processes (``local_world_size > 1``).
 
     Raises:
         ValueError: An instance, an unknown name, or a topology that cannot be elastic.
@@ -48,32 +51,40 @@ def check_elastic_topology(topology: Any, kwargs: dict[str, Any] | None = None) 
     if not isinstance(topology, str) or topology not in TopologyReg.registry:
         known = ", ".join(sorted(n for n in TopologyReg.registry if n not in _NOT_ELASTIC))
         raise ValueError(f"topology={topology!r} is not registered; elastic ones: {known}")
-    if topology in _NOT_ELASTIC:
+    if topology in _NOT_ELASTIC and local_world_size == 1:
         raise ValueError(f"topology={topology!r} cannot be elastic: {_NOT_ELASTIC[topology]}")
     for n in _CHECKED_COUNTS:
-        elastic_topology(topology, n, dict(kwargs or {}))
+        elastic_topology(topology, n * local_world_size, dict(kwargs or {}), local_world_size)
     return topology
 
 
-def elastic_topology(name: str, n: int, kwargs: dict[str, Any]) -> Topology:
-    """``name`` built for ``n`` members, or its fallback where it cannot be.
+def elastic_topology(
+    name: str, n: int, kwargs: dict[str, Any], local_world_size: int = 1
+) -> Topology:
+    """``name`` built for ``n`` processes (hosts of ``local_world_size``), or its fallback.
 
     ``one-peer-exp`` needs a power of two; for other counts it becomes
     ``base-k`` with ``k=1``, one peer per round as well, with an exact average
-    after each period.
+    after each period. ``hierarchical``'s inter-host ``one-peer-exp`` becomes
+    ``ring`` there (its edges between hosts must average uniformly).
 
     Raises:
         ValueError: ``name`` cannot be built for ``n`` and has no fallback.
     """
+    lws = local_world_size
     try:
-        return TopologyReg.create(name, n, 1, **kwargs)
+        return TopologyReg.create(name, n, lws, **kwargs)
     except ValueError as exc:
+        if name == "hierarchical" and kwargs.get("inter", "one-peer-exp") in _FALLBACK:
+            # between hosts an edge averages uniformly, which base-k's may not: ring's pairs do
+            swapped = dict(kwargs, inter="ring", inter_kwargs={})
+            return TopologyReg.create(name, n, lws, **swapped)
         if name not in _FALLBACK:
             raise ValueError(
                 f"topology={name!r} cannot be elastic: it cannot be built for {n} members ({exc})"
             ) from None
         other, other_kwargs = _FALLBACK[name]
-        return TopologyReg.create(other, n, 1, **other_kwargs)
+        return TopologyReg.create(other, n, lws, **other_kwargs)
 
 
 def heal_sources(

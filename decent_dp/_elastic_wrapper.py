@@ -148,8 +148,6 @@ class ElasticDataParallel(nn.Module):
         for key in wrapper_kwargs:
             if key in _REFUSED:
                 raise ValueError(f"{key}= cannot be elastic here: {_REFUSED[key]}")
-        self.topology_kwargs = dict(topology_kwargs or {})
-        self.topology_name = check_elastic_topology(topology, self.topology_kwargs)
         _positive("min_replicas", min_replicas)
         _positive("quorum_every", quorum_every)
         _positive("timeout_s", timeout_s, float)
@@ -165,6 +163,10 @@ class ElasticDataParallel(nn.Module):
                 f"group_rank={self.group_rank!r} is invalid; it must be in "
                 f"[0, group_world_size={self.group_world_size})"
             )
+        self.topology_kwargs = dict(topology_kwargs or {})
+        self.topology_name = check_elastic_topology(
+            topology, self.topology_kwargs, self.group_world_size
+        )
         if dist.is_initialized():
             raise ValueError(
                 "a process group is initialised; ElasticDataParallel makes one for each quorum: "
@@ -350,7 +352,7 @@ class ElasticDataParallel(nn.Module):
         self._world_failed = False
         n, lws = view.world_size, self.group_world_size
         world = n * lws
-        self.topology = elastic_topology(self.topology_name, world, self.topology_kwargs)
+        self.topology = elastic_topology(self.topology_name, world, self.topology_kwargs, lws)
         top = max(view.steps)
         first = top == 0
         # healing: per member; each process of a joiner fetches from the same local rank

@@ -76,7 +76,7 @@ class GossipState:
     hosts: HostExchange | None = None
     state_sync: StateSync | None = None
     on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
-    broken: set[int] = field(default_factory=set)  # id() of groups whose exchange failed
+    broken: set[Any] = field(default_factory=set)  # groups (their id()) whose exchange failed
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -184,6 +184,10 @@ def wait(state: GossipState, bucket: Bucket) -> None:
     state.timers.add("comm/wait_s", t0, state.timers.mark())
 
 
+def _key(group: Any) -> Any:
+    return group if isinstance(group, tuple) else id(group)
+
+
 def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     """An exchange failed: its step mixes nothing, its group is not used again.
 
@@ -194,7 +198,7 @@ def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     the survivors' copies stay identical.
     """
     assert state.on_lost is not None
-    state.broken.add(id(bucket.group))
+    state.broken.add(_key(bucket.group))
     edge = bucket.pending[0] if bucket.pending is not None else state.alone
     bucket.pending = None
     bucket.state_pending = None
@@ -228,8 +232,9 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     bucket.state_pending = None
-    bucket.group = group
-    if state.on_lost is not None and id(group) in state.broken:  # lost until the rebuild
+    # an edge of several hosts has no group of its own (decent_dp._hierarchical): its round
+    bucket.group = group if group is not None else ("hosts", round_index)
+    if state.on_lost is not None and _key(bucket.group) in state.broken:  # lost until rebuilt
         bucket.pending = None
         return
     # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard

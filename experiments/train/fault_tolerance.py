@@ -71,7 +71,8 @@ def is_elastic(cfg: Any) -> bool:
 
 # what cannot be elastic, and why (one line each)
 _NOT_ELASTIC = {
-    "topology": "allreduce and hierarchical are not gossip over replicas of one process",
+    "topology": "allreduce is no gossip, and hierarchical needs hosts of several processes "
+    "(torchrun --nproc_per_node=L, L > 1)",
     "compression": "outer rounds run on the path without compressed gossip (ElasticGossip)",
     "outer": "a streamed, compressed or scaled outer round is not elastic",
 }
@@ -116,13 +117,14 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
             "torchrun --nnodes=1 --nproc_per_node=L on each host"
         )
     topo = str(cfg.topology.name)
-    if topo in ("allreduce", "hierarchical") or cfg.topology.get("_target_") is not None:
+    flat = topo == "allreduce" or (topo == "hierarchical" and local == 1)
+    if flat or cfg.topology.get("_target_") is not None:
         raise ConfigError(
             f"topology={topo} cannot be elastic with fault_tolerance=torchft: "
             f"{_NOT_ELASTIC['topology']}; use ring, one-peer-exp, base-k, complete, ..."
         )
     try:  # built for every count of hosts, as the quorum may change it
-        check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}))
+        check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}), local)
     except ValueError as exc:
         raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
     comp = cfg.get("compression")

@@ -165,29 +165,78 @@ def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint
     assert result["steps"]["r2"][9]["cursor"] == 8
 
 
-def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process() -> None:
-    """Two replica groups (hosts) of two processes each: ring over the 4 processes.
+@pytest.mark.parametrize(
+    "topology",
+    # hierarchical in the fast tier: its edges of two hosts run in three phases
+    [pytest.param("ring", marks=pytest.mark.slow), "hierarchical"],
+)
+def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
+    topology: str,
+) -> None:
+    """Two replica groups (hosts) of two processes each, the topology over the 4 processes.
 
-    hB's two processes leave after step 4 and come back; the ring re-forms over
-    hA's 2 processes, then over 4 again. Every process heals from its source's
-    process of the same group rank.
+    hB's two processes leave after step 4 and come back; the topology re-forms
+    over hA's 2 processes, then over 4 again. Every process heals from its
+    source's process of the same group rank. ``hierarchical`` averages each
+    host and, between hosts, runs ``ring`` (its three phases: reduce-scatter in
+    the host, all-reduce across, all-gather), the host being the replica group.
     """
     every, size = 4, 2
+    kwargs = {"inter": "ring"} if topology == "hierarchical" else {}
     ports = {"hA": ec.free_port(), "hB": ec.free_port()}
     plans: dict[str, dict[str, object]] = {}
     for host in ("hA", "hB"):
         for g in range(size):
-            plan: dict[str, object] = {"steps": 12, "every": every, "topology": "ring"}
+            plan: dict[str, object] = {"steps": 12, "every": every, "topology": topology}
             plan["group"] = (host, g, size, ports[host])
+            plan["topology_kwargs"] = kwargs
             if host == "hB":
                 plan.update(leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
             else:
                 plan.update(set_at={"rejoin": every + 2}, wait_for={"joined": 2 * every})
             plans[f"{host}.{g}"] = plan
     reports = ec.run(plans, {}, timeout=180, target=ew.replica)
-    result = ec.replay(reports, "ring", every, identical_start=True)
+    result = ec.replay(
+        reports, topology, every, identical_start=True, local=size, topology_kwargs=kwargs
+    )
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
     for g in range(size):
         assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"
         assert result["steps"][f"hB.{g}"][9]["cursor"] == 8
+    if topology == "hierarchical":  # each process mixed with every other of the edge's hosts
+        assert result["steps"]["hA.0"][10]["mixed"] == ["hA.1", "hB.0", "hB.1"]
+
+
+@pytest.mark.slow
+def test_a_killed_host_of_two_processes_under_hierarchical_costs_no_survivor_a_step() -> None:
+    """hB (both processes) killed after step 2: hA's exchanges across fail in phase 2 and mix
+    nothing; hA averages alone from the quorum of step 5; hB restarts and heals at step 9."""
+    every, size = 4, 2
+    kwargs = {"inter": "ring"}
+    ports = {"hA": ec.free_port(), "hB": ec.free_port()}
+    plans: dict[str, dict[str, object]] = {}
+    restarts: dict[str, dict[str, object]] = {}
+    for host in ("hA", "hB"):
+        for g in range(size):
+            plan: dict[str, object] = {"steps": 12, "every": every, "topology": "hierarchical"}
+            plan.update(group=(host, g, size, ports[host]), topology_kwargs=kwargs)
+            if host == "hB":
+                plan["kill_after"] = 2
+                restarts[f"{host}.{g}"] = dict(
+                    plan, kill_after=None, set_at={"joined": 0}, after_event="restart"
+                )
+            else:
+                plan.update(set_at={"restart": 6}, wait_for={"joined": 8})
+            plans[f"{host}.{g}"] = plan
+    reports = ec.run(plans, restarts, timeout=180, target=ew.replica)
+    result = ec.replay(
+        reports, "hierarchical", every, identical_start=True, local=size, topology_kwargs=kwargs
+    )
+    members = result["members"]
+    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
+    for g in range(size):
+        steps = result["steps"][f"hA.{g}"]
+        assert sorted(steps) == list(range(1, 13))
+        assert steps[3]["mixed"] == [] or steps[4]["mixed"] == []  # the lost exchange
+        assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"

@@ -332,6 +332,8 @@ def replay(
     every: int,
     outer_every: int | None = None,
     identical_start: bool = False,
+    local: int = 1,
+    topology_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
@@ -397,7 +399,7 @@ def replay(
                 x_outer = x_outer - OUTER_LR * (g + OUTER_MOMENTUM * outer_buf)
             quorum_id = qid
         # one-peer-exp on 3 members is base-k with k=1 (elastic_topology's fallback)
-        topo = elastic_topology(topology, len(members), {})
+        topo = elastic_topology(topology, len(members), dict(topology_kwargs or {}), local)
         new = {}
         for rid in active:
             info = steps[rid][t]
@@ -408,9 +410,15 @@ def replay(
                 assert set(info["mixed"]) <= set(expected), (t, rid, info["mixed"], expected)
             if identical_start and t == 1 and not info["mixed"]:
                 expected = []
-            for gone in set(expected) - set(info["mixed"]):
+            missing = set(expected) - set(info["mixed"])
+            # an edge's exchange fails as a whole: one member that died drops all of it
+            dead = [g for g in missing if t + 1 not in steps[g] and (t % every) != 0]
+            for gone in missing if not dead else ():
                 nxt = steps[gone].get(t + 1)
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
+            assert not info["mixed"] or not missing or len(edge.ranks) == 2 or not dead, (
+                f"{rid} mixed part of an edge that failed at step {t}"
+            )
             assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
             g = _grad(x[rid], rid, cursor[rid])
             b = g.clone() if buf[rid] is None else MOMENTUM * buf[rid] + g

@@ -87,7 +87,8 @@ def test_one_torchrun_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
         ConfigError, match=r"one torchrun per host .* world size of 4 over hosts of 2"
     ):
         validate(compose_config(*FT), 4)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # a host of two processes: hierarchical's host
+    validate(compose_config(*FT, "topology=hierarchical"), 2)
     with pytest.raises(ConfigError, match=r"^outer=slowmo with fault_tolerance=torchft runs one"):
         validate(compose_config(*FT, "outer=slowmo", "outer.every=16"), 2)
 
