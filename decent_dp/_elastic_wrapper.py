@@ -33,12 +33,13 @@ it lost a group on the quorum's store, and all read all.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -260,6 +261,13 @@ class ElasticDataParallel(nn.Module):
         step = self.step_count
         if self._inner is None or (step % self.quorum_every == 0 and self._quorum_at != step):
             self._quorum(step)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients without stepping, as the wrapper's ``no_sync()``."""
+        self.quorum()  # this step's wrapper
+        with self._inner.no_sync():
+            yield
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Take part in the quorum if one is due, then run the wrapper's forward."""

@@ -40,10 +40,14 @@ def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict
 
 
 def test_the_wrapper_replays_4_3_4_in_float64() -> None:
-    """r2 leaves after step 4 and comes back with its stale state; it heals at step 8."""
+    """r2 leaves after step 4 and comes back with its stale state; it heals at step 8.
+
+    Each step accumulates two micro-batches (the first under ``no_sync()``).
+    """
     every = 4
-    reports = ec.run(_leave_and_rejoin(12, every), {}, timeout=150, target=ew.replica)
-    result = ec.replay(reports, "ring", every, identical_start=True)
+    plans = _leave_and_rejoin(12, every, accumulate=True)
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    result = ec.replay(reports, "ring", every, identical_start=True, accumulate=True)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
     steps = result["steps"]

@@ -26,6 +26,8 @@ MOMENTUM = 0.5
 # the outer optimizer of plans with "outer_every": DiLoCo's Nesterov SGD
 OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
+# the data position of a step's second micro-batch (accumulated gradients): cursor + MICRO
+MICRO = 100_000
 
 
 def free_port() -> int:
@@ -334,6 +336,7 @@ def replay(
     identical_start: bool = False,
     local: int = 1,
     topology_kwargs: dict[str, Any] | None = None,
+    accumulate: bool = False,
 ) -> dict[str, Any]:
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
@@ -421,6 +424,8 @@ def replay(
             )
             assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
             g = _grad(x[rid], rid, cursor[rid])
+            if accumulate:  # the summed gradient of the step's two micro-batches
+                g = g + _grad(x[rid], rid, cursor[rid] + MICRO)
             b = g.clone() if buf[rid] is None else MOMENTUM * buf[rid] + g
             buf[rid] = b
             if outer_round:  # x(t) = x_outer + d(t), no gossip

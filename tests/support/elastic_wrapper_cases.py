@@ -43,7 +43,8 @@ def _healed(edp: Any, size: int, g: int) -> str | None:
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
 
-    Also ``compression`` (the wrapper's option). With ``group`` ``(replica id,
+    Also ``compression`` (the wrapper's option) and ``accumulate`` (a second
+    micro-batch under ``no_sync()`` each step). With ``group`` ``(replica id,
     group rank, group size, rendezvous port)`` the process is one of its host's
     processes (``rid`` names the process, ``replica.g``): group rank 0 holds the
     group's rendezvous store, as torchrun's agent does. Reports then name
@@ -111,6 +112,10 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             edp.quorum()  # before the batch is read: healing brings the data position
             cursor = data["cursor"]
             x, y = ec.batch(rid, cursor)
+            if plan.get("accumulate"):  # a second micro-batch's gradient, summed in
+                with edp.no_sync():
+                    x2, y2 = ec.batch(rid, cursor + ec.MICRO)
+                    nn.functional.mse_loss(edp(x2), y2).backward()
             pred = edp(x)
             nn.functional.mse_loss(pred, y).backward()
             t = edp.step_count
