@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 from ._elastic_quorum import QuorumView, default_advertise_host
@@ -148,3 +150,60 @@ def _positive(name: str, value: Any, kind: type = int) -> None:
         raise ValueError(f"{name}={value!r} is invalid; it must be a positive {kind.__name__}")
     if not value > 0:
         raise ValueError(f"{name}={value!r} is invalid; it must be > 0")
+
+
+def check_numbers(min_replicas: Any, quorum_every: Any, timeout_s: Any, replica_id: Any) -> None:
+    """The one-line checks of the arguments both elastic paths take."""
+    _positive("min_replicas", min_replicas)
+    _positive("quorum_every", quorum_every)
+    _positive("timeout_s", timeout_s, float)
+    if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
+        raise ValueError(f"replica_id={replica_id!r} is invalid; it must be a non-empty string")
+
+
+def ask_quorum(
+    ask: Callable[[], QuorumView],
+    work: Callable[[QuorumView], None],
+    log: Callable[[str], None],
+    replica_id: str,
+    failed: Callable[[], None] | None = None,
+) -> None:
+    """Take part in a quorum (``ask``) and its work; ask again if a member dies meanwhile.
+
+    After torchft forms the quorum, its members rebuild, heal the joiners and
+    all-reduce; a member that dies meanwhile fails that work (after up to
+    ``timeout_s``), and a new quorum, which the lighthouse forms without it once
+    its heartbeats stop, takes over. ``failed`` is called at each failure.
+    """
+    for attempt in range(4):
+        view = ask()  # its own one-line errors go up
+        try:
+            work(view)
+            return
+        except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
+            if failed is not None:
+                failed()
+            if attempt == 3:
+                raise
+            log(
+                f"[decent_dp.elastic] {replica_id}: the quorum's work failed "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); asking again"
+            )
+
+
+def change_record(
+    old: QuorumView | None, view: QuorumView, step: int, healed_from: str | None, start: float
+) -> dict[str, Any] | None:
+    """What changed at a quorum (members, who left, who joined, the healing source), or ``None``."""
+    if old is not None and old.members == view.members:
+        return None
+    before = set(old.members) if old is not None else set()
+    return {
+        "step": step,
+        "quorum_id": view.quorum_id,
+        "members": list(view.members),
+        "left": sorted(before - set(view.members)),
+        "joined": sorted(set(view.members) - before) if old is not None else [],
+        "healed_from": healed_from,
+        "seconds": time.monotonic() - start,
+    }

@@ -401,7 +401,11 @@ class Membership:
         rank, world = int(self._seen["rank"]), int(self._seen["world"])
         count = self._calls.get(qid, 0)
         self._calls[qid] = count + 1
-        store = self._quorum_store(qid)
+        try:
+            store = self._quorum_store(qid)
+        except RuntimeError as exc:  # torch's DistNetworkError: the store's host died meanwhile
+            why = (str(exc).splitlines() or [""])[0][:160]
+            raise _MemberGone(f"quorum {qid}'s store cannot be reached ({why})") from None
         prefix = f"c{count}"
         mine = {
             "id": self.replica_id,

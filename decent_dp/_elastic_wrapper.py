@@ -48,7 +48,10 @@ from torch import nn
 
 from ._elastic_common import (
     _positive,
+    ask_quorum,
+    change_record,
     check_elastic_topology,
+    check_numbers,
     default_replica_id,
     elastic_topology,
     heal_sources,
@@ -149,11 +152,7 @@ class ElasticDataParallel(nn.Module):
         for key in wrapper_kwargs:
             if key in _REFUSED:
                 raise ValueError(f"{key}= cannot be elastic here: {_REFUSED[key]}")
-        _positive("min_replicas", min_replicas)
-        _positive("quorum_every", quorum_every)
-        _positive("timeout_s", timeout_s, float)
-        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
-            raise ValueError(f"replica_id={replica_id!r} is invalid; it must be a non-empty string")
+        check_numbers(min_replicas, quorum_every, timeout_s, replica_id)
         self.group_world_size = (
             _env_int("LOCAL_WORLD_SIZE", 1) if group_world_size is None else group_world_size
         )
@@ -279,20 +278,17 @@ class ElasticDataParallel(nn.Module):
         self._quorum_at = step
         start = time.monotonic()
         old = self.view
-        for attempt in range(4):
-            view = self.membership.quorum(self.step_count)
-            try:
-                self._after_quorum(view, old, start)
-                self._quorum_at = self.step_count  # healing may have moved the step
-                return
-            except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
-                self._world_failed = True
-                if attempt == 3:
-                    raise
-                self.log(
-                    f"[decent_dp.elastic] {self.replica_id}: the quorum's work failed "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); asking again"
-                )
+
+        def work(view: QuorumView) -> None:
+            self._after_quorum(view, old, start)
+            self._quorum_at = self.step_count  # healing may have moved the step
+
+        def failed() -> None:
+            self._world_failed = True
+
+        ask_quorum(
+            lambda: self.membership.quorum(self.step_count), work, self.log, self.replica_id, failed
+        )
 
     _world_failed = False
 
@@ -318,17 +314,9 @@ class ElasticDataParallel(nn.Module):
         self.last_quorum_step = self.step_count
         if self.consensus:
             self.last_consensus_distance = self._consensus_distance()
-        if old is None or old.members != view.members:
-            before = set(old.members) if old is not None else set()
-            self.last_change = {
-                "step": self.step_count,
-                "quorum_id": view.quorum_id,
-                "members": list(view.members),
-                "left": sorted(before - set(view.members)),
-                "joined": sorted(set(view.members) - before) if old is not None else [],
-                "healed_from": self.healed_from,
-                "seconds": time.monotonic() - start,
-            }
+        change = change_record(old, view, self.step_count, self.healed_from, start)
+        if change is not None:
+            self.last_change = change
             self.log(
                 f"[decent_dp.elastic] {self.replica_id}: quorum {view.quorum_id} at step "
                 f"{self.step_count}: {view.world_size} members {list(view.members)}, rank "

@@ -76,8 +76,10 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ._elastic_common import (
-    _positive,
+    ask_quorum,
+    change_record,
     check_elastic_topology,
+    check_numbers,
     default_replica_id,
     elastic_topology,
     heal_sources,
@@ -160,11 +162,7 @@ class ElasticGossip:
     ) -> None:
         self.topology_kwargs = dict(topology_kwargs or {})
         self.topology_name = check_elastic_topology(topology, self.topology_kwargs)
-        _positive("min_replicas", min_replicas)
-        _positive("quorum_every", quorum_every)
-        _positive("timeout_s", timeout_s, float)
-        if replica_id is not None and (not isinstance(replica_id, str) or not replica_id):
-            raise ValueError(f"replica_id={replica_id!r} is invalid; it must be a non-empty string")
+        check_numbers(min_replicas, quorum_every, timeout_s, replica_id)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("model has no trained parameter; there is nothing to gossip")
@@ -298,27 +296,15 @@ class ElasticGossip:
 
     # ---------------------------------------------------------------- quorum
     def _quorum(self) -> None:
-        """Take part in a quorum; ask again if a member dies before the quorum's work is done.
-
-        After torchft forms the quorum, its members heal the joiners and
-        all-reduce (the members' mean); a member that dies meanwhile fails that
-        work (after up to ``timeout_s``), and a new quorum, which the lighthouse
-        forms without it once its heartbeats stop, takes over.
-        """
+        """Take part in a quorum; ask again if a member dies before its work (healing, mean) is done."""
         start = time.monotonic()
         old = self.view
-        for attempt in range(4):
-            view = self.membership.quorum(self.step_count)  # its own one-line errors go up
-            try:
-                self._after_quorum(view, old, start)
-                return
-            except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
-                if attempt == 3:
-                    raise
-                self.log(
-                    f"[decent_dp.elastic] {self.replica_id}: the quorum's work failed "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); asking again"
-                )
+        ask_quorum(
+            lambda: self.membership.quorum(self.step_count),
+            lambda view: self._after_quorum(view, old, start),
+            self.log,
+            self.replica_id,
+        )
 
     def _after_quorum(self, view: QuorumView, old: QuorumView | None, start: float) -> None:
         """The quorum's work: rebuild the topology, heal the joiners, the members' mean."""
@@ -351,17 +337,9 @@ class ElasticGossip:
                 self.last_consensus_distance = self._consensus_distance(n, mean)
             if self.outer is not None:
                 self.outer.at_quorum(self.step_count + 1, mean, changed)
-        if old is None or old.members != view.members:
-            before = set(old.members) if old is not None else set()
-            self.last_change = {
-                "step": self.step_count,
-                "quorum_id": view.quorum_id,
-                "members": list(view.members),
-                "left": sorted(before - set(view.members)),
-                "joined": sorted(set(view.members) - before) if old is not None else [],
-                "healed_from": self.healed_from,
-                "seconds": time.monotonic() - start,
-            }
+        change = change_record(old, view, self.step_count, self.healed_from, start)
+        if change is not None:
+            self.last_change = change
             self.log(
                 f"[decent_dp.elastic] {self.replica_id}: quorum {view.quorum_id} at step "
                 f"{self.step_count}: {n} members {list(view.members)}, rank {view.rank}, "

@@ -25,8 +25,10 @@ def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dic
     return plans
 
 
-# one-peer-exp in the slow tier: ring keeps the path in the fast one
-@pytest.mark.parametrize("topology", ["ring", pytest.param("one-peer-exp", marks=pytest.mark.slow)])
+# slow: the elastic wrapper's replay (tests/decent_dp/test_elastic_wrapper.py) and this path's
+# outer rounds through 4 -> 3 -> 4 (below) keep it in the fast tier
+@pytest.mark.slow
+@pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
 def test_clean_leave_and_rejoin_replays_4_3_4(topology: str) -> None:
     """r2 leaves cleanly after step 4 and rejoins from its step-4 state; it heals at step 8."""
     every = 4

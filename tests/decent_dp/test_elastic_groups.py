@@ -17,6 +17,8 @@ from tests.support import elastic_group_cases as gc  # noqa: E402
 PROCS = [(rid, g) for rid in ("hostA", "hostB") for g in range(gc.GROUP)]
 
 
+# slow: the elastic wrapper's fast test of hosts of two processes (hierarchical) runs this path
+@pytest.mark.slow
 def test_two_groups_of_two_processes_share_quorums_a_flat_group_and_heal_per_rank() -> None:
     reports = gc.run()
     errors = {k: r["error"] for k, r in reports.items() if "error" in r}
