@@ -429,6 +429,20 @@ class ElasticDataParallel(nn.Module):
         dist.all_reduce(sq)
         return float(sq) / n
 
+    def members_mean(self) -> torch.Tensor:
+        """The quorum's processes' mean of the trained parameters, flat (one all-reduce).
+
+        Every process of the quorum must call it at the same step (e.g. at the
+        end, to evaluate the average model).
+
+        Raises:
+            RuntimeError: A member is gone since the latest quorum.
+        """
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        return flat / dist.get_world_size()
+
     # ----------------------------------------------------------------- state
     def elastic_state(self) -> dict[str, Any]:
         """The replica's training state: model, the wrapper's training state, extra state."""

@@ -362,6 +362,17 @@ class ElasticGossip:
             mean /= n
         return mean
 
+    def members_mean(self) -> torch.Tensor:
+        """The members' mean of the parameters, flat (one all-reduce of the quorum).
+
+        Every member must call it at the same step (e.g. at the end, to evaluate
+        the average model).
+
+        Raises:
+            RuntimeError: A member is gone since the latest quorum.
+        """
+        return self._member_mean(len(self.members))
+
     def _consensus_distance(self, n: int, mean: torch.Tensor) -> float:
         """``(1/n) sum_i ||x_i - xbar||^2`` over the members (one more all-reduce)."""
         x = self._flat().to(torch.float64)

@@ -106,16 +106,9 @@ def _members_mean(gossip: _Elastic, model: torch.nn.Module) -> list[torch.Tensor
     ``None`` where a member is gone since the latest quorum (its all-reduce fails
     within ``timeout_s``): the average model is then not evaluated.
     """
-    import torch.distributed as dist
-
     params = [p for p in model.parameters() if p.requires_grad]
     try:
-        if gossip.wrapper:
-            flat = torch.cat([p.detach().reshape(-1) for p in params])
-            dist.all_reduce(flat)
-            flat /= dist.get_world_size()
-        else:
-            flat = gossip.impl._member_mean(len(gossip.members))
+        flat = gossip.impl.members_mean()
     except (RuntimeError, OSError) as exc:
         log.warning("%s: no members' average to evaluate (%s)", gossip.replica_id, exc)
         return None
