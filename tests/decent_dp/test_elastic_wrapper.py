@@ -60,6 +60,16 @@ def test_the_wrapper_replays_4_3_4_in_float64() -> None:
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
+@pytest.mark.gpu
+def test_the_wrapper_replays_4_3_4_with_cuda_tensors() -> None:
+    """The same replay with the model and data on the GPU (4 replicas on one GPU, gloo)."""
+    every = 4
+    plans = _leave_and_rejoin(12, every, device="cuda")
+    reports = ec.run(plans, {}, timeout=240, target=ew.replica)
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
+
+
 def _ref_groups(result: dict, t: int) -> list[list[str]]:
     """The groups of each round of the topology over the members of step ``t``."""
     from decent_dp.elastic import elastic_topology

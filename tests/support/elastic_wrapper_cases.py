@@ -43,8 +43,9 @@ def _healed(edp: Any, size: int, g: int) -> str | None:
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
 
-    Also ``compression`` (the wrapper's option) and ``accumulate`` (a second
-    micro-batch under ``no_sync()`` each step). With ``group`` ``(replica id,
+    Also ``compression`` (the wrapper's option), ``accumulate`` (a second
+    micro-batch under ``no_sync()`` each step) and ``device`` (``"cuda"``: the
+    model and data there, every replica on the one GPU, gloo moving CUDA tensors). With ``group`` ``(replica id,
     group rank, group size, rendezvous port)`` the process is one of its host's
     processes (``rid`` names the process, ``replica.g``): group rank 0 holds the
     group's rendezvous store, as torchrun's agent does. Reports then name
@@ -54,7 +55,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
 
     torch.set_num_threads(1)
     try:
-        model = ec._model(rid)
+        dev = torch.device(plan.get("device", "cpu"))
+        model = ec._model(rid).to(dev)
         data = {"cursor": 0}
         replica_id, g, size, port = plan.get("group") or (rid, 0, 1, 0)
         group: dict[str, Any] = {}
@@ -111,10 +113,10 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             params_before = ec._flat(model)
             edp.quorum()  # before the batch is read: healing brings the data position
             cursor = data["cursor"]
-            x, y = ec.batch(rid, cursor)
+            x, y = (t.to(dev) for t in ec.batch(rid, cursor))
             if plan.get("accumulate"):  # a second micro-batch's gradient, summed in
                 with edp.no_sync():
-                    x2, y2 = ec.batch(rid, cursor + ec.MICRO)
+                    x2, y2 = (t.to(dev) for t in ec.batch(rid, cursor + ec.MICRO))
                     nn.functional.mse_loss(edp(x2), y2).backward()
             pred = edp(x)
             nn.functional.mse_loss(pred, y).backward()
