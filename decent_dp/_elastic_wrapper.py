@@ -384,7 +384,7 @@ class ElasticDataParallel(nn.Module):
             self.optim_fn,
             self.lr_scheduler_fn,
             topology=self.topology,
-            _broadcast=first and state is None,
+            _broadcast=first,  # every member at step 0: all start from rank 0's model
             **self.wrapper_kwargs,
         )
         inner._engine.gossip.on_lost = self._on_lost
