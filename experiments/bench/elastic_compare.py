@@ -19,7 +19,9 @@ skips a run whose JSON exists, and prints a line per run. The methods:
   survivors did not re-form the rendezvous with the killed host's new torchrun
   here: the new round timed out after 60 s waiting for its ``role_info`` keys);
 - ``torchft-ddp``, ``torchft-diloco``: torchft's own trainers on the same workload
-  (:mod:`experiments.bench.torchft_clients`).
+  (:mod:`experiments.bench.torchft_clients`); ``torchft-allreduce``: torchft's Manager
+  and optimizer wrapper with the gradients averaged by ``Manager.allreduce`` instead
+  of torchft's DDP wrapper (which does not survive a peer dying in its all-reduce).
 
 Measures (:func:`experiments.bench.elastic_faults.measure`; for ``restart``
 :func:`measure_restart`): ``survivor_gap_s`` (the longest wait between two
@@ -47,7 +49,14 @@ from typing import Any
 from experiments.bench import elastic_faults as ef
 
 ROOT = ef.ROOT
-METHODS = ("gossip-ring", "gossip-one-peer-exp", "restart", "torchft-ddp", "torchft-diloco")
+METHODS = (
+    "gossip-ring",
+    "gossip-one-peer-exp",
+    "restart",
+    "torchft-ddp",
+    "torchft-allreduce",
+    "torchft-diloco",
+)
 # per task: train.py overrides, steps, the kill step, restart's checkpoint interval
 TASKS: dict[str, dict[str, Any]] = {
     "digits": {"overrides": [], "steps": 1500, "kill_step": 500, "every": 200},
@@ -146,7 +155,7 @@ class Job:
             )
             return ef._launch(rid, str(lighthouse), self.out, ns)
         if self.method.startswith("torchft-"):
-            client = {"torchft-ddp": "ddp_train", "torchft-diloco": "diloco_train"}[self.method]
+            client = "diloco_train" if self.method == "torchft-diloco" else "ddp_train"
             cmd = [
                 sys.executable,
                 "-m",
@@ -157,6 +166,7 @@ class Job:
                 f"--min-replicas={self.args.min_replicas}",
                 f"--timeout-s={self.args.timeout_s}",
                 f"--sync-every={self.args.sync_every}",
+                f"--grad-sync={'allreduce' if self.method == 'torchft-allreduce' else 'ddp'}",
                 *self.overrides,
             ]
             return _popen(cmd, log)

@@ -234,6 +234,7 @@ COMPARE_LABEL = {
     "gossip-one-peer-exp": "elastic gossip, `one-peer-exp`",
     "restart": "restart from a checkpoint (`fault_tolerance=none`)",
     "torchft-ddp": "torchft `DDP` (all-reduce)",
+    "torchft-allreduce": "torchft Manager, `Manager.allreduce` of the gradients",
     "torchft-diloco": "torchft `DiLoCo`",
 }
 

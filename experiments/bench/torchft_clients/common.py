@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p.add_argument("--min-replicas", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=20.0)
     p.add_argument("--sync-every", type=int, default=10, help="DiLoCo's H (inner steps)")
+    p.add_argument(
+        "--grad-sync",
+        choices=("ddp", "allreduce"),
+        default="ddp",
+        help="DDP's gradients: torchft's DDP wrapper, or Manager.allreduce of one flat buffer",
+    )
     p.add_argument("overrides", nargs="*", help="train.py overrides (train.max_steps=...)")
     args = p.parse_args(argv)
     if args.min_replicas < 1:

@@ -10,12 +10,21 @@ groups of each step's quorum), the optimizer in
 commits only if the step's all-reduce held). A replica that starts late, or again
 after a kill, heals from a live one: the model, optimizer, scheduler, the data
 position and torchft's step. The scheduler steps with each committed step.
+
+``--grad-sync allreduce`` leaves out torchft's DDP wrapper and averages the
+gradients with ``Manager.allreduce`` of one flat buffer after the backward pass
+(its work's ``wait`` reports a failure to the manager, and the step is then not
+committed). torchft 0.2.0's wrapper does not survive a peer that dies during its
+all-reduce: its communication hook asserts on the failed work's future
+(``assert fut._fut`` in ``torchft/ddp.py``), and the backward pass raises.
 """
 
 from __future__ import annotations
 
 import sys
 from typing import Any
+
+import torch
 
 from experiments.bench.torchft_clients.common import (
     Metrics,
@@ -54,14 +63,29 @@ def main(argv: list[str] | None = None) -> None:
     from torchft.optim import OptimizerWrapper
 
     mgr = manager(args, load_state_dict, state_dict, use_async_quorum=True)
-    model = DistributedDataParallel(mgr, work.model)
+    wrapped = args.grad_sync == "ddp"
+    model = DistributedDataParallel(mgr, work.model) if wrapped else work.model
     optimizer = OptimizerWrapper(mgr, work.optimizer)
+    params = [p for p in work.model.parameters() if p.requires_grad]
+
+    def average_grads() -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        mgr.allreduce(flat).wait()  # a failure is reported to the manager: no commit
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
     noted = 0
     try:
         while mgr.current_step() < work.total:
             optimizer.zero_grad()
             loss = work.loss(model)
             loss.backward()
+            if not wrapped:
+                average_grads()
             before = mgr.current_step()
             optimizer.step()
             step = mgr.current_step()

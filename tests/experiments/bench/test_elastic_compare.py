@@ -114,8 +114,17 @@ def _serve(urls, stop) -> None:  # in a spawned process: torchft stays out of py
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("client", ["ddp_train", "diloco_train"])
-def test_a_torchft_client_trains_two_hosts_that_end_on_one_model(tmp_path: Path, client) -> None:
+@pytest.mark.parametrize(
+    "client, extra",
+    [
+        ("ddp_train", "--grad-sync=ddp"),
+        ("ddp_train", "--grad-sync=allreduce"),
+        ("diloco_train", ""),
+    ],
+)
+def test_a_torchft_client_trains_two_hosts_that_end_on_one_model(
+    tmp_path: Path, client: str, extra: str
+) -> None:
     pytest.importorskip("torchft")
     ctx = multiprocessing.get_context("spawn")
     urls, stop = ctx.Queue(), ctx.Event()
@@ -138,6 +147,7 @@ def test_a_torchft_client_trains_two_hosts_that_end_on_one_model(tmp_path: Path,
                     "--timeout-s=20",
                     "--sync-every=5",
                     f"train.max_steps={steps}",
+                    *([extra] if extra else []),
                 ],
                 cwd=ROOT,
                 env=env,
