@@ -273,18 +273,25 @@ def compare_value(
 
 
 def _spread(values: list[float], fmt: str) -> str:
-    """One value, or the mean and the range over seeds."""
-    if len(values) == 1:
-        return fmt.format(values[0])
+    """One value (or the same as written for every seed), or the mean and the range."""
     lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    if lo == hi:
+        return lo
     return f"{fmt.format(statistics.mean(values))} ({lo} to {hi})"
+
+
+def crashed(run: dict[str, Any]) -> bool:
+    """Whether a survivor of a fault run did not finish (``restart``: the job did not)."""
+    hosts = run["hosts"]
+    survivors = [h for h in hosts.values() if "gap_s" in h] or list(hosts.values())
+    return any(h.get("steps") != run["steps"] for h in survivors)
 
 
 def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: str) -> str:
     """A row per method: the survivors' longest pause, the steps a survivor lost (``restart``:
     done again), the seconds until the restarted host took part, ``metric`` at the end (mean of
     the hosts; with the fault and uninterrupted, mean and range over the seeds found), and the
-    wall time of both."""
+    wall time of both. Where the survivors of every fault run crashed, the row says so."""
     picked = [int(x) for x in seeds.split(",")]
     fmt = "{:.4f}" if "acc" in metric else "{:.3f}"
     rows = []
@@ -295,6 +302,27 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
         def nums(runs: list[dict[str, Any]], key: str) -> list[float]:
             return [float(r[key]) for r in runs if r.get(key) is not None]
 
+        clean_metric = _spread([final_metric(r, metric) for r in clean], fmt)
+        clean_wall = _spread(nums(clean, "wall_s"), "{:.0f}")
+        if all(crashed(r) for r in fault):
+            at = sorted(
+                {h["step_at_kill"] for r in fault for h in r["hosts"].values() if "gap_s" in h}
+            )
+            rows.append(
+                [
+                    COMPARE_LABEL.get(method, method),
+                    f"{len(fault)} / {len(clean)}",
+                    "crashed",
+                    f"all after step {', '.join(str(a) for a in at)}",
+                    "–",
+                    "–",
+                    clean_metric,
+                    f"– / {clean_wall}",
+                ]
+            )
+            continue
+        if any(crashed(r) for r in fault):
+            raise DataError(COMPARE, f"{method} on {task}: some fault runs crashed, some did not")
         rejoin = nums(fault, "rejoin_s")
         rows.append(
             [
@@ -304,9 +332,8 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
                 _spread(nums(fault, "survivor_steps_lost"), "{:.0f}"),
                 _spread(rejoin, "{:.1f}") if len(rejoin) == len(fault) else "–",
                 _spread([final_metric(r, metric) for r in fault], fmt),
-                _spread([final_metric(r, metric) for r in clean], fmt),
-                f"{_spread(nums(fault, 'wall_s'), '{:.0f}')} / "
-                f"{_spread(nums(clean, 'wall_s'), '{:.0f}')}",
+                clean_metric,
+                f"{_spread(nums(fault, 'wall_s'), '{:.0f}')} / {clean_wall}",
             ]
         )
     header = [
