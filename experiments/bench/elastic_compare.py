@@ -62,9 +62,9 @@ TASKS: dict[str, dict[str, Any]] = {
     "digits": {"overrides": [], "steps": 1500, "kill_step": 500, "every": 200},
     "gpt": {
         "overrides": ["experiment=lm_quick", "dataset.root=data/stdlib-bpe", "log.every=1"],
-        "steps": 300,
-        "kill_step": 100,
-        "every": 50,
+        "steps": 90,
+        "kill_step": 30,
+        "every": 20,
     },
 }
 VICTIM = "h2"
