@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from experiments.report.claims.base import F0, Claim, Fn, V, claim, diff, ratio
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_hosts import (
+    COMPARE,
     HSDP,
     MEMORY_GLIBC,
     STUDY,
+    compare_runs,
+    crashed,
     elastic_field,
     elastic_worst,
     params_m,
@@ -22,6 +26,7 @@ from experiments.report.doc_views_hosts import (
 
 SHARDED_PAGE = "docs/results/sharded/README.md"
 ELASTIC_PAGE = "docs/results/elastic/README.md"
+COMPARE_PAGE = "docs/results/elastic/compare/README.md"
 RECOVERY = "docs/recovery.md"
 RES = "docs/results/README.md"
 RUNS = "docs/results/sharded/runs"
@@ -52,6 +57,85 @@ def _none_lost(s: Source) -> str:
     """``no`` where no survivor of any fault run lost a step, else the most any lost."""
     lost = elastic_worst("survivor_steps_lost")(s)
     return "no" if lost == 0 else f"{lost:.0f}"
+
+
+SEEDS = [0, 1, 2]
+
+
+def _cmp(
+    method: str, key: str, pick: Callable, seeds: list[int] = SEEDS, task: str = "digits"
+) -> Fn:
+    """``pick`` (min, max) over the fault runs of ``method`` of one measure."""
+    return lambda s: pick(float(r[key]) for r in compare_runs(s, task, method, True, seeds))
+
+
+def _between(key: str, pick: Callable) -> Fn:
+    """``pick`` of a measure over the elastic gossip runs whose kill fell between quorums
+    (no survivor lost a step): ``ring`` seeds 1 and 2, ``one-peer-exp`` seed 0."""
+
+    def value(s: Source) -> float:
+        runs = compare_runs(s, "digits", "gossip-ring", True, [1, 2])
+        runs += compare_runs(s, "digits", "gossip-one-peer-exp", True, [0])
+        if any(r["survivor_steps_lost"] for r in runs):
+            raise DataError(COMPARE, "a gossip run counted as between quorums lost a step")
+        return pick(float(r[key]) for r in runs)
+
+    return value
+
+
+def _ring0(key: str) -> Fn:
+    """A measure of the ``ring`` seed-0 fault run (the kill inside a quorum)."""
+    return lambda s: float(compare_runs(s, "digits", "gossip-ring", True, [0])[0][key])
+
+
+def _ring0_healed(s: Source) -> float:
+    run = compare_runs(s, "digits", "gossip-ring", True, [0])[0]
+    return float(run["hosts"]["h2"]["healed_to_step"])
+
+
+def _restart_extra(pick: Callable) -> Fn:
+    """``pick`` over the seeds of the restarted job's wall time less the uninterrupted one's."""
+
+    def value(s: Source) -> float:
+        out = []
+        for seed in SEEDS:
+            (fault,) = compare_runs(s, "digits", "restart", True, [seed])
+            (clean,) = compare_runs(s, "digits", "restart", False, [seed])
+            out.append(float(fault["wall_s"]) - float(clean["wall_s"]))
+        return pick(out)
+
+    return value
+
+
+def _restart_resumed(s: Source) -> float:
+    steps = {r["resumed_from_step"] for r in compare_runs(s, "digits", "restart", True, SEEDS)}
+    if len(steps) != 1:
+        raise DataError(COMPARE, f"the restarts resumed from different steps: {sorted(steps)}")
+    return float(steps.pop())
+
+
+def _ddp_crashed(s: Source) -> float:
+    runs = compare_runs(s, "digits", "torchft-ddp", True, SEEDS)
+    return float(sum(crashed(r) for r in runs))
+
+
+def _lowest_acc(s: Source) -> float:
+    """The lowest final ``eval/acc_local`` of any host of any digits run that finished."""
+    methods = (
+        "gossip-ring",
+        "gossip-one-peer-exp",
+        "restart",
+        "torchft-allreduce",
+        "torchft-diloco",
+    )
+    values = []
+    for method in methods:
+        for fault in (True, False):
+            for r in compare_runs(s, "digits", method, fault, SEEDS):
+                values += [
+                    h["eval/acc_local"] for h in r["hosts"].values() if "eval/acc_local" in h
+                ]
+    return min(values)
 
 
 _ALL = (
@@ -146,6 +230,68 @@ CLAIMS: list[Claim] = [
         ELASTIC_PAGE,
         r"healed from its neighbour, (\d+) and\s+(\d+) steps after the kill",
         *(V(elastic_field(n, "healed_after"), F0) for n in LOOPBACK),
+    ),
+    # docs/results/elastic/compare/README.md
+    claim(
+        COMPARE_PAGE,
+        r"resumed from the checkpoint of step (\d+)\. The\s+survivors' pause, (\d+) to (\d+) s",
+        V(_restart_resumed, F0),
+        V(_cmp("restart", "survivor_gap_s", min), F0),
+        V(_cmp("restart", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"every host computed (\d+) to (\d+) steps again",
+        V(_cmp("restart", "survivor_steps_lost", min), F0),
+        V(_cmp("restart", "survivor_steps_lost", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"The run took (\d+) to (\d+) s longer than\s+uninterrupted",
+        V(_restart_extra(min), F0),
+        V(_restart_extra(max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"about (\d) s of pause \(the\s+lighthouse's heartbeat timeout",
+        V(_between("survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"took part (\d+) to (\d+) s after it was\s+started",
+        V(_between("rejoin_s", min), F0),
+        V(_between("rejoin_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"one survivor waited `timeout_s` \((\d+) s\)",
+        V(_ring0("survivor_gap_s"), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"restarted host, healed at step (\d+)\)",
+        V(_ring0_healed, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"its own (\d+) steps in between were lost",
+        V(_ring0("survivor_steps_lost"), F0),
+    ),
+    claim(COMPARE_PAGE, r"crashed every survivor\*\* \(all (\d) seeds\)", V(_ddp_crashed, F0)),
+    claim(
+        COMPARE_PAGE,
+        r"survived: every survivor\s+waited (\d+) s",
+        V(_cmp("torchft-allreduce", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"behaved like elastic gossip between quorums: about (\d) s",
+        V(_cmp("torchft-diloco", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"every run that finished ends at or above\s+(0\.\d\d) on this small task",
+        V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
     ),
     # docs/recovery.md, its elastic section
     claim(
