@@ -293,6 +293,43 @@ CLAIMS: list[Claim] = [
         r"every run that finished ends at or above\s+(0\.\d\d) on this small task",
         V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
     ),
+    # docs/recovery.md, side by side under one kill
+    claim(
+        RECOVERY,
+        r"they paused (\d+) to (\d+) s, every host computed (\d+) to (\d+) steps\s+again, "
+        r"and the run took (\d+) to (\d+) s longer",
+        V(_cmp("restart", "survivor_gap_s", min), F0),
+        V(_cmp("restart", "survivor_gap_s", max), F0),
+        V(_cmp("restart", "survivor_steps_lost", min), F0),
+        V(_cmp("restart", "survivor_steps_lost", max), F0),
+        V(_restart_extra(min), F0),
+        V(_restart_extra(max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"a kill between quorums paused\s+the survivors about (\d) s, with no step lost",
+        V(_between("survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"the others went on without it and it\s+lost (\d+) steps",
+        V(_ring0("survivor_steps_lost"), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"waited for the\s+all-reduce's timeout \((\d+) s\)",
+        V(_cmp("torchft-allreduce", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"torchft's DiLoCo paused about\s+(\d) s",
+        V(_cmp("torchft-diloco", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"\((0\.\d\d) and above either way\)",
+        V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
+    ),
     # docs/recovery.md, its elastic section
     claim(
         RECOVERY,
