@@ -69,23 +69,51 @@ def _cmp(
     return lambda s: pick(float(r[key]) for r in compare_runs(s, task, method, True, seeds))
 
 
+def _gossip_runs(s: Source) -> list[dict]:
+    """The digits fault runs of elastic gossip, ``ring`` and ``one-peer-exp``, every seed."""
+    runs = compare_runs(s, "digits", "gossip-ring", True, SEEDS)
+    return runs + compare_runs(s, "digits", "gossip-one-peer-exp", True, SEEDS)
+
+
+def _in_quorum(run: dict) -> bool:
+    """Whether the kill fell inside a quorum: a survivor waited ``timeout_s`` (above 10 s)."""
+    return float(run["survivor_gap_s"]) > 10
+
+
 def _between(key: str, pick: Callable) -> Fn:
-    """``pick`` of a measure over the elastic gossip runs whose kill fell between quorums
-    (no survivor lost a step): ``ring`` seeds 1 and 2, ``one-peer-exp`` seed 0."""
+    """``pick`` of a measure over the elastic gossip runs whose kill fell between quorums."""
 
     def value(s: Source) -> float:
-        runs = compare_runs(s, "digits", "gossip-ring", True, [1, 2])
-        runs += compare_runs(s, "digits", "gossip-one-peer-exp", True, [0])
+        runs = [r for r in _gossip_runs(s) if not _in_quorum(r)]
         if any(r["survivor_steps_lost"] for r in runs):
-            raise DataError(COMPARE, "a gossip run counted as between quorums lost a step")
+            raise DataError(COMPARE, "a gossip run with its kill between quorums lost a step")
         return pick(float(r[key]) for r in runs)
 
     return value
 
 
+def _gossip_count(in_quorum: bool | None) -> Fn:
+    """How many gossip fault runs had their kill inside a quorum, between, or all (None)."""
+    return lambda s: float(
+        sum(in_quorum is None or _in_quorum(r) == in_quorum for r in _gossip_runs(s))
+    )
+
+
+def _inside_gap(s: Source) -> float:
+    """The survivors' pause of the gossip runs whose kill fell inside a quorum (one value)."""
+    gaps = {round(float(r["survivor_gap_s"])) for r in _gossip_runs(s) if _in_quorum(r)}
+    if len(gaps) != 1:
+        raise DataError(COMPARE, f"the in-quorum pauses differ: {sorted(gaps)}")
+    return float(gaps.pop())
+
+
 def _ring0(key: str) -> Fn:
     """A measure of the ``ring`` seed-0 fault run (the kill inside a quorum)."""
     return lambda s: float(compare_runs(s, "digits", "gossip-ring", True, [0])[0][key])
+
+
+def _ring0_arg(s: Source, key: str) -> float:
+    return float(compare_runs(s, "digits", "gossip-ring", True, [0])[0]["args"][key])
 
 
 def _ring0_healed(s: Source) -> float:
@@ -253,28 +281,44 @@ CLAIMS: list[Claim] = [
     ),
     claim(
         COMPARE_PAGE,
-        r"about (\d) s of pause \(the\s+lighthouse's heartbeat timeout",
+        r"In (\d) of its (\d) fault runs",
+        V(_gossip_count(False), F0),
+        V(_gossip_count(None), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"about (\d) s of\s+pause \(the lighthouse's heartbeat timeout",
         V(_between("survivor_gap_s", max), F0),
     ),
     claim(
         COMPARE_PAGE,
-        r"took part (\d+) to (\d+) s after it was\s+started",
+        r"took part (\d+) to\s+(\d+) s after it was started",
         V(_between("rejoin_s", min), F0),
         V(_between("rejoin_s", max), F0),
     ),
     claim(
         COMPARE_PAGE,
-        r"one survivor waited `timeout_s` \((\d+) s\)",
-        V(_ring0("survivor_gap_s"), F0),
+        r"In the other (\d) the victim",
+        V(_gossip_count(True), F0),
     ),
     claim(
         COMPARE_PAGE,
-        r"restarted host, healed at step (\d+)\)",
+        r"the survivors waited `timeout_s` \((\d+) s\) for it",
+        V(_inside_gap, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"join timeout \((\d+) s\) was not\s+above `timeout_s`",
+        V(lambda s: _ring0_arg(s, "join_timeout_ms") / 1000, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"with the restarted host, healed at step (\d+)\)",
         V(_ring0_healed, F0),
     ),
     claim(
         COMPARE_PAGE,
-        r"its own (\d+) steps in between were lost",
+        r"its own (\d+)\s+steps in between were lost",
         V(_ring0("survivor_steps_lost"), F0),
     ),
     claim(COMPARE_PAGE, r"crashed every survivor\*\* \(all (\d) seeds\)", V(_ddp_crashed, F0)),
