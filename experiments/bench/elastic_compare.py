@@ -1,4 +1,4 @@
-"""One fault, five ways of surviving it: elastic gossip beside restart, torchft DDP and DiLoCo.
+"""One fault, six ways of surviving it: elastic gossip beside restart, torchft DDP and DiLoCo.
 
 ``python -m experiments.bench.elastic_compare --methods gossip-ring,restart,torchft-ddp
 --task digits --seeds 0,1,2 --out docs/results/elastic/compare`` runs, per method
