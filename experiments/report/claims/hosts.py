@@ -142,6 +142,19 @@ def _restart_resumed(s: Source) -> float:
     return float(steps.pop())
 
 
+def _load(pick: Callable) -> Fn:
+    """``pick`` over every comparison run's 1-minute load average, at its start and its end."""
+
+    def value(s: Source) -> float:
+        files = sorted((s.root / COMPARE).glob("*.json"))
+        if not files:
+            raise DataError(COMPARE, "no runs")
+        loads = [x for f in files for x in s.json(f"{COMPARE}/{f.name}")["load_avg_1m"]]
+        return pick(loads)
+
+    return value
+
+
 def _ddp_crashed(s: Source) -> float:
     runs = compare_runs(s, "digits", "torchft-ddp", True, SEEDS)
     return float(sum(crashed(r) for r in runs))
@@ -260,6 +273,12 @@ CLAIMS: list[Claim] = [
         *(V(elastic_field(n, "healed_after"), F0) for n in LOOPBACK),
     ),
     # docs/results/elastic/compare/README.md
+    claim(
+        COMPARE_PAGE,
+        r"a 1-minute load average of\s+(\d+) to (\d+) during the runs",
+        V(lambda s: math.floor(_load(min)(s)), F0),
+        V(lambda s: math.ceil(_load(max)(s)), F0),
+    ),
     claim(
         COMPARE_PAGE,
         r"resumed from the checkpoint of step (\d+)\. The\s+survivors' pause, (\d+) to (\d+) s",
