@@ -445,7 +445,7 @@ CLAIMS: list[Claim] = [
     ),
     claim(
         RECOVERY,
-        r"\((0\.\d\d) and above either way\)",
+        r"\((0\.\d\d) and above either way;",
         V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
     ),
     # docs/recovery.md, its elastic section
