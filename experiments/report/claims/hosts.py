@@ -199,6 +199,39 @@ def _diloco_below(pick: Callable) -> Fn:
     return value
 
 
+def _gpt(method: str, key: str, pick: Callable) -> Fn:
+    """``pick`` over the tiny GPT's fault runs of ``method`` of one measure."""
+    return _cmp(method, key, pick, task="gpt")
+
+
+def _gpt_gossip(key: str, pick: Callable) -> Fn:
+    def value(s: Source) -> float:
+        runs = compare_runs(s, "gpt", "gossip-ring", True, SEEDS)
+        runs += compare_runs(s, "gpt", "gossip-one-peer-exp", True, SEEDS)
+        return pick(float(r[key]) for r in runs)
+
+    return value
+
+
+def _gpt_spread(s: Source) -> float:
+    """The widest range of one method's final eval loss over its GPT runs, with and without
+    the fault (the methods that finished)."""
+    widest = 0.0
+    for method in _DIGITS_FINISHED:
+        runs = compare_runs(s, "gpt", method, True, SEEDS) + compare_runs(
+            s, "gpt", method, False, SEEDS
+        )
+        values = [final_metric(r, "eval/loss_local") for r in runs]
+        widest = max(widest, max(values) - min(values))
+    return widest
+
+
+def _gpt_allreduce_lost(s: Source) -> str:
+    runs = compare_runs(s, "gpt", "torchft-allreduce", True, SEEDS)
+    lost = [int(r["survivor_steps_lost"]) for r in runs]
+    return f"{sum(x > 0 for x in lost)} of the {len(lost)} seeds|{max(lost)}"
+
+
 def _ddp_crashed(s: Source) -> float:
     runs = compare_runs(s, "digits", "torchft-ddp", True, SEEDS)
     return float(sum(crashed(r) for r in runs))
@@ -411,6 +444,46 @@ CLAIMS: list[Claim] = [
         r"every run that finished ends at or above\s+(0\.\d\d) on this small task",
         V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
     ),
+    # docs/results/elastic/compare/README.md, the tiny GPT
+    claim(
+        COMPARE_PAGE,
+        r"waited out `timeout_s` once, (\d+) to (\d+) s in all,\s+and lost (no) step; the "
+        r"restarted host took part (\d+) to (\d+) s after its start",
+        V(_gpt_gossip("survivor_gap_s", min), F0),
+        V(_gpt_gossip("survivor_gap_s", max), F0),
+        V(lambda s: "no" if _gpt_gossip("survivor_steps_lost", max)(s) == 0 else "some", "{}"),
+        V(_gpt_gossip("rejoin_s", min), F0),
+        V(_gpt_gossip("rejoin_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"outer step, paused about (\d) s and lost (no) step",
+        V(_gpt("torchft-diloco", "survivor_gap_s", max), F0),
+        V(
+            lambda s: (
+                "no" if _gpt("torchft-diloco", "survivor_steps_lost", max)(s) == 0 else "some"
+            ),
+            "{}",
+        ),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"computed the (\d+) steps since its checkpoint \(step (\d+)\) again on\s+every host, "
+        r"after a pause of (\d+) to (\d+) s",
+        V(_gpt("restart", "survivor_steps_lost", max), F0),
+        V(_gpt("restart", "resumed_from_step", max), F0),
+        V(_gpt("restart", "survivor_gap_s", min), F0),
+        V(_gpt("restart", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"waited the all-reduce's timeout \(about (\d+) s\), and\s+in (\d of the \d seeds) a survivor "
+        r"was healed from a peer over (\d) step",
+        V(_gpt("torchft-allreduce", "survivor_gap_s", min), F0),
+        V(lambda s: _gpt_allreduce_lost(s).split("|")[0], "{}"),
+        V(lambda s: int(_gpt_allreduce_lost(s).split("|")[1]), "{}"),
+    ),
+    claim(COMPARE_PAGE, r"differ\s+by up to (\d\.\d) nats", V(_gpt_spread, F1)),
     # docs/recovery.md, side by side under one kill
     claim(
         RECOVERY,
