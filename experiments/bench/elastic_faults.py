@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,28 +154,109 @@ def _is_lighthouse(pid: int) -> bool:
         return False
 
 
-def run_once(args: argparse.Namespace, out: Path, fault: bool, bed: Any = None) -> dict[str, Any]:
-    """One job of ``args.hosts`` hosts, with or without the kill and restart."""
-    lighthouse = _Lighthouse(args, bed)
-    lh = lighthouse.address
-    rids = [f"h{i}" for i in range(args.hosts)]
-    victim = rids[args.victim]
-    procs = {rid: _launch(rid, lh, out, args, bed) for rid in rids}
+class Tail:
+    """Every metrics line a file has shown while it was watched, in the order they came.
+
+    A job restarted from a checkpoint drops the lines logged after it from its
+    ``metrics.jsonl`` (docs/recovery.md); the lines seen before that are kept here.
+    With ``stamp``, a line without ``time`` (``train.py``'s non-elastic lines carry only
+    ``time_s`` since their attempt's start) gets the time it was read at as ``time``.
+    """
+
+    def __init__(self, path: Path, stamp: bool = False) -> None:
+        self.path = path
+        self.stamp = stamp
+        self.lines: list[dict[str, Any]] = []
+        self._seen: set[str] = set()
+        self._offset = 0
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Read what is new; return all lines seen so far."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return self.lines
+        if size < self._offset:  # rewritten shorter: read it again, keep the lines seen
+            self._offset = 0
+        if size == self._offset:
+            return self.lines
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # a line being written waits for the next poll
+        self._offset += end
+        for raw in chunk[:end].decode(errors="replace").splitlines():
+            if raw in self._seen:
+                continue
+            self._seen.add(raw)
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if self.stamp and "time" not in line and "step" in line:
+                line["time"] = time.time()
+            self.lines.append(line)
+        return self.lines
+
+
+def last_step(lines: list[dict[str, Any]]) -> int:
+    """The highest step among the timed metrics lines (0 without any)."""
+    return max((int(x["step"]) for x in lines if "time" in x), default=0)
+
+
+def drive(
+    launch: Callable[[str], subprocess.Popen],
+    rids: list[str],
+    *,
+    victim: str | None,
+    victim_step: Callable[[], int],
+    kill: Callable[[str, subprocess.Popen], None],
+    kill_step: int,
+    restart_after: float,
+    limit_s: float,
+    poll: Callable[[], None] = lambda: None,
+    relaunch_all: bool = False,
+) -> dict[str, float | None]:
+    """Start one process per host; with a ``victim``, kill it at ``kill_step`` and start it again.
+
+    Args:
+        launch: Starts host ``rid``'s process (again, for the restart).
+        rids: The hosts.
+        victim: The host to kill, or ``None`` for the uninterrupted run.
+        victim_step: The step the victim has logged (read at each poll).
+        kill: Kills a host outright (its process, or all of its processes).
+        kill_step: Kill once ``victim_step()`` reaches it.
+        restart_after: Seconds from the kill to the victim's new start.
+        limit_s: The whole run's limit; what is left then is killed.
+        poll: Called every poll (e.g. :meth:`Tail.poll` of each file).
+        relaunch_all: Start every host again, not only the victim, once all have exited
+            (a non-elastic job: the survivors stop on their own, and the whole job is
+            started again as ``docs/recovery.md`` says), ``restart_after`` after the kill
+            at the earliest.
+
+    Returns:
+        ``t_start``, ``t_kill``, ``t_restart`` and ``t_end`` (``time.time()``; ``None`` if not).
+    """
+    t_start = time.time()
+    procs = {rid: launch(rid) for rid in rids}
     t_kill = t_restart = None
     try:
-        deadline = time.monotonic() + args.limit_s
+        deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            if fault and t_kill is None:
-                steps = [x["step"] for x in _lines(out / victim / "metrics.jsonl") if "time" in x]
-                if steps and max(steps) >= args.kill_step:
-                    _kill(procs[victim], victim, bed)
-                    t_kill = time.time()
-            late = t_kill is not None and time.time() - t_kill >= args.restart_after
-            if fault and late and t_restart is None:
-                procs[victim].wait()
-                procs[victim] = _launch(victim, lh, out, args, bed)
-                t_restart = time.time()
-            if all(p.poll() is not None for p in procs.values()) and (not fault or t_restart):
+            poll()
+            if victim is not None and t_kill is None and victim_step() >= kill_step:
+                kill(victim, procs[victim])
+                t_kill = time.time()
+            late = t_kill is not None and time.time() - t_kill >= restart_after
+            if victim is not None and late and t_restart is None:
+                if not relaunch_all:
+                    procs[victim].wait()
+                    procs[victim] = launch(victim)
+                    t_restart = time.time()
+                elif all(p.poll() is not None for p in procs.values()):
+                    procs = {rid: launch(rid) for rid in rids}
+                    t_restart = time.time()
+            if all(p.poll() is not None for p in procs.values()) and (victim is None or t_restart):
                 break
             time.sleep(0.05)
     finally:
@@ -182,7 +264,29 @@ def run_once(args: argparse.Namespace, out: Path, fault: bool, bed: Any = None) 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        poll()
+    return {"t_start": t_start, "t_kill": t_kill, "t_restart": t_restart, "t_end": time.time()}
+
+
+def run_once(args: argparse.Namespace, out: Path, fault: bool, bed: Any = None) -> dict[str, Any]:
+    """One job of ``args.hosts`` hosts, with or without the kill and restart."""
+    lighthouse = _Lighthouse(args, bed)
+    rids = [f"h{i}" for i in range(args.hosts)]
+    victim = rids[args.victim]
+    try:
+        times = drive(
+            lambda rid: _launch(rid, lighthouse.address, out, args, bed),
+            rids,
+            victim=victim if fault else None,
+            victim_step=lambda: last_step(_lines(out / victim / "metrics.jsonl")),
+            kill=lambda rid, proc: _kill(proc, rid, bed),
+            kill_step=args.kill_step,
+            restart_after=args.restart_after,
+            limit_s=args.limit_s,
+        )
+    finally:
         lighthouse.close()
+    t_kill, t_restart = times["t_kill"], times["t_restart"]
     return _measure(out, rids, victim if fault else None, t_kill, t_restart, args.steps)
 
 
@@ -194,15 +298,45 @@ def _measure(
     t_restart: float | None,
     steps: int,
 ) -> dict[str, Any]:
-    result: dict[str, Any] = {"hosts": {}}
+    lines = {rid: _lines(out / rid / "metrics.jsonl") for rid in rids}
+    summaries = {}
     for rid in rids:
-        lines = _lines(out / rid / "metrics.jsonl")
-        timed = [x for x in lines if "time" in x and "train/loss" in x]
-        summary_path = out / rid / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+        path = out / rid / "summary.json"
+        summaries[rid] = json.loads(path.read_text()) if path.exists() else {}
+    return measure(lines, summaries, victim, t_kill, t_restart, steps)
+
+
+def measure(
+    lines: dict[str, list[dict[str, Any]]],
+    summaries: dict[str, dict[str, Any]],
+    victim: str | None,
+    t_kill: float | None,
+    t_restart: float | None,
+    steps: int,
+) -> dict[str, Any]:
+    """What the kill cost, from each host's metrics lines and summary.
+
+    Args:
+        lines: Each host's metrics lines (timed step lines carry ``time`` and ``train/loss``;
+            a heal is a line with ``elastic/change``).
+        summaries: Each host's ``summary.json`` (``steps`` and its ``eval/*`` values).
+        victim: The host killed, or ``None`` for an uninterrupted run.
+        t_kill: When it was killed (``time.time()``).
+        t_restart: When it was started again.
+        steps: The run's steps.
+
+    Returns:
+        ``hosts`` (per host: ``final_loss``, eval values, ``steps``; a survivor's ``gap_s``,
+        ``steps_lost`` and ``step_at_kill``; the victim's ``rejoin_s`` and heal) and the
+        worst survivor's ``survivor_gap_s`` and ``survivor_steps_lost``, and ``rejoin_s``.
+    """
+    result: dict[str, Any] = {"hosts": {}}
+    for rid, own in lines.items():
+        timed = [x for x in own if "time" in x and "train/loss" in x]
+        summary = summaries.get(rid, {})
         host: dict[str, Any] = {
             "final_loss": timed[-1]["train/loss"] if timed else None,
-            "eval/acc_local": summary.get("eval/acc_local"),
+            **{k: v for k, v in summary.items() if k.startswith("eval/")},
             "steps": summary.get("steps"),
         }
         if victim is not None and rid != victim and t_kill is not None:
@@ -215,16 +349,21 @@ def _measure(
             host["steps_lost"] = len(set(range(at_kill, steps + 1)) - done)
             host["step_at_kill"] = at_kill
         if rid == victim and t_restart is not None:
-            later = [x for x in timed if x["time"] > t_restart]
-            host["rejoin_s"] = later[0]["time"] - t_restart if later else None
             change = [
                 x["elastic/change"]
-                for x in lines
-                if "elastic/change" in x and x["elastic/change"].get("healed_from")
+                for x in own
+                if "elastic/change" in x
+                and (x["elastic/change"].get("healed_from") or x["elastic/change"].get("healed"))
             ]
+            healed_to = 0
             if change:
-                host["healed_from"] = change[-1]["healed_from"]
-                host["healed_to_step"] = change[-1]["step"]
+                last = change[-1]
+                if last.get("healed_from"):
+                    host["healed_from"] = last["healed_from"]
+                host["healed_to_step"] = healed_to = int(last["step"])
+            # taking part: its first step after the restart, from the step it healed to on
+            later = [x for x in timed if x["time"] > t_restart and x["step"] >= healed_to]
+            host["rejoin_s"] = later[0]["time"] - t_restart if later else None
         result["hosts"][rid] = host
     survivors = [h for r, h in result["hosts"].items() if victim is not None and r != victim]
     if survivors:

@@ -5,7 +5,10 @@
 - ``sharded-testbed``: gossip between sharded replicas against HSDP on the testbed
   (``docs/results/sharded/study.json``, one row per run);
 - ``elastic``: one host killed and restarted under ``fault_tolerance=torchft``
-  (``docs/results/elastic/*.json`` of ``experiments.bench.elastic_faults``, a column per file).
+  (``docs/results/elastic/*.json`` of ``experiments.bench.elastic_faults``, a column per file);
+- ``elastic-compare``: the same kill under elastic gossip, today's restart from a
+  checkpoint, torchft's DDP and DiLoCo (``docs/results/elastic/compare/*.json`` of
+  ``experiments.bench.elastic_compare``, a row per method, a band over seeds).
 
 The functions that read one figure (``peak_mb``, ``tokens_per_s``, ``elastic_runs`` ...) are
 also the sources of the claims in :mod:`experiments.report.claims.hosts` and of the README's
@@ -225,6 +228,127 @@ def elastic(src: Source, runs: str) -> str:
     return md_table(["", *topologies], ["---", *["---:"] * len(names)], rows)
 
 
+COMPARE = f"{ELASTIC}/compare"
+COMPARE_LABEL = {
+    "gossip-ring": "elastic gossip, `ring`",
+    "gossip-one-peer-exp": "elastic gossip, `one-peer-exp`",
+    "restart": "restart from a checkpoint (`fault_tolerance=none`)",
+    "torchft-ddp": "torchft `DDP` (all-reduce)",
+    "torchft-allreduce": "torchft Manager, `Manager.allreduce` of the gradients",
+    "torchft-diloco": "torchft `DiLoCo`",
+}
+
+
+def compare_runs(
+    src: Source, task: str, method: str, fault: bool, seeds: list[int]
+) -> list[dict[str, Any]]:
+    """The runs of ``method`` on ``task`` among ``seeds`` whose files exist (none: an error)."""
+    kind = "fault" if fault else "clean"
+    rels = [f"{COMPARE}/{task}-{method}-s{seed}-{kind}.json" for seed in seeds]
+    found = [src.json(rel) for rel in rels if (src.root / rel).is_file()]
+    if not found:
+        raise DataError(rels[0], f"no {kind} run of {method} on {task} for seeds {seeds}")
+    return found
+
+
+def final_metric(run: dict[str, Any], key: str) -> float:
+    """The mean of ``key`` (an ``eval/*`` value) over the hosts of one run."""
+    values = [h[key] for h in run["hosts"].values() if h.get(key) is not None]
+    if not values:
+        raise DataError(COMPARE, f"a run of {run.get('method')} has no {key}")
+    return statistics.mean(values)
+
+
+def compare_value(
+    task: str, method: str, key: str, seeds: str = "0", fault: bool = True
+) -> Callable[[Source], float]:
+    """The mean over seeds of one measure (``survivor_gap_s``, ``rejoin_s``, ``wall_s``, ...)."""
+    picked = [int(x) for x in seeds.split(",")]
+
+    def value(s: Source) -> float:
+        runs = compare_runs(s, task, method, fault, picked)
+        return statistics.mean(float(r[key]) for r in runs)
+
+    return value
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    """One value (or the same as written for every seed), or the mean and the range."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    if lo == hi:
+        return lo
+    return f"{fmt.format(statistics.mean(values))} ({lo} to {hi})"
+
+
+def crashed(run: dict[str, Any]) -> bool:
+    """Whether a survivor of a fault run did not finish (``restart``: the job did not)."""
+    hosts = run["hosts"]
+    survivors = [h for h in hosts.values() if "gap_s" in h] or list(hosts.values())
+    return any(h.get("steps") != run["steps"] for h in survivors)
+
+
+def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: str) -> str:
+    """A row per method: the survivors' longest pause, the steps a survivor lost (``restart``:
+    done again), the seconds until the restarted host took part, ``metric`` at the end (mean of
+    the hosts; with the fault and uninterrupted, mean and range over the seeds found), and the
+    wall time of both. Where the survivors of every fault run crashed, the row says so."""
+    picked = [int(x) for x in seeds.split(",")]
+    fmt = "{:.4f}" if "acc" in metric else "{:.3f}"
+    rows = []
+    for method in methods.split(","):
+        fault = compare_runs(src, task, method, True, picked)
+        clean = compare_runs(src, task, method, False, picked)
+
+        def nums(runs: list[dict[str, Any]], key: str) -> list[float]:
+            return [float(r[key]) for r in runs if r.get(key) is not None]
+
+        clean_metric = _spread([final_metric(r, metric) for r in clean], fmt)
+        clean_wall = _spread(nums(clean, "wall_s"), "{:.0f}")
+        if all(crashed(r) for r in fault):
+            at = sorted(
+                {h["step_at_kill"] for r in fault for h in r["hosts"].values() if "gap_s" in h}
+            )
+            rows.append(
+                [
+                    COMPARE_LABEL.get(method, method),
+                    f"{len(fault)} / {len(clean)}",
+                    "crashed",
+                    f"all after step {', '.join(str(a) for a in at)}",
+                    "–",
+                    "–",
+                    clean_metric,
+                    f"– / {clean_wall}",
+                ]
+            )
+            continue
+        if any(crashed(r) for r in fault):
+            raise DataError(COMPARE, f"{method} on {task}: some fault runs crashed, some did not")
+        rejoin = nums(fault, "rejoin_s")
+        rows.append(
+            [
+                COMPARE_LABEL.get(method, method),
+                f"{len(fault)} / {len(clean)}",
+                _spread(nums(fault, "survivor_gap_s"), "{:.1f}"),
+                _spread(nums(fault, "survivor_steps_lost"), "{:.0f}"),
+                _spread(rejoin, "{:.1f}") if len(rejoin) == len(fault) else "–",
+                _spread([final_metric(r, metric) for r in fault], fmt),
+                clean_metric,
+                f"{_spread(nums(fault, 'wall_s'), '{:.0f}')} / {clean_wall}",
+            ]
+        )
+    header = [
+        "method",
+        "seeds (fault / clean)",
+        "survivors' longest pause (s)",
+        "steps a survivor lost",
+        "restart to taking part (s)",
+        f"`{metric}` with the fault",
+        f"`{metric}` uninterrupted",
+        "wall time, fault / clean (s)",
+    ]
+    return md_table(header, ["---", *["---:"] * 7], rows)
+
+
 _KILLED_IN_QUORUM = ("testbed-ring-kill-at-quorum", "testbed-one-peer-exp-kill-at-quorum")
 _KILLED_BETWEEN = ("loopback-ring", "loopback-one-peer-exp", "testbed-ring-kill-mid-interval")
 
@@ -275,4 +399,5 @@ VIEWS: dict[str, Callable[..., str]] = {
     "sharded-memory": sharded_memory,
     "sharded-testbed": sharded_testbed,
     "elastic": elastic,
+    "elastic-compare": elastic_compare,
 }

@@ -4,16 +4,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from experiments.report.claims.base import F0, Claim, Fn, V, claim, diff, ratio
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_hosts import (
+    COMPARE,
     HSDP,
     MEMORY_GLIBC,
     STUDY,
+    compare_runs,
+    crashed,
     elastic_field,
     elastic_worst,
+    final_metric,
     params_m,
     peak_mb,
     study,
@@ -22,6 +27,7 @@ from experiments.report.doc_views_hosts import (
 
 SHARDED_PAGE = "docs/results/sharded/README.md"
 ELASTIC_PAGE = "docs/results/elastic/README.md"
+COMPARE_PAGE = "docs/results/elastic/compare/README.md"
 RECOVERY = "docs/recovery.md"
 RES = "docs/results/README.md"
 RUNS = "docs/results/sharded/runs"
@@ -52,6 +58,202 @@ def _none_lost(s: Source) -> str:
     """``no`` where no survivor of any fault run lost a step, else the most any lost."""
     lost = elastic_worst("survivor_steps_lost")(s)
     return "no" if lost == 0 else f"{lost:.0f}"
+
+
+SEEDS = [0, 1, 2]
+
+
+def _cmp(
+    method: str, key: str, pick: Callable, seeds: list[int] = SEEDS, task: str = "digits"
+) -> Fn:
+    """``pick`` (min, max) over the fault runs of ``method`` of one measure."""
+    return lambda s: pick(float(r[key]) for r in compare_runs(s, task, method, True, seeds))
+
+
+def _gossip_runs(s: Source) -> list[dict]:
+    """The digits fault runs of elastic gossip, ``ring`` and ``one-peer-exp``, every seed."""
+    runs = compare_runs(s, "digits", "gossip-ring", True, SEEDS)
+    return runs + compare_runs(s, "digits", "gossip-one-peer-exp", True, SEEDS)
+
+
+def _in_quorum(run: dict) -> bool:
+    """Whether the kill fell inside a quorum: a survivor waited ``timeout_s`` (above 10 s)."""
+    return float(run["survivor_gap_s"]) > 10
+
+
+def _between(key: str, pick: Callable) -> Fn:
+    """``pick`` of a measure over the elastic gossip runs whose kill fell between quorums."""
+
+    def value(s: Source) -> float:
+        runs = [r for r in _gossip_runs(s) if not _in_quorum(r)]
+        if any(r["survivor_steps_lost"] for r in runs):
+            raise DataError(COMPARE, "a gossip run with its kill between quorums lost a step")
+        return pick(float(r[key]) for r in runs)
+
+    return value
+
+
+def _gossip_count(in_quorum: bool | None) -> Fn:
+    """How many gossip fault runs had their kill inside a quorum, between, or all (None)."""
+    return lambda s: float(
+        sum(in_quorum is None or _in_quorum(r) == in_quorum for r in _gossip_runs(s))
+    )
+
+
+def _inside_gap(s: Source) -> float:
+    """The survivors' pause of the gossip runs whose kill fell inside a quorum (one value)."""
+    gaps = {round(float(r["survivor_gap_s"])) for r in _gossip_runs(s) if _in_quorum(r)}
+    if len(gaps) != 1:
+        raise DataError(COMPARE, f"the in-quorum pauses differ: {sorted(gaps)}")
+    return float(gaps.pop())
+
+
+def _ring0(key: str) -> Fn:
+    """A measure of the ``ring`` seed-0 fault run (the kill inside a quorum)."""
+    return lambda s: float(compare_runs(s, "digits", "gossip-ring", True, [0])[0][key])
+
+
+def _ring0_arg(s: Source, key: str) -> float:
+    return float(compare_runs(s, "digits", "gossip-ring", True, [0])[0]["args"][key])
+
+
+def _ring0_healed(s: Source) -> float:
+    run = compare_runs(s, "digits", "gossip-ring", True, [0])[0]
+    return float(run["hosts"]["h2"]["healed_to_step"])
+
+
+def _restart_extra(pick: Callable) -> Fn:
+    """``pick`` over the seeds of the restarted job's wall time less the uninterrupted one's."""
+
+    def value(s: Source) -> float:
+        out = []
+        for seed in SEEDS:
+            (fault,) = compare_runs(s, "digits", "restart", True, [seed])
+            (clean,) = compare_runs(s, "digits", "restart", False, [seed])
+            out.append(float(fault["wall_s"]) - float(clean["wall_s"]))
+        return pick(out)
+
+    return value
+
+
+def _restart_resumed(s: Source) -> float:
+    steps = {r["resumed_from_step"] for r in compare_runs(s, "digits", "restart", True, SEEDS)}
+    if len(steps) != 1:
+        raise DataError(COMPARE, f"the restarts resumed from different steps: {sorted(steps)}")
+    return float(steps.pop())
+
+
+def _load(pick: Callable) -> Fn:
+    """``pick`` over every comparison run's 1-minute load average, at its start and its end."""
+
+    def value(s: Source) -> float:
+        files = sorted((s.root / COMPARE).glob("*.json"))
+        if not files:
+            raise DataError(COMPARE, "no runs")
+        loads = [x for f in files for x in s.json(f"{COMPARE}/{f.name}")["load_avg_1m"]]
+        return pick(loads)
+
+    return value
+
+
+_DIGITS_FINISHED = (
+    "gossip-ring",
+    "gossip-one-peer-exp",
+    "restart",
+    "torchft-allreduce",
+    "torchft-diloco",
+)
+_SAID = {"torchft-diloco": "torchft's DiLoCo"}
+
+
+def _below_band(s: Source) -> str:
+    """The methods whose fault runs' mean metric is below their uninterrupted seeds' range."""
+    below = []
+    for method in _DIGITS_FINISHED:
+        fault = [
+            final_metric(r, "eval/acc_local")
+            for r in compare_runs(s, "digits", method, True, SEEDS)
+        ]
+        clean = [
+            final_metric(r, "eval/acc_local")
+            for r in compare_runs(s, "digits", method, False, SEEDS)
+        ]
+        if sum(fault) / len(fault) < min(clean):
+            below.append(_SAID.get(method, method))
+    return ", ".join(below) or "none"
+
+
+def _diloco_below(pick: Callable) -> Fn:
+    """``pick`` over the seeds of DiLoCo's uninterrupted accuracy less its faulted one."""
+
+    def value(s: Source) -> float:
+        out = []
+        for seed in SEEDS:
+            (fault,) = compare_runs(s, "digits", "torchft-diloco", True, [seed])
+            (clean,) = compare_runs(s, "digits", "torchft-diloco", False, [seed])
+            out.append(
+                final_metric(clean, "eval/acc_local") - final_metric(fault, "eval/acc_local")
+            )
+        return pick(out)
+
+    return value
+
+
+def _gpt(method: str, key: str, pick: Callable) -> Fn:
+    """``pick`` over the tiny GPT's fault runs of ``method`` of one measure."""
+    return _cmp(method, key, pick, task="gpt")
+
+
+def _gpt_gossip(key: str, pick: Callable) -> Fn:
+    def value(s: Source) -> float:
+        runs = compare_runs(s, "gpt", "gossip-ring", True, SEEDS)
+        runs += compare_runs(s, "gpt", "gossip-one-peer-exp", True, SEEDS)
+        return pick(float(r[key]) for r in runs)
+
+    return value
+
+
+def _gpt_spread(s: Source) -> float:
+    """The widest range of one method's final eval loss over its GPT runs, with and without
+    the fault (the methods that finished)."""
+    widest = 0.0
+    for method in _DIGITS_FINISHED:
+        runs = compare_runs(s, "gpt", method, True, SEEDS) + compare_runs(
+            s, "gpt", method, False, SEEDS
+        )
+        values = [final_metric(r, "eval/loss_local") for r in runs]
+        widest = max(widest, max(values) - min(values))
+    return widest
+
+
+def _gpt_allreduce_lost(s: Source) -> str:
+    runs = compare_runs(s, "gpt", "torchft-allreduce", True, SEEDS)
+    lost = [int(r["survivor_steps_lost"]) for r in runs]
+    return f"{sum(x > 0 for x in lost)} of the {len(lost)} seeds|{max(lost)}"
+
+
+def _ddp_crashed(s: Source) -> float:
+    runs = compare_runs(s, "digits", "torchft-ddp", True, SEEDS)
+    return float(sum(crashed(r) for r in runs))
+
+
+def _lowest_acc(s: Source) -> float:
+    """The lowest final ``eval/acc_local`` of any host of any digits run that finished."""
+    methods = (
+        "gossip-ring",
+        "gossip-one-peer-exp",
+        "restart",
+        "torchft-allreduce",
+        "torchft-diloco",
+    )
+    values = []
+    for method in methods:
+        for fault in (True, False):
+            for r in compare_runs(s, "digits", method, fault, SEEDS):
+                values += [
+                    h["eval/acc_local"] for h in r["hosts"].values() if "eval/acc_local" in h
+                ]
+    return min(values)
 
 
 _ALL = (
@@ -146,6 +348,178 @@ CLAIMS: list[Claim] = [
         ELASTIC_PAGE,
         r"healed from its neighbour, (\d+) and\s+(\d+) steps after the kill",
         *(V(elastic_field(n, "healed_after"), F0) for n in LOOPBACK),
+    ),
+    # docs/results/elastic/compare/README.md
+    claim(
+        COMPARE_PAGE,
+        r"within or above the range of its uninterrupted seeds, except ([^,]+),",
+        V(_below_band, "{}"),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"in each seed \(by\s+(0\.\d+) to (0\.\d+), one",
+        V(_diloco_below(min), "{:.3f}"),
+        V(_diloco_below(max), "{:.3f}"),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"a 1-minute load average of\s+(\d+) to (\d+) during the runs",
+        V(lambda s: math.floor(_load(min)(s)), F0),
+        V(lambda s: math.ceil(_load(max)(s)), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"resumed from the checkpoint of step (\d+)\. The\s+survivors' pause, (\d+) to (\d+) s",
+        V(_restart_resumed, F0),
+        V(_cmp("restart", "survivor_gap_s", min), F0),
+        V(_cmp("restart", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"every host computed (\d+) to (\d+) steps again",
+        V(_cmp("restart", "survivor_steps_lost", min), F0),
+        V(_cmp("restart", "survivor_steps_lost", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"The run took (\d+) to (\d+) s longer than\s+uninterrupted",
+        V(_restart_extra(min), F0),
+        V(_restart_extra(max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"In (\d) of its (\d) fault runs",
+        V(_gossip_count(False), F0),
+        V(_gossip_count(None), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"about (\d) s of\s+pause \(the lighthouse's heartbeat timeout",
+        V(_between("survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"took part (\d+) to\s+(\d+) s after it was started",
+        V(_between("rejoin_s", min), F0),
+        V(_between("rejoin_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"In the other (\d) the victim",
+        V(_gossip_count(True), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"the survivors waited `timeout_s` \((\d+) s\) for it",
+        V(_inside_gap, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"join timeout \((\d+) s\) was not\s+above `timeout_s`",
+        V(lambda s: _ring0_arg(s, "join_timeout_ms") / 1000, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"with the restarted host, healed at step (\d+)\)",
+        V(_ring0_healed, F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"its own (\d+)\s+steps in between were lost",
+        V(_ring0("survivor_steps_lost"), F0),
+    ),
+    claim(COMPARE_PAGE, r"crashed every survivor\*\* \(all (\d) seeds\)", V(_ddp_crashed, F0)),
+    claim(
+        COMPARE_PAGE,
+        r"survived: every survivor\s+waited (\d+) s",
+        V(_cmp("torchft-allreduce", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"behaved like elastic gossip between quorums: about (\d) s",
+        V(_cmp("torchft-diloco", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"every run that finished ends at or above\s+(0\.\d\d) on this small task",
+        V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
+    ),
+    # docs/results/elastic/compare/README.md, the tiny GPT
+    claim(
+        COMPARE_PAGE,
+        r"waited out `timeout_s` once, (\d+) to (\d+) s in all,\s+and lost (no) step; the "
+        r"restarted host took part (\d+) to (\d+) s after its start",
+        V(_gpt_gossip("survivor_gap_s", min), F0),
+        V(_gpt_gossip("survivor_gap_s", max), F0),
+        V(lambda s: "no" if _gpt_gossip("survivor_steps_lost", max)(s) == 0 else "some", "{}"),
+        V(_gpt_gossip("rejoin_s", min), F0),
+        V(_gpt_gossip("rejoin_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"outer step, paused about (\d) s and lost (no) step",
+        V(_gpt("torchft-diloco", "survivor_gap_s", max), F0),
+        V(
+            lambda s: (
+                "no" if _gpt("torchft-diloco", "survivor_steps_lost", max)(s) == 0 else "some"
+            ),
+            "{}",
+        ),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"computed the (\d+) steps since its checkpoint \(step (\d+)\) again on\s+every host, "
+        r"after a pause of (\d+) to (\d+) s",
+        V(_gpt("restart", "survivor_steps_lost", max), F0),
+        V(_gpt("restart", "resumed_from_step", max), F0),
+        V(_gpt("restart", "survivor_gap_s", min), F0),
+        V(_gpt("restart", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        COMPARE_PAGE,
+        r"waited the all-reduce's timeout \(about (\d+) s\), and\s+in (\d of the \d seeds) a survivor "
+        r"was healed from a peer over (\d) step",
+        V(_gpt("torchft-allreduce", "survivor_gap_s", min), F0),
+        V(lambda s: _gpt_allreduce_lost(s).split("|")[0], "{}"),
+        V(lambda s: int(_gpt_allreduce_lost(s).split("|")[1]), "{}"),
+    ),
+    claim(COMPARE_PAGE, r"differ\s+by up to (\d\.\d) nats", V(_gpt_spread, F1)),
+    # docs/recovery.md, side by side under one kill
+    claim(
+        RECOVERY,
+        r"they paused (\d+) to (\d+) s, every host computed (\d+) to (\d+) steps\s+again, "
+        r"and the run took (\d+) to (\d+) s longer",
+        V(_cmp("restart", "survivor_gap_s", min), F0),
+        V(_cmp("restart", "survivor_gap_s", max), F0),
+        V(_cmp("restart", "survivor_steps_lost", min), F0),
+        V(_cmp("restart", "survivor_steps_lost", max), F0),
+        V(_restart_extra(min), F0),
+        V(_restart_extra(max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"a kill between quorums paused\s+the survivors about (\d) s, with no step lost",
+        V(_between("survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"the others went on without it and it\s+lost (\d+) steps",
+        V(_ring0("survivor_steps_lost"), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"waited for the\s+all-reduce's timeout \((\d+) s\)",
+        V(_cmp("torchft-allreduce", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"torchft's DiLoCo paused about\s+(\d) s",
+        V(_cmp("torchft-diloco", "survivor_gap_s", max), F0),
+    ),
+    claim(
+        RECOVERY,
+        r"\((0\.\d\d) and above either way;",
+        V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
     ),
     # docs/recovery.md, its elastic section
     claim(

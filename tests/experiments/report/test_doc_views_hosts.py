@@ -175,3 +175,43 @@ def test_a_drifted_glance_row_names_the_elastic_runs(tmp_path: Path) -> None:
     assert problems[0].startswith(f"README.md:{line}: '") and "column 'measured'" in problems[0]
     assert "docs/results/elastic/testbed-ring-kill-mid-interval.json" in problems[0]
     assert "docs/results/sharded/study.json" in problems[0]
+
+
+def _compare_run(root: Path, method: str, seed: int, fault: bool, **fields) -> None:
+    kind = "fault" if fault else "clean"
+    path = root / "docs/results/elastic/compare" / f"digits-{method}-s{seed}-{kind}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"method": method, "steps": 100, **fields}))
+
+
+def test_the_compare_view_bands_seeds_and_says_where_the_survivors_crashed(tmp_path: Path):
+    from experiments.report.doc_views_hosts import elastic_compare
+
+    def hosts(acc: float, steps: int = 100, lost: bool = False) -> dict:
+        survivor = {"steps": steps, "eval/acc_local": acc, "gap_s": 2.0, "step_at_kill": 30}
+        return {"h0": survivor, "h2": {"steps": 100, "eval/acc_local": acc, "rejoin_s": 9.0}}
+
+    for seed, (acc, gap) in enumerate([(0.90, 2.0), (0.96, 4.0)]):
+        _compare_run(
+            tmp_path, "gossip-ring", seed, True, hosts=hosts(acc), survivor_gap_s=gap,
+            survivor_steps_lost=0, rejoin_s=10.0 + seed, wall_s=50.0,
+        )  # fmt: skip
+        _compare_run(tmp_path, "gossip-ring", seed, False, hosts=hosts(acc - 0.1), wall_s=40.0)
+    _compare_run(tmp_path, "torchft-ddp", 0, True, hosts=hosts(0.5, steps=None), wall_s=9.0)
+    _compare_run(tmp_path, "torchft-ddp", 0, False, hosts=hosts(0.97), wall_s=30.0)
+    table = elastic_compare(
+        Source(tmp_path), "digits", "gossip-ring,torchft-ddp", "0,1,2", "eval/acc_local"
+    )
+    ring, ddp = table.splitlines()[2:4]
+    cells = [c.strip() for c in ring.strip("|").split("|")]
+    assert cells[1:] == [
+        "2 / 2",
+        "3.0 (2.0 to 4.0)",
+        "0",
+        "10.5 (10.0 to 11.0)",
+        f"{statistics.mean([0.90, 0.96]):.4f} (0.9000 to 0.9600)",
+        f"{statistics.mean([0.80, 0.86]):.4f} (0.8000 to 0.8600)",
+        "50 / 40",
+    ]
+    cells = [c.strip() for c in ddp.strip("|").split("|")]
+    assert cells[1:] == ["1 / 1", "crashed", "all after step 30", "–", "–", "0.9700", "– / 30"]
