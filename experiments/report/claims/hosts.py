@@ -49,6 +49,14 @@ def _mb(shape: str, arm: str, key: str = "tx_bytes_per_host_per_step") -> Fn:
     return lambda s: fn(s) / 1e6
 
 
+_OVERLAP = "docs/results/elastic/overlap-{}.json"
+
+
+def _overlap(rate: str, path: str) -> Fn:
+    """The median step time (ms) of one path of the elastic overlap bench at ``rate``."""
+    return lambda s: s.json(_OVERLAP.format(rate))["step_s"][path] * 1e3
+
+
 def _rejoin(pick: Callable, names: tuple[str, ...]) -> Fn:
     """``pick`` over the fault runs ``names`` of the restarted host's way back (s)."""
     return lambda s: pick(elastic_field(n, "rejoin_s")(s) for n in names)
@@ -520,6 +528,23 @@ CLAIMS: list[Claim] = [
         RECOVERY,
         r"\((0\.\d\d) and above either way;",
         V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
+    ),
+    claim(
+        ELASTIC_PAGE,
+        r"At 1 Gb/s a step took (\d+) ms with `ElasticDataParallel` and (\d+) ms with\s+"
+        r"`ElasticGossip`, (\d\.\d\d)× longer; at 100 Mb/s, (\d+) ms and (\d+) ms, (\d\.\d\d)×",
+        V(_overlap("1gbit", "backward"), F0),
+        V(_overlap("1gbit", "step"), F0),
+        V(lambda s: s.json(_OVERLAP.format("1gbit"))["step_over_backward"], "{:.2f}"),
+        V(_overlap("100mbit", "backward"), F0),
+        V(_overlap("100mbit", "step"), F0),
+        V(lambda s: s.json(_OVERLAP.format("100mbit"))["step_over_backward"], "{:.2f}"),
+    ),
+    claim(
+        ELASTIC_PAGE,
+        r"\(load average (\d\.\d) and (\d\.\d) at the ends\s+of the runs\)",
+        V(lambda s: s.json(_OVERLAP.format("1gbit"))["load_avg_1m"], F1),
+        V(lambda s: s.json(_OVERLAP.format("100mbit"))["load_avg_1m"], F1),
     ),
     # docs/recovery.md, its elastic section
     claim(
