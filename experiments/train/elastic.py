@@ -156,8 +156,12 @@ def _evaluate(task: Any, model: torch.nn.Module, test: Any, local: bool = True) 
 class _Elastic:
     """One loop for both elastic paths: the wrapper's (in the backward pass) and ElasticGossip's."""
 
-    def __init__(self, impl: ElasticDataParallel | ElasticGossip, model: torch.nn.Module) -> None:
+    def __init__(
+        self, impl: ElasticDataParallel | ElasticGossip, model: torch.nn.Module, clip: float = 0.0
+    ) -> None:
         self.impl = impl
+        self.model = model
+        self.clip = clip  # ElasticGossip's (the wrapper clips inside the backward pass)
         self.wrapper = isinstance(impl, ElasticDataParallel)
         # what the forward runs: the wrapper steps inside the backward of its own forward
         self.net: torch.nn.Module = impl if isinstance(impl, ElasticDataParallel) else model
@@ -171,6 +175,8 @@ class _Elastic:
 
     def end(self) -> None:
         if isinstance(self.impl, ElasticGossip):
+            if self.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
             self.impl.step()
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,7 +284,7 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             grad_clip_norm=float(t.grad_clip_norm),
             **common,
         )
-    gossip = _Elastic(impl, model)
+    gossip = _Elastic(impl, model, float(t.grad_clip_norm))
     every, keep = int(cfg.checkpoint.every_steps), int(cfg.checkpoint.keep)
     ckpt_root = out_dir / "checkpoints"
     # each host's own checkpoint (alone(): a world of one, whatever the quorum's group)
