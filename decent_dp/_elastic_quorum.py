@@ -513,12 +513,14 @@ class Membership:
         timeout)``, which every process of the quorum must build alike.
 
         Returns:
-            A ``torch.distributed.PrefixStore`` client of the quorum's store, of its own.
+            A ``torch.distributed.PrefixStore`` over this process's client of the quorum's store.
         """
         import torch.distributed as dist
 
         assert self.view is not None, "world_store() needs a quorum first"
-        client = self._create_store_client(self._addresses[self.view.quorum_id], self.timeout)
+        # the quorum's one client: with a new connection per call, a quorum now and then
+        # waited 5 s for one member's, and every member waited with it
+        client = self._quorum_store(self.view.quorum_id)
         return dist.PrefixStore(f"{self._prefix}/world/{prefix}", client)
 
     # ------------------------------------------------------------- exchanges
