@@ -332,11 +332,18 @@ class Membership:
         future = self._pool.submit(
             self.manager.start_quorum, allow_heal=False, timeout=timedelta(seconds=max(left, 0.1))
         )
+        # torchft's own timeout is not always kept (a lighthouse with no other replica
+        # left kept a restarted host waiting for minutes): the deadline is kept here too
+        deadline = start + self.quorum_timeout.total_seconds() + self._progress_every
         while True:
             try:
-                future.result(timeout=self._progress_every)
+                future.result(
+                    timeout=max(0.1, min(self._progress_every, deadline - time.monotonic()))
+                )
                 return
             except FutureTimeout:
+                if time.monotonic() >= deadline:
+                    raise self._no_quorum("no other replica came") from None
                 self._progress(start)
             except Exception as exc:
                 raise self._no_quorum(type(exc).__name__) from None

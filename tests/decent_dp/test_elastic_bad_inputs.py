@@ -207,3 +207,30 @@ def test_the_wrappers_unreachable_lighthouse_fails_within_the_timeout() -> None:
     with pytest.raises(TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"):
         _wrapper(host="127.0.0.1")
     assert time.monotonic() - start < 5
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_a_replica_alone_at_a_lighthouse_that_needs_two_gives_up_within_its_timeout() -> None:
+    """The others finished (or never came): torchft's quorum call blocks, the deadline does not."""
+    server = ec.lighthouse(min_replicas=2)
+    lines: list[str] = []
+    gossip = ElasticGossip(
+        *_model_opt(),
+        lighthouse=ec.loopback_address(server),
+        replica_id="late",
+        min_replicas=2,
+        timeout_s=1.0,  # a quorum may take 3 of them
+        host="127.0.0.1",
+        log=lines.append,
+    )
+    start = time.monotonic()
+    try:
+        with pytest.raises(
+            TimeoutError, match=r"no quorum of min_replicas=2 .*no other replica came"
+        ):
+            gossip.zero_grad()
+        assert time.monotonic() - start < 10
+        assert any("waiting for a quorum of min_replicas=2" in line for line in lines)
+    finally:
+        gossip.close()
+        server.shutdown()
