@@ -127,6 +127,8 @@ def test_compressed_references_stay_identical_when_a_host_is_killed() -> None:
         assert [m[1] for m in reports[rid] if m[0] == "step"] == list(range(1, 13))
 
 
+# slow: the framework's two-host run gossips int8 in the fast tier
+@pytest.mark.slow
 def test_compressed_references_stay_identical_within_each_group_through_4_3_4() -> None:
     """int8 gossip: every round's reference is the same on each member of its group, every step.
 
