@@ -321,13 +321,15 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
                 ]
             )
             continue
-        if any(crashed(r) for r in fault):
-            raise DataError(COMPARE, f"{method} on {task}: some fault runs crashed, some did not")
+        # where some crashed, the measures are those of the runs that did not
+        down = sum(crashed(r) for r in fault)
+        fault_runs = f"{len(fault)} ({down} crashed)" if down else f"{len(fault)}"
+        fault = [r for r in fault if not crashed(r)]
         rejoin = nums(fault, "rejoin_s")
         rows.append(
             [
                 COMPARE_LABEL.get(method, method),
-                f"{len(fault)} / {len(clean)}",
+                f"{fault_runs} / {len(clean)}",
                 _spread(nums(fault, "survivor_gap_s"), "{:.1f}"),
                 _spread(nums(fault, "survivor_steps_lost"), "{:.0f}"),
                 _spread(rejoin, "{:.1f}") if len(rejoin) == len(fault) else "–",
