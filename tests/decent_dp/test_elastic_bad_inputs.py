@@ -32,6 +32,7 @@ def test_unreachable_lighthouse_fails_within_the_timeout() -> None:
     assert "timeout_s=1" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # waits out a quorum timeout
 @ec.isolated  # torchft's threads stay out of the test process
 def test_more_min_replicas_than_hosts_waits_with_progress_then_fails() -> None:
     server = ec.lighthouse()
@@ -209,6 +210,7 @@ def test_the_wrappers_unreachable_lighthouse_fails_within_the_timeout() -> None:
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow  # waits out a quorum timeout
 @ec.isolated  # torchft's threads stay out of the test process
 def test_a_replica_alone_at_a_lighthouse_that_needs_two_gives_up_within_its_timeout() -> None:
     """The others finished (or never came): torchft's quorum call blocks, the deadline does not."""

@@ -39,6 +39,7 @@ def _quorum_lines(run_dir: Path, rid: str) -> list[dict[str, Any]]:
     return [x for x in map(json.loads, text.splitlines()) if "consensus/distance" in x]
 
 
+@pytest.mark.slow  # two whole jobs of two hosts
 def test_a_whole_job_restart_resumes_each_host_from_its_own_checkpoint(tmp_path: Path) -> None:
     first = _job(tmp_path)
     saved: dict[str, dict[str, Any]] = {}
