@@ -25,8 +25,8 @@ def _plans(steps: int, every: int, topology: str, **r2: object) -> dict[str, dic
     return plans
 
 
-# slow: the elastic wrapper's replay (tests/decent_dp/test_elastic_wrapper.py) and this path's
-# outer rounds through 4 -> 3 -> 4 (below) keep it in the fast tier
+# slow: the elastic wrapper's replay (tests/decent_dp/test_elastic_wrapper.py) keeps elastic
+# gossip in the fast tier
 @pytest.mark.slow
 @pytest.mark.parametrize("topology", ["ring", "one-peer-exp"])
 def test_clean_leave_and_rejoin_replays_4_3_4(topology: str) -> None:
@@ -85,6 +85,7 @@ def test_killed_replica_rejoins_from_a_neighbour(tmp_path: Path) -> None:
     assert result["steps"]["r2"][9]["cursor"] == 8
 
 
+@pytest.mark.slow  # make test's budget; the wrapper's replay keeps elastic gossip in the fast tier
 def test_outer_rounds_restart_from_the_members_mean_at_each_change() -> None:
     """DiLoCo over 4 -> 3 -> 4: quorums every 2 steps, outer rounds every 4.
 

@@ -183,8 +183,11 @@ def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint
 
 @pytest.mark.parametrize(
     "topology",
-    # hierarchical in the fast tier: its edges of two hosts run in three phases
-    [pytest.param("ring", marks=pytest.mark.slow), "hierarchical"],
+    # slow, both: the fast tier's replay is of one process per host (make test's budget)
+    [
+        pytest.param("ring", marks=pytest.mark.slow),
+        pytest.param("hierarchical", marks=pytest.mark.slow),
+    ],
 )
 def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
     topology: str,
