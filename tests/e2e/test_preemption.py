@@ -165,6 +165,7 @@ def _image_folder(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # make test's 5-minute budget
 def test_sigterm_to_every_process_of_a_step_with_loader_workers_saves_and_exits(
     tmp_path: Path,
 ) -> None:

@@ -106,6 +106,7 @@ def _stall_rank_3(rank: int, world_size: int, timeout_s: float, done: str) -> di
     return out
 
 
+@pytest.mark.slow  # make test's 5-minute budget
 def test_gossip_groups_time_out_with_the_default_group(tmp_path: Path) -> None:
     """A silent peer of a gossip group fails the wait within ``init_process_group``'s timeout."""
     timeout_s = 4.0

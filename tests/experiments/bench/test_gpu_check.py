@@ -97,6 +97,7 @@ def test_pytest_summary_keeps_failures_and_the_final_line() -> None:
     assert "no pytest summary" in pytest_summary("Traceback: import error")
 
 
+@pytest.mark.slow  # make test's 5-minute budget
 def test_a_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     """A part that spawned children and hangs leaves no child running after its timeout."""
     pidfile = tmp_path / "child.pid"

@@ -214,6 +214,7 @@ def test_a_failed_build_is_torn_down(monkeypatch):
     assert tb.read_state(f"{PREFIX}f") is None
 
 
+@pytest.mark.slow  # make test's 5-minute budget
 def test_two_hosts_all_reduce_across_the_capped_wire(bed2, tmp_path):
     """A 2-host all-reduce is right, crosses the link, and takes at least the link's time."""
     numel = 250_000  # 1 MB: 0.4 s at 20 Mb/s

@@ -452,6 +452,7 @@ def test_a_diverged_run_leaves_its_summary_and_tuning_ranks_it_worst(tmp_path, w
     assert f"/1e12`: at step {step}" in text
 
 
+@pytest.mark.slow  # make test's 5-minute budget
 def test_update_norm_is_the_step_of_the_logged_line(tmp_path):
     """Plain SGD under exact averaging of equal models: the step is lr times the gradient."""
     train_job(
