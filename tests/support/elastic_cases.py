@@ -138,6 +138,19 @@ def _die_in_the_quorums_allreduce(gossip: Any) -> None:
     membership.allreduce_sum = crash
 
 
+def gate(plan: dict[str, Any], events: dict[str, Any], step: int) -> None:
+    """Before step ``step + 1``: wait for the plan's ``wait_for`` events due now, set its ``set_at``."""
+    for name, at in plan.get("wait_for", {}).items():
+        if at == step:
+            events[name].wait(60)
+            # the joiner sets the event just before asking for its quorum; a quorum of
+            # the others that reaches the lighthouse first would go on without it
+            time.sleep(1.0)
+    for name, at in plan.get("set_at", {}).items():
+        if at == step:
+            events[name].set()
+
+
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train ``plan['steps']`` steps; leave, die or rejoin as the plan says; report each step.
 
@@ -188,15 +201,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
         while gossip.step_count < plan["steps"]:
             s = gossip.step_count
-            for name, at in plan.get("wait_for", {}).items():
-                if at == s:
-                    events[name].wait(60)
-                    # the joiner sets the event just before asking for its quorum; a quorum of
-                    # the others that reaches the lighthouse first would go on without it
-                    time.sleep(1.0)
-            for name, at in plan.get("set_at", {}).items():
-                if at == s:
-                    events[name].set()
+            gate(plan, events, s)
             params_before = _flat(model)
             if plan.get("die_in_quorum_at") == s:
                 _die_inside_quorum(gossip)

@@ -103,13 +103,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             out.put((rid, "resumed", edp.step_count, ec._flat(model), dict(data)))
         while edp.step_count < plan["steps"]:
             s = edp.step_count
-            for name, at in plan.get("wait_for", {}).items():
-                if at == s:
-                    events[name].wait(60)
-                    time.sleep(1.0)
-            for name, at in plan.get("set_at", {}).items():
-                if at == s:
-                    events[name].set()
+            ec.gate(plan, events, s)
             params_before = ec._flat(model)
             edp.quorum()  # before the batch is read: healing brings the data position
             cursor = data["cursor"]
