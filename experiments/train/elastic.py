@@ -65,7 +65,7 @@ from experiments.train.outer import outer_kwargs
 from experiments.train.task import task_for
 from experiments.train.trainer import per_worker_batch
 
-__all__ = ["run_elastic", "batches_from"]
+__all__ = ["DataPosition", "batches_from", "run_elastic"]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def batches_from(loader: Any, position: int) -> Iterator[tuple[torch.Tensor, tor
         epoch, start = epoch + 1, 0
 
 
-class _Position:
+class DataPosition:
     """The data position a joiner heals with: batches read, and where they come from."""
 
     def __init__(self, loader: Any) -> None:
@@ -239,7 +239,7 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = task.build_model(cfg.model).to(device)
     optim_fn = build_optim_fn(cfg.optim)
     scheduler_fn = build_scheduler_fn(cfg.scheduler, steps_per_epoch, total)
-    position = _Position(data.train)
+    position = DataPosition(data.train)
     out_dir = Path(run_dir) / name
     sink = MetricsLogger(
         out_dir,

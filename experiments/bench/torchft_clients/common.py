@@ -64,27 +64,6 @@ def compose(overrides: list[str]) -> Any:
         return hydra_compose("config", overrides=["logger=none", *overrides])
 
 
-class Position:
-    """Batches read so far (across epochs): the data position a joiner heals with."""
-
-    def __init__(self, loader: Any) -> None:
-        from experiments.train.elastic import batches_from
-
-        self._from = batches_from
-        self.loader = loader
-        self.read = 0
-        self.batches = batches_from(loader, 0)
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = next(self.batches)
-        self.read += 1
-        return batch
-
-    def load(self, read: int) -> None:
-        self.read = int(read)
-        self.batches = self._from(self.loader, self.read)
-
-
 class Workload:
     """The task, data, model, optimizer and scheduler of one host, as the elastic job builds them."""
 
@@ -113,7 +92,9 @@ class Workload:
         named = [(p, n) for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = build_optim_fn(cfg.optim)(named)
         self.scheduler = build_scheduler_fn(cfg.scheduler, per_epoch, self.total)(self.optimizer)
-        self.position = Position(self.data.train)
+        from experiments.train.elastic import DataPosition  # the elastic job's own
+
+        self.position = DataPosition(self.data.train)
 
     def loss(self, model: torch.nn.Module) -> torch.Tensor:
         """The next batch's loss through ``model`` (the wrapped or the plain module)."""

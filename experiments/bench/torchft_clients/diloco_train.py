@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         work.model.load_state_dict(state["model"])
         work.optimizer.load_state_dict(state["optim"])
         work.scheduler.load_state_dict(state["scheduler"])
-        work.position.load(state["read"])
+        work.position.load(state)  # its "read"
         inner["step"] = int(state["step"])
         healed.append(inner["step"])
 
