@@ -417,10 +417,15 @@ class ElasticDataParallel(nn.Module):
                 "the next quorum"
             )
 
+    def _flat(self) -> torch.Tensor:
+        """A flat copy of the trained parameters, in the module's order."""
+        return torch.cat(
+            [p.detach().reshape(-1) for p in self.module.parameters() if p.requires_grad]
+        )
+
     def _consensus_distance(self) -> float:
         """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes (two all-reduces)."""
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        x = torch.cat([p.detach().reshape(-1) for p in params]).to(torch.float64)
+        x = self._flat().to(torch.float64)
         n = dist.get_world_size()
         mean = x.clone()
         dist.all_reduce(mean)
@@ -438,8 +443,7 @@ class ElasticDataParallel(nn.Module):
         Raises:
             RuntimeError: A member is gone since the latest quorum.
         """
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        flat = self._flat()
         dist.all_reduce(flat)
         return flat / dist.get_world_size()
 
