@@ -19,6 +19,7 @@ __version__ = "0.3.0"
 
 _EXPORTS = {
     "DecentralizedDataParallel": "ddp",
+    "PackedWorkers": "packed",
     "Edge": "topo",
     "Topology": "topo",
     "TopologyReg": "topo",
@@ -49,7 +50,7 @@ _EXPORTS = {
     "save_sharded_checkpoint": "_sharded_ckpt",
     "load_sharded_checkpoint": "_sharded_ckpt",
 }
-_SUBMODULES = ("ddp", "topo", "metrics", "optim", "utils", "mixing")
+_SUBMODULES = ("ddp", "topo", "metrics", "optim", "utils", "mixing", "packed")
 
 # the names above, in that order, each imported from its module on first use
 __all__ = list(_EXPORTS)
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
     from .optim import optim_fn_lagged_v_adamw as optim_fn_lagged_v_adamw
     from .optim import optim_fn_qgm_sgd as optim_fn_qgm_sgd
     from .optim import optim_fn_sgd as optim_fn_sgd
+    from .packed import PackedWorkers as PackedWorkers
     from .topo import BaseKTopology as BaseKTopology
     from .topo import Edge as Edge
     from .topo import LocalSGDTopology as LocalSGDTopology

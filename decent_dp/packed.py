@@ -1,0 +1,496 @@
+"""Packed workers: ``n`` decentralized workers of one model trained in one process.
+
+Every trained parameter is stacked on a leading worker dimension, and so is
+every buffer: ``x[i]`` is worker ``i``'s copy. One forward over stacked
+inputs (``torch.func.vmap`` of ``functional_call``) and one backward give
+every worker its own gradient, since worker ``i``'s loss depends on ``x[i]``
+alone. :meth:`PackedWorkers.step` then takes the wrapper's step for every
+worker at once::
+
+    x_i(t) = sum_j W_ij(t) x_j(t-1) + d_i(t)
+
+with ``d_i(t)`` worker ``i``'s optimizer update computed at ``x_i(t-1)`` and
+``W(t)`` the mixing matrix of the topology's round ``(t-1) mod period``, as
+:class:`decent_dp.DecentralizedDataParallel` computes it across processes.
+
+Why it is exact:
+
+* **The optimizer.** The user's ``optim_fn`` is called on the model's own
+  ``(parameter, name)`` pairs, so its parameter groups (weight decay on
+  weights, ``ndim >= 2``, only) are the ones a worker gets; the stacked
+  tensors then take the places of the parameters. An optimizer whose update
+  is elementwise is then exactly ``n`` optimizers, one per worker: SGD, Adam,
+  AdamW, this package's AccumAdam(W), LaggedVAdamW and QGMSGD. Any other is
+  refused, since a norm or a matrix step over a stacked tensor would mix the
+  workers.
+* **Gradient clipping** is per worker: each worker's own global norm.
+* **Mixing** costs ``O(n P)`` whatever the round: each group's sum is an
+  ``index_add`` over the worker dimension, and each worker takes ``W_ii``
+  of its own value and ``W_ij`` of every other member's (a one-peer round
+  is a gather, not a dense ``n x n`` product).
+* **The outer optimizer** (DiLoCo, SlowMo) keeps one outer copy ``x_outer``;
+  at every step ``t > 1`` with ``t % outer_every == 0`` it steps on
+  ``x_outer - xbar(t-1)`` and every worker continues from ``x_outer + d_i(t)``,
+  as the wrapper's outer rounds do (:mod:`decent_dp._outer`).
+* **``topology="allreduce"``** is the synchronous baseline: every worker
+  steps on the workers' mean gradient (clipped as one), so the copies stay
+  identical, as torch's DDP with an ordinary optimizer keeps them.
+
+Example::
+
+    packed = PackedWorkers(
+        model, workers=8, optim_fn=partial(optim_fn_adamw, lr=1e-3),
+        topology="one-peer-exp",
+    )
+    for xs, ys in loader:                 # xs: (8, batch, ...), one batch per worker
+        losses = loss_fn(packed(xs), ys)  # (8,), one loss per worker
+        losses.sum().backward()           # every worker's own gradient
+        packed.step()
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+from torch.optim import Optimizer
+
+from ._accum_adam import AccumAdam, AccumAdamW
+from ._codecs import parse_compression
+from ._comm_cost import exchange_bytes
+from ._factories import check_scheduler, resolve_optim_fn
+from ._lagged_adamw import LaggedVAdamW
+from ._outer import OuterOptimFn, check_outer_args
+from ._qgm import QGMSGD
+from .topo import Edge, Topology, TopologyReg
+
+__all__ = ["ALLREDUCE", "ELEMENTWISE_OPTIMIZERS", "PackedWorkers"]
+
+ALLREDUCE = "allreduce"
+"""The topology name of the synchronous baseline: one step on the workers' mean gradient."""
+
+ELEMENTWISE_OPTIMIZERS: tuple[type[Optimizer], ...] = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.AdamW,
+    AccumAdam,
+    AccumAdamW,
+    LaggedVAdamW,
+    QGMSGD,
+)
+"""Optimizer classes whose step over a stacked tensor is one independent step per worker."""
+
+
+@dataclass
+class _Round:
+    """One round of the topology as gather indices and per-worker weights."""
+
+    group_of: torch.Tensor  # (n,) the index of each worker's group
+    groups: int
+    keep: torch.Tensor  # (n,) W_ii - W_ij: what a worker keeps beyond its share of the sum
+    share: torch.Tensor  # (n,) W_ij, the weight of each member of its group's sum
+    alone: bool  # every worker in a group of one: nothing to mix
+    sizes: list[int]  # the group size of each worker
+
+    @classmethod
+    def of(cls, edges: Sequence[Edge], n: int, device: torch.device) -> _Round:
+        group_of = torch.empty(n, dtype=torch.long)
+        keep = torch.empty(n, dtype=torch.float64)
+        share = torch.empty(n, dtype=torch.float64)
+        sizes = [1] * n
+        for g, edge in enumerate(edges):
+            for rank in edge.ranks:
+                group_of[rank] = g
+                keep[rank] = edge.self_weight - edge.peer_weight
+                share[rank] = edge.peer_weight
+                sizes[rank] = len(edge.ranks)
+        return cls(
+            group_of.to(device),
+            len(edges),
+            keep.to(device),
+            share.to(device),
+            all(s == 1 for s in sizes),
+            sizes,
+        )
+
+    def mix(self, x: torch.Tensor) -> torch.Tensor:
+        """``W x`` over the leading worker dimension of ``x``."""
+        shape = (-1,) + (1,) * (x.dim() - 1)
+        sums = x.new_zeros((self.groups, *x.shape[1:])).index_add_(0, self.group_of, x)
+        keep = self.keep.to(x.dtype).view(shape)
+        share = self.share.to(x.dtype).view(shape)
+        return keep * x + share * sums.index_select(0, self.group_of)
+
+
+def _worker_count(workers: Any) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is invalid; it must be an integer >= 1")
+    return workers
+
+
+def _check_elementwise(opt: Optimizer) -> None:
+    if type(opt) not in ELEMENTWISE_OPTIMIZERS:
+        allowed = ", ".join(k.__name__ for k in ELEMENTWISE_OPTIMIZERS)
+        raise ValueError(
+            f"optim_fn built {type(opt).__name__}, which packed workers cannot step exactly; "
+            f"allowed: {allowed} (an update that is elementwise over a stacked tensor)"
+        )
+
+
+class PackedWorkers:
+    """``workers`` decentralized workers of one model, stacked and trained in one process.
+
+    The workers start from ``model``'s parameters (as the wrapper's workers
+    start from rank 0's). ``model`` itself stays untouched and serves as the
+    template of the forward pass; keep it on the device the workers train on.
+
+    Args:
+        model: The module every worker trains a copy of.
+        workers: ``n``, the number of workers.
+        optim_fn: As for :class:`decent_dp.DecentralizedDataParallel`: builds an
+            optimizer from ``(parameter, name)`` pairs. It must be one of
+            :data:`ELEMENTWISE_OPTIMIZERS`.
+        lr_scheduler_fn: Builds an LR scheduler from that optimizer; stepped once
+            per step. ``None`` keeps the learning rate constant.
+        topology: A registered name, a :class:`~decent_dp.topo.Topology` instance
+            for ``workers`` workers, or ``"allreduce"`` (:data:`ALLREDUCE`).
+        grad_clip_norm: Clip each worker's global gradient norm to this value
+            (the mean gradient's under ``allreduce``); 0 disables.
+        local_world_size: Workers per node for topologies that read it
+            (``alternating-exp-ring``, ``hierarchical``); 1 by default (every
+            worker a node of its own), as :func:`decent_dp.topo.mixing_matrices` has it.
+        topology_kwargs: Extra keyword arguments for a topology given by name.
+        outer_optim_fn: The outer optimizer (DiLoCo, SlowMo) over ``x_outer`` (a
+            list of tensors), as for the wrapper.
+        outer_every: ``H``: step ``t > 1`` with ``t % H == 0`` is an outer round.
+        outer_scale_by_inner_lr: SlowMo's update: the outer gradient divided by the
+            inner learning rate of that step, the outer learning rate times it.
+
+    Raises:
+        ValueError: A bad ``workers``, an unknown topology or one built for another
+            worker count, a negative ``grad_clip_norm``, an optimizer that is not
+            elementwise, outer arguments the wrapper refuses too, or an outer
+            optimizer with ``allreduce``.
+        TypeError: A factory returns the wrong type.
+
+    Example::
+
+        packed = PackedWorkers(model, 8, partial(optim_fn_sgd, lr=0.1), topology="ring")
+        out = packed(x.expand(8, *x.shape))   # every worker's output on the same batch
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        workers: int,
+        optim_fn: Callable[[list[tuple[torch.Tensor, str]]], Optimizer],
+        lr_scheduler_fn: Callable[[Optimizer], Any] | None = None,
+        topology: str | Topology = "complete",
+        *,
+        grad_clip_norm: float = 0.0,
+        local_world_size: int | None = None,
+        topology_kwargs: dict[str, Any] | None = None,
+        outer_optim_fn: OuterOptimFn | None = None,
+        outer_every: int | None = None,
+        outer_scale_by_inner_lr: bool = False,
+    ):
+        n = _worker_count(workers)
+        clip = float(grad_clip_norm)
+        if not (math.isfinite(clip) and clip >= 0):
+            raise ValueError(f"grad_clip_norm={grad_clip_norm!r} is invalid; it must be >= 0")
+        named: list[tuple[str, torch.Tensor]] = [
+            (name, p) for name, p in model.named_parameters() if p.requires_grad
+        ]
+        if not named:
+            raise ValueError("model has no parameter with requires_grad=True to train")
+        self.module = model
+        self.workers = n
+        self.grad_clip_norm = clip
+        self.allreduce = isinstance(topology, str) and topology == ALLREDUCE
+        if self.allreduce:
+            self.topology: Topology | None = None
+        else:
+            self.topology = TopologyReg.create(
+                topology, n, local_world_size or 1, **(topology_kwargs or {})
+            )
+            if self.topology.world_size != n:
+                raise ValueError(
+                    f"topology {self.topology!r} is built for world_size="
+                    f"{self.topology.world_size}, but there are workers={n}"
+                )
+        check_outer_args(
+            outer_optim_fn, outer_every, named[0][1], scale_by_inner_lr=outer_scale_by_inner_lr
+        )
+        if self.allreduce and outer_optim_fn is not None:
+            raise ValueError(
+                "an outer optimizer does not combine with topology='allreduce' "
+                "(the workers' copies are identical already)"
+            )
+
+        self.names = [name for name, _ in named]
+        self.params = [self._stack(p).requires_grad_() for _, p in named]
+        self.frozen = {
+            name: p.detach() for name, p in model.named_parameters() if not p.requires_grad
+        }
+        self.buffers = {name: self._stack(b) for name, b in model.named_buffers()}
+
+        build, trial = resolve_optim_fn(optim_fn, named)
+        _check_elementwise(trial)
+        if trial.state:
+            raise ValueError(
+                f"optim_fn built {type(trial).__name__} with state already in it; "
+                "packed workers need a fresh optimizer"
+            )
+        stacked = {id(p): s for (_, p), s in zip(named, self.params)}
+        for group in trial.param_groups:  # the model's groups, each parameter stacked
+            group["params"] = [stacked[id(p)] for p in group["params"]]
+        self.optimizer = trial
+        # checked on a throwaway optimizer, since a scheduler edits the one it is given
+        check_scheduler(lr_scheduler_fn, build(list(named)))
+        self.scheduler = lr_scheduler_fn(self.optimizer) if lr_scheduler_fn else None
+
+        self.outer_every = outer_every if outer_optim_fn is not None else None
+        self.outer_scale_by_inner_lr = bool(outer_scale_by_inner_lr)
+        self.x_outer: list[torch.Tensor] = []
+        self.outer_optimizer: Optimizer | None = None
+        if outer_optim_fn is not None:
+            self.x_outer = [p.detach()[0].clone() for p in self.params]
+            self.outer_optimizer = outer_optim_fn(self.x_outer)
+
+        device = self.params[0].device
+        self._rounds = (
+            [] if self.topology is None else [_Round.of(r, n, device) for r in self.topology.rounds]
+        )
+        self.step_count = 0
+
+    def _stack(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().unsqueeze(0).repeat(self.workers, *([1] * t.dim())).contiguous()
+
+    # ---------------------------------------------------------------- forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Every worker's forward pass: tensor arguments carry a leading worker dimension.
+
+        Non-tensor arguments and ``kwargs`` go to every worker unchanged. The
+        output has the worker dimension first.
+        """
+        names = self.names
+
+        def one(params: list[torch.Tensor], buffers: dict[str, torch.Tensor], *xs: Any) -> Any:
+            own = dict(zip(names, params))
+            return functional_call(self.module, (own, self.frozen, buffers), xs, kwargs)
+
+        in_dims = (0, 0, *(0 if isinstance(a, torch.Tensor) else None for a in args))
+        return vmap(one, in_dims=in_dims, randomness="different")(self.params, self.buffers, *args)
+
+    # ---------------------------------------------------------------- the step
+
+    def _clip(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads or self.grad_clip_norm <= 0:
+            return
+        sq = torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0)
+        coef = torch.clamp(self.grad_clip_norm / (sq.sqrt() + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)))
+
+    def _mean_gradient(self) -> None:
+        for p in self.params:
+            if p.grad is not None:
+                p.grad.copy_(p.grad.mean(0, keepdim=True).expand_as(p.grad))
+
+    def _outer_due(self, t: int) -> bool:
+        # no gossip precedes step 1, so an outer round due there does not happen (as in the wrapper)
+        return self.outer_every is not None and t > 1 and t % self.outer_every == 0
+
+    def _outer_step(self, old: list[torch.Tensor]) -> None:
+        """Step ``x_outer`` on ``x_outer - xbar(t-1)`` (SlowMo's scaling if asked)."""
+        opt = self.outer_optimizer
+        assert opt is not None
+        gamma = 1.0
+        if self.outer_scale_by_inner_lr:
+            gamma = float(self.optimizer.param_groups[0]["lr"])
+            if not (gamma > 0 and math.isfinite(gamma)):
+                raise ValueError(
+                    f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this "
+                    "outer step; it must be > 0"
+                )
+        for x, o in zip(self.x_outer, old):
+            x.grad = (x - o.mean(0)) / gamma
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * gamma
+        try:
+            opt.step()
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr
+        for x in self.x_outer:
+            x.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Every worker's step ``t``: its optimizer update at ``x_i(t-1)`` plus the round's mix.
+
+        Call it after the backward of every worker's loss. Parameters without a
+        gradient take no optimizer step, as in the wrapper; they are still mixed.
+        """
+        t = self.step_count + 1
+        if self.allreduce:
+            self._mean_gradient()
+        self._clip()
+        outer = self._outer_due(t)
+        rnd = self._rounds[(t - 1) % len(self._rounds)] if self._rounds else None
+        mixes = outer or (rnd is not None and not rnd.alone)
+        old = [p.detach().clone() for p in self.params] if mixes else []
+        if outer:
+            self._outer_step(old)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        for p in self.params:
+            p.grad = None
+        if mixes:
+            for i, (p, o) in enumerate(zip(self.params, old)):
+                p.sub_(o)  # d_i(t)
+                if outer:
+                    p.add_(self.x_outer[i])
+                else:
+                    assert rnd is not None
+                    p.add_(rnd.mix(o))
+        self.step_count = t
+
+    def zero_grad(self) -> None:
+        """Drop every worker's gradients (:meth:`step` does it too)."""
+        for p in self.params:
+            p.grad = None
+
+    # ---------------------------------------------------------------- metrics
+
+    @torch.no_grad()
+    def consensus_distance(self) -> torch.Tensor:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over every trained parameter, as a float64 tensor."""
+        total = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
+        for p in self.params:
+            total += (p - p.mean(0, keepdim=True)).double().square().sum()
+        return total / self.workers
+
+    def param_count(self) -> int:
+        """Trained elements of one worker's model."""
+        return sum(p[0].numel() for p in self.params)
+
+    def comm_bytes_per_step(self) -> float:
+        """Bytes one worker would send per step, averaged over workers and over the schedule.
+
+        Exact gossip's cost model (:func:`decent_dp._comm_cost.exchange_bytes`, the
+        whole model as one block): a group of ``k`` all-reduces, ``2 (k-1) / k`` of
+        the model per member. ``allreduce`` all-reduces the gradients every step; an
+        outer round all-reduces the model over every worker in place of its round.
+        """
+        spec = parse_compression(None)
+        numel, size = self.param_count(), self.params[0].element_size()
+        n = self.workers
+        if self.allreduce:
+            return exchange_bytes(spec, numel, size, n)
+        period = len(self._rounds)
+        steps = period
+        if self.outer_every is not None:
+            steps = period * self.outer_every // math.gcd(period, self.outer_every)
+        total = 0.0
+        for t in range(1, steps + 1):
+            if self.outer_every is not None and t % self.outer_every == 0:
+                total += exchange_bytes(spec, numel, size, n)
+            else:
+                sizes = self._rounds[(t - 1) % period].sizes
+                total += sum(exchange_bytes(spec, numel, size, k) for k in sizes) / n
+        return total / steps
+
+    # ---------------------------------------------------------------- models
+
+    @torch.no_grad()
+    def worker_state_dict(self, worker: int) -> dict[str, torch.Tensor]:
+        """Worker ``worker``'s model as ``model.state_dict()`` keys (copies)."""
+        if not 0 <= worker < self.workers:
+            raise ValueError(
+                f"worker={worker} is out of range; it must be in 0..{self.workers - 1}"
+            )
+        return self._state(lambda s: s[worker].clone())
+
+    @torch.no_grad()
+    def averaged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The workers' average model as ``model.state_dict()`` keys.
+
+        Floating-point buffers are averaged too; other buffers (counters) are worker 0's.
+        """
+
+        def mean(s: torch.Tensor) -> torch.Tensor:
+            return s.mean(0) if s.is_floating_point() else s[0].clone()
+
+        return self._state(mean)
+
+    def _state(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        for name, p in zip(self.names, self.params):
+            state[name] = pick(p.detach())
+        for name, b in self.buffers.items():
+            state[name] = pick(b)
+        return state
+
+    def averaged_module(self) -> nn.Module:
+        """A copy of the model holding the workers' average (for evaluation)."""
+        model = copy.deepcopy(self.module)
+        model.load_state_dict(self.averaged_state_dict())
+        return model
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resume needs: the stacked models, optimizer, scheduler, outer state, step."""
+        state: dict[str, Any] = {
+            "step": self.step_count,
+            "workers": self.workers,
+            "params": {n: p.detach().clone() for n, p in zip(self.names, self.params)},
+            "buffers": {n: b.clone() for n, b in self.buffers.items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        if self.outer_optimizer is not None:
+            state["x_outer"] = [x.clone() for x in self.x_outer]
+            state["outer_optimizer"] = self.outer_optimizer.state_dict()
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load :meth:`state_dict`'s output in place; the next step continues exactly.
+
+        Raises:
+            ValueError: The state is of another worker count or another model.
+        """
+        if state.get("workers") != self.workers:
+            raise ValueError(
+                f"the state holds workers={state.get('workers')!r}; these are workers={self.workers}"
+            )
+        if sorted(state["params"]) != sorted(self.names):
+            raise ValueError("the state's parameter names differ from this model's")
+        for name, p in zip(self.names, self.params):
+            p.copy_(state["params"][name])
+        for name, b in self.buffers.items():
+            b.copy_(state["buffers"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.outer_optimizer is not None:
+            for x, saved in zip(self.x_outer, state["x_outer"]):
+                x.copy_(saved)
+            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        self.step_count = int(state["step"])
