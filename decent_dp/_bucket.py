@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,7 +35,7 @@ def is_dense(t: torch.Tensor) -> bool:
     return t.dim() == 5 and t.is_contiguous(memory_format=torch.channels_last_3d)
 
 
-def aligned_offsets(params: list[nn.Parameter], element_size: int) -> tuple[list[int], int]:
+def aligned_offsets(params: Sequence[torch.Tensor], element_size: int) -> tuple[list[int], int]:
     """Element offsets of each parameter, each a multiple of ``ALIGN_BYTES``, and the padded total."""
     step = max(1, ALIGN_BYTES // element_size)
     offsets, off = [], 0

@@ -62,6 +62,7 @@ from torch.func import functional_call, vmap
 from torch.optim import Optimizer
 
 from ._accum_adam import AccumAdam, AccumAdamW
+from ._bucket import aligned_offsets
 from ._codecs import parse_compression
 from ._comm_cost import exchange_bytes
 from ._factories import check_scheduler, resolve_optim_fn
@@ -126,6 +127,17 @@ class _Round:
         keep = self.keep.to(x.dtype).view(shape)
         share = self.share.to(x.dtype).view(shape)
         return keep * x + share * sums.index_select(0, self.group_of)
+
+
+class _Apply(nn.Module):
+    """Holds the model as ``inner`` so that ``functional_call`` can run any function of it."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(self.inner, *args, **kwargs)
 
 
 def _worker_count(workers: Any) -> int:
@@ -239,6 +251,10 @@ class PackedWorkers:
             name: p.detach() for name, p in model.named_parameters() if not p.requires_grad
         }
         self.buffers = {name: self._stack(b) for name, b in model.named_buffers()}
+        # the same tensors under the names they have inside map()'s holder module
+        self._names = [f"inner.{n}" for n in self.names]
+        self._frozen = {f"inner.{n}": t for n, t in self.frozen.items()}
+        self._buffers = {f"inner.{n}": t for n, t in self.buffers.items()}
 
         build, trial = resolve_optim_fn(optim_fn, named)
         _check_elementwise(trial)
@@ -263,6 +279,8 @@ class PackedWorkers:
             self.x_outer = [p.detach()[0].clone() for p in self.params]
             self.outer_optimizer = outer_optim_fn(self.x_outer)
 
+        self._apply = _Apply(model)
+        self._delta_sq: torch.Tensor | None = None  # ||Delta||^2 of the latest outer round
         device = self.params[0].device
         self._rounds = (
             [] if self.topology is None else [_Round.of(r, n, device) for r in self.topology.rounds]
@@ -283,14 +301,39 @@ class PackedWorkers:
         Non-tensor arguments and ``kwargs`` go to every worker unchanged. The
         output has the worker dimension first.
         """
-        names = self.names
+        return self.map(lambda module, *xs: module(*xs, **kwargs), *args)
+
+    def map(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(module, *args)`` for every worker at once, ``module`` holding that worker's model.
+
+        Tensor arguments carry a leading worker dimension (worker ``i`` gets row
+        ``i``); other arguments go to every worker unchanged. ``fn`` must return
+        tensors (or tuples of them), which come back with the worker dimension
+        first. A training forward with its loss is one call::
+
+            losses = packed.map(lambda m, x, y: F.cross_entropy(m(x), y), xs, ys)  # (n,)
+        """
+        names = self._names
 
         def one(params: list[torch.Tensor], buffers: dict[str, torch.Tensor], *xs: Any) -> Any:
             own = dict(zip(names, params))
-            return functional_call(self.module, (own, self.frozen, buffers), xs, kwargs)
+            return functional_call(self._apply, (own, self._frozen, buffers), (fn, *xs))
 
         in_dims = (0, 0, *(0 if isinstance(a, torch.Tensor) else None for a in args))
-        return vmap(one, in_dims=in_dims, randomness="different")(self.params, self.buffers, *args)
+        return vmap(one, in_dims=in_dims, randomness="different")(self.params, self._buffers, *args)
+
+    def call(self, worker: int, *args: Any, **kwargs: Any) -> Any:
+        """Worker ``worker``'s forward on unstacked inputs (no worker dimension), e.g. to evaluate it."""
+        self._check_worker(worker)
+        own = {n: p[worker] for n, p in zip(self.names, self.params)}
+        buffers = {n: b[worker] for n, b in self.buffers.items()}
+        return functional_call(self.module, (own, self.frozen, buffers), args, kwargs)
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.workers:
+            raise ValueError(
+                f"worker={worker} is out of range; it must be in 0..{self.workers - 1}"
+            )
 
     # ---------------------------------------------------------------- the step
 
@@ -324,8 +367,12 @@ class PackedWorkers:
                     f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this "
                     "outer step; it must be > 0"
                 )
+        sq = torch.zeros((), dtype=torch.float64, device=self.x_outer[0].device)
         for x, o in zip(self.x_outer, old):
-            x.grad = (x - o.mean(0)) / gamma
+            delta = x - o.mean(0)
+            sq += delta.double().square().sum()
+            x.grad = delta / gamma
+        self._delta_sq = sq
         saved = [g["lr"] for g in opt.param_groups]
         for g in opt.param_groups:
             g["lr"] = g["lr"] * gamma
@@ -384,6 +431,10 @@ class PackedWorkers:
             total += (p - p.mean(0, keepdim=True)).double().square().sum()
         return total / self.workers
 
+    def outer_delta_norm(self) -> float | None:
+        """``||x_outer - xbar||`` at the latest outer round (reads the device); ``None`` before one."""
+        return None if self._delta_sq is None else float(self._delta_sq.sqrt())
+
     def param_count(self) -> int:
         """Trained elements of one worker's model."""
         return sum(p[0].numel() for p in self.params)
@@ -391,28 +442,39 @@ class PackedWorkers:
     def comm_bytes_per_step(self) -> float:
         """Bytes one worker would send per step, averaged over workers and over the schedule.
 
-        Exact gossip's cost model (:func:`decent_dp._comm_cost.exchange_bytes`, the
-        whole model as one block): a group of ``k`` all-reduces, ``2 (k-1) / k`` of
-        the model per member. ``allreduce`` all-reduces the gradients every step; an
+        Exact gossip's cost model (:func:`decent_dp._comm_cost.exchange_bytes`) over
+        the wrapper's blocks, every parameter aligned to 256 bytes: a group of ``k``
+        all-reduces, ``2 (k-1) / k`` of the model per member. ``allreduce`` all-reduces the gradients every step; an
         outer round all-reduces the model over every worker in place of its round.
         """
+        steps = self._schedule_bytes()
+        return sum(steps) / len(steps)
+
+    def comm_peak_bytes_per_step(self) -> float:
+        """The most bytes one worker would send in one step of the schedule (mean over workers)."""
+        return max(self._schedule_bytes())
+
+    def _schedule_bytes(self) -> list[float]:
+        """Bytes per worker of each step of one whole schedule (rounds and outer rounds)."""
         spec = parse_compression(None)
-        numel, size = self.param_count(), self.params[0].element_size()
+        size = self.params[0].element_size()
         n = self.workers
-        if self.allreduce:
-            return exchange_bytes(spec, numel, size, n)
+        if self.allreduce:  # torch's DDP all-reduces the gradients unpadded
+            return [exchange_bytes(spec, self.param_count(), size, n)]
+        # the wrapper's blocks align every parameter to 256 bytes, and send the padding too
+        numel = aligned_offsets([p[0] for p in self.params], size)[1]
         period = len(self._rounds)
         steps = period
         if self.outer_every is not None:
             steps = period * self.outer_every // math.gcd(period, self.outer_every)
-        total = 0.0
+        out = []
         for t in range(1, steps + 1):
             if self.outer_every is not None and t % self.outer_every == 0:
-                total += exchange_bytes(spec, numel, size, n)
+                out.append(exchange_bytes(spec, numel, size, n))
             else:
                 sizes = self._rounds[(t - 1) % period].sizes
-                total += sum(exchange_bytes(spec, numel, size, k) for k in sizes) / n
-        return total / steps
+                out.append(sum(exchange_bytes(spec, numel, size, k) for k in sizes) / n)
+        return out
 
     # ---------------------------------------------------------------- models
 

@@ -92,6 +92,7 @@ from experiments.schema import (
     require,
     typed_section,
 )
+from experiments.train.engine import EngineConfig
 from experiments.train.fault_tolerance import FaultToleranceConfig
 from experiments.train.optim_schema import (
     AccumAdamConfig,
@@ -426,6 +427,7 @@ class MainConfig:
     logger: Any = MISSING
     outer: Any = None  # the outer group (experiments.train.outer); None reads as outer=none
     fault_tolerance: Any = None  # experiments.train.fault_tolerance; None reads as none
+    engine: Any = None  # experiments.train.packed; None reads as distributed
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -466,6 +468,7 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "logger": {"logger": LoggerConfig},
     "outer": {"outer": OuterConfig},
     "fault_tolerance": {"fault_tolerance": FaultToleranceConfig},
+    "engine": {"engine": EngineConfig},
 }
 
 

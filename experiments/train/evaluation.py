@@ -19,12 +19,12 @@ collectives, so every rank computes them at the same steps. Under
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from experiments.train.packed import PackedStep, packed_eval_sums
 from experiments.train.step import TrainStep
 
 __all__ = ["Evaluator"]
@@ -34,7 +34,8 @@ class Evaluator:
     """Evaluates the model that a :class:`~experiments.train.step.TrainStep` trains.
 
     Args:
-        test: This rank's shard of the test set: batches of ``(inputs, labels)``.
+        test: This rank's shard of the test set: batches of ``(inputs, labels)``; under
+            ``engine=packed`` one such shard per worker.
         train_step: The step whose model is evaluated (its wrapper, bare module
             and autocast).
 
@@ -44,9 +45,7 @@ class Evaluator:
         result = evaluator.evaluate(step=100)  # eval/acc, eval/acc_local, eval/loss, ...
     """
 
-    def __init__(
-        self, test: Iterable[tuple[torch.Tensor, torch.Tensor]], train_step: TrainStep
-    ) -> None:
+    def __init__(self, test: Any, train_step: TrainStep | PackedStep) -> None:
         self.test = test
         self.train_step = train_step
         self.device = train_step.device
@@ -55,9 +54,12 @@ class Evaluator:
 
     def consensus(self, sketch: int | None = None) -> float:
         """Consensus distance, exact or sketched (a collective); 0 under ``allreduce``."""
-        if not self.train_step.decentralized:
+        step = self.train_step
+        if not step.decentralized:
             return 0.0
-        return self.train_step.ddp.consensus_distance(sketch=sketch)
+        if isinstance(step, PackedStep):
+            return step.consensus(sketch)
+        return step.ddp.consensus_distance(sketch=sketch)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """The task's metrics and ``consensus/distance``, on every rank.
@@ -69,7 +71,9 @@ class Evaluator:
             step: The current step, remembered with the result.
         """
         task = self.train_step.task
-        if self.train_step.decentralized:
+        if isinstance(self.train_step, PackedStep):
+            avg, own = packed_eval_sums(self.train_step, self.test)
+        elif self.train_step.decentralized:
             with self.train_step.ddp.averaged():
                 avg = self._local()
             own = self._local()

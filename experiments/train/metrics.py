@@ -106,9 +106,11 @@ class Metrics:
             ``consensus_sketch``, ``progress``).
         device: The training device (where the window's sums live).
         rank: This process's rank; only rank 0 writes.
-        world_size: Number of ranks.
-        batch_size: Samples per step on each rank.
+        world_size: Number of ranks (processes).
+        batch_size: Samples per step on each worker.
         steps_per_epoch: Training steps in one epoch.
+        workers: Workers of the job (``engine.workers`` under ``engine=packed``, whose one
+            process trains them all); the world size by default.
 
     Example::
 
@@ -129,6 +131,7 @@ class Metrics:
         world_size: int,
         batch_size: int,
         steps_per_epoch: int,
+        workers: int | None = None,
     ) -> None:
         self.every = int(log_cfg.every)
         # images count no tokens; count_tokens() turns the token metrics on
@@ -138,6 +141,7 @@ class Metrics:
         self.sketch = int(log_cfg.consensus_sketch)
         self.show_progress = bool(log_cfg.progress)
         self.rank, self.world_size = rank, world_size
+        self.workers = world_size if workers is None else int(workers)
         self.batch_size, self.steps_per_epoch = batch_size, steps_per_epoch
         self.window = TrainWindow(device)
         self.clock = WindowClock(device)
@@ -194,15 +198,15 @@ class Metrics:
         self.tokens_per_sample, self.flops_per_token = tokens_per_sample, flops_per_token
 
     def tokens(self, step: int) -> int:
-        """Training tokens consumed by all ranks in ``step`` steps."""
-        return step * self.world_size * self.batch_size * self.tokens_per_sample
+        """Training tokens consumed by all workers in ``step`` steps."""
+        return step * self.workers * self.batch_size * self.tokens_per_sample
 
     def token_rates(self, samples_per_s: float | None) -> dict[str, float]:
         """``perf/tokens_per_s`` and ``perf/mfu`` of a throughput in samples per second."""
         if not self.tokens_per_sample or samples_per_s is None:
             return {}
         tokens_per_s = samples_per_s * self.tokens_per_sample
-        per_rank = tokens_per_s / self.world_size
+        per_rank = tokens_per_s / self.world_size  # per process, so per device
         return {
             "perf/tokens_per_s": tokens_per_s,
             "perf/mfu": self.flops_per_token * per_rank / self.peak_flops,
@@ -236,7 +240,7 @@ class Metrics:
             line["train/acc"] = totals[2] / totals[3]
         line["train/lr"] = lr
         if seconds > 0 and steps > 0:
-            sps = self.world_size * self.batch_size * steps / seconds
+            sps = self.workers * self.batch_size * steps / seconds
             line["perf/samples_per_s"] = sps
             line["perf/step_s"] = seconds / steps
             line.update(self.token_rates(sps))
@@ -256,14 +260,21 @@ class Metrics:
         """Write one line to the sinks (rank 0 only)."""
         self.sink.log(line)
 
-    def log_class_histogram(self, step: int, histogram: Any) -> None:
-        """Log every rank's class counts once (one ``all_gather_object``)."""
-        hists: list[Any] = [None] * self.world_size
-        dist.all_gather_object(hists, [int(c) for c in histogram])
+    def log_class_histogram(self, step: int, histograms: list[Any]) -> None:
+        """Log every worker's class counts once (one ``all_gather_object``).
+
+        Args:
+            step: The step of the line.
+            histograms: This process's workers' class counts, one list each (one worker
+                per process, except under ``engine=packed``).
+        """
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, [[int(c) for c in h] for h in histograms])
+        hists = [h for part in gathered for h in part]
         if self.rank == 0:
             self.log(self.line(step, **{"data/class_histogram": hists}))
             for r, h in enumerate(hists):
-                log.info("rank %d class histogram: %s", r, h)
+                log.info("worker %d class histogram: %s", r, h)
 
     def drop_after(self, step: int) -> int:
         """Forget the lines after ``step``, which a resumed run logs again."""

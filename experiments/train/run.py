@@ -63,10 +63,12 @@ from experiments.train.config import (
     state_sync_arg,
 )
 from experiments.train.elastic import run_elastic
+from experiments.train.engine import engine_workers, is_packed
 from experiments.train.fault_tolerance import check_fault_tolerance, is_elastic
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
 from experiments.train.optim import build_optim_fn
 from experiments.train.outer import outer_every
+from experiments.train.packed import check_engine
 from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.preempt import preemption_signal
 from experiments.train.targets import build_topology, check_targets, resolve_targets
@@ -158,6 +160,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
     """
     cfg = resolve_targets(cfg)
     check_fault_tolerance(cfg, world_size)  # what cannot be elastic, first
+    check_engine(cfg, world_size)  # what packed workers cannot do, and their one process
+    workers = engine_workers(cfg, world_size)
     t, d, s, topo = cfg.train, cfg.dataset, cfg.scheduler, cfg.topology
     steps_ok = (
         _is_int(t.epochs) and t.epochs > 0
@@ -285,7 +289,7 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         require(*rule)
     check_dataset(d)
     check_model(cfg.model)
-    per_worker_batch(t, world_size)
+    per_worker_batch(t, workers)
     # images or tokens: the dataset and the model must agree (block size, vocabulary)
     task_for(cfg).check(cfg)
 
@@ -296,8 +300,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"optim={cfg.optim.name}: {exc}") from None
-    # with train.shard_size, the topology is over the replicas
-    build_topology(topo, world_size // shards)
+    # with train.shard_size, the topology is over the replicas (packed: check_engine built it)
+    if not is_packed(cfg):
+        build_topology(topo, world_size // shards)
     outer_every(cfg.get("outer"), topo)  # its own one-line errors
     sync = state_sync_arg(cfg.optim.get("state_sync"))
     if sync:

@@ -3,7 +3,9 @@
 :class:`Trainer` builds the data and the model, then hands the rest out:
 
 - :class:`~experiments.train.step.TrainStep`: the wrapped model and one step
-  (wrapper or ``allreduce`` baseline, AMP, the NaN policy, clipping);
+  (wrapper or ``allreduce`` baseline, AMP, the NaN policy, clipping); under
+  ``engine=packed``, :class:`~experiments.train.packed.PackedStep` in its place,
+  every worker of the job in this one process;
 - :class:`~experiments.train.checkpointer.Checkpointer`: when to save, what,
   and how to resume;
 - :class:`~experiments.train.metrics.Metrics`: the metrics window, the lines
@@ -57,10 +59,12 @@ from experiments.network.wire import WireCounter
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.config import ALLREDUCE, compression_arg, state_sync_arg
+from experiments.train.engine import engine_workers, is_packed
 from experiments.train.evaluation import Evaluator
 from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
+from experiments.train.packed import PackedData, PackedStep
 from experiments.train.preempt import StopRequest
 from experiments.train.sharding import build_mesh, shard_model
 from experiments.train.step import TrainStep
@@ -153,20 +157,21 @@ class Trainer:
             None  # the model before a logged step (log.update_norm)
         )
         t = cfg.train
-        self.batch_size = per_worker_batch(t, world_size)
+        # engine=packed: this one process trains every worker of the job
+        self.packs = is_packed(cfg)
+        self.workers = engine_workers(cfg, world_size)
+        self.batch_size = per_worker_batch(t, self.workers)
         self.task = task_for(cfg)
         # the seeds and the order of what draws from them are part of a run's identity
         torch.manual_seed(int(t.seed))
         random.seed(int(t.seed))
-        self.data = self.task.build_data(
-            cfg.dataset,
-            cfg.model,
-            rank=rank,
-            world_size=world_size,
-            batch_size=self.batch_size,
-            seed=int(t.seed),
-            device=self.device,
-        )
+        placement = {"batch_size": self.batch_size, "seed": int(t.seed), "device": self.device}
+        if self.packs:
+            self.data: Any = PackedData.build(self.task, cfg, self.workers, **placement)
+        else:
+            self.data = self.task.build_data(
+                cfg.dataset, cfg.model, rank=rank, world_size=world_size, **placement
+            )
         if cfg.model.get("channels_last", False):  # batches made in the model's format
             set_memory_format(self.data, torch.channels_last)
         self.steps_per_epoch = len(self.data.train)
@@ -189,25 +194,43 @@ class Trainer:
             world_size=world_size,
             batch_size=self.batch_size,
             steps_per_epoch=self.steps_per_epoch,
+            workers=self.workers,
         )
         if self.task.tokens_per_sample:
             self.metrics.count_tokens(self.task.tokens_per_sample, self.task.flops_per_token)
-        self.train_step = TrainStep(
-            model,
-            t,
-            cfg.topology,
-            build_optim_fn(cfg.optim),
-            build_scheduler_fn(cfg.scheduler, self.steps_per_epoch, self.total_steps),
-            self.metrics.window,
-            rank=rank,
-            world_size=world_size,
-            channels_last=bool(cfg.model.get("channels_last", False)),
-            task=self.task,
-            compression=compression_arg(cfg.get("compression")),
-            outer=outer_kwargs(cfg.get("outer"), cfg.topology),
-            state_sync=state_sync_arg(cfg.optim.get("state_sync")),
-            device_mesh=mesh,
-        )
+        optim_fn = build_optim_fn(cfg.optim)
+        scheduler_fn = build_scheduler_fn(cfg.scheduler, self.steps_per_epoch, self.total_steps)
+        outer = outer_kwargs(cfg.get("outer"), cfg.topology)
+        self.train_step: Any
+        if self.packs:
+            self.train_step = PackedStep(
+                model,
+                self.workers,
+                t,
+                cfg.topology,
+                optim_fn,
+                scheduler_fn,
+                self.metrics.window,
+                task=self.task,
+                outer=outer,
+            )
+        else:
+            self.train_step = TrainStep(
+                model,
+                t,
+                cfg.topology,
+                optim_fn,
+                scheduler_fn,
+                self.metrics.window,
+                rank=rank,
+                world_size=world_size,
+                channels_last=bool(cfg.model.get("channels_last", False)),
+                task=self.task,
+                compression=compression_arg(cfg.get("compression")),
+                outer=outer,
+                state_sync=state_sync_arg(cfg.optim.get("state_sync")),
+                device_mesh=mesh,
+            )
         try:
             self.network = apply_network(cfg.network, self.train_step.model, world_size)
         except BaseException:
@@ -274,13 +297,15 @@ class Trainer:
             )
         dirichlet = str(cfg.dataset.get("partition", "iid")) == "dirichlet"
         if self.checkpointer.resumed_from is None and dirichlet:
-            self.metrics.log_class_histogram(self.step, self.data.class_histogram)
+            shards = self.data.shards if self.packs else [self.data]
+            self.metrics.log_class_histogram(self.step, [d.class_histogram for d in shards])
         log.info(
-            "training %s on %s with topology=%s, world size %d: %d steps (%d per epoch), batch %d per worker",
+            "training %s on %s with topology=%s, %d workers%s: %d steps (%d per epoch), batch %d per worker",
             cfg.model.name,
             cfg.dataset.name,
             self.topology,
-            self.world_size,
+            self.workers,
+            " packed in one process" if self.packs else "",
             self.total_steps,
             self.steps_per_epoch,
             self.batch_size,
@@ -421,7 +446,8 @@ class Trainer:
             last_eval = {}
         summary: dict[str, Any] = {
             "topology": self.topology,
-            "world_size": self.world_size,
+            "world_size": self.workers,
+            "engine": "packed" if self.packs else "distributed",
             "train/steps": self.step,
             "train/loss": history.last_loss,
             "train/skipped_steps": history.skipped,
@@ -450,7 +476,7 @@ class Trainer:
             "resumed_from_checkpoint": self.checkpointer.resumed_path,
             "seed": int(cfg.train.seed),
             "batch_size": self.batch_size,
-            "global_batch_size": self.batch_size * self.world_size,
+            "global_batch_size": self.batch_size * self.workers,
             "epochs": self.step / self.steps_per_epoch,
             "config_hash": self.config_hash,
             "run_dir": str(self.run_dir),

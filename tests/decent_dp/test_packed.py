@@ -173,7 +173,8 @@ def test_resume_is_exact_and_metrics_are_the_workers() -> None:
 
 
 def test_bytes_per_step_follow_the_schedule() -> None:
-    model = nn.Linear(10, 10)  # 110 float32 elements, 440 bytes
+    # 100 + 10 float32 elements, each parameter padded to 256 bytes as in the wrapper's blocks
+    model = nn.Linear(10, 10)
     sgd = partial(torch.optim.SGD, lr=0.1)
 
     def per_step(topology: str, **kw: Any) -> float:
@@ -181,13 +182,13 @@ def test_bytes_per_step_follow_the_schedule() -> None:
             model, 8, lambda ps: sgd([p for p, _ in ps]), None, topology, **kw
         ).comm_bytes_per_step()
 
-    assert per_step("ring") == 440.0  # a pair sends its model once
-    assert per_step("one-peer-exp") == 440.0
-    assert per_step("complete") == pytest.approx(2 * 7 / 8 * 440)
-    assert per_step("allreduce") == pytest.approx(2 * 7 / 8 * 440)
+    assert per_step("ring") == 768.0  # a pair sends its model once
+    assert per_step("one-peer-exp") == 768.0
+    assert per_step("complete") == pytest.approx(2 * 7 / 8 * 768)
+    assert per_step("allreduce") == pytest.approx(2 * 7 / 8 * 440)  # DDP's unpadded gradients
     # local-sgd of period 4: one all-reduce in four steps
     assert per_step("local-sgd", topology_kwargs={"period": 4}) == pytest.approx(
-        2 * 7 / 8 * 440 / 4
+        2 * 7 / 8 * 768 / 4
     )
 
 

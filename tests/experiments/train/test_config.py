@@ -29,6 +29,7 @@ GROUPS = (
     "logger",
     "outer",
     "fault_tolerance",
+    "engine",
 )
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 # options that are presets of a named model: their name is the model's, not the file's
