@@ -44,6 +44,8 @@ def _cases(world: int) -> list[dict[str, Any]]:
     ]
     cases.append({"topology": "allreduce", "optim": "adamw", "clip": 0.5, "sched": True})
     cases.append({"topology": "local-sgd", "optim": "adamw", "outer": True, "sched": True})
+    # SlowMo over gossip, its scaled update under a schedule
+    cases.append({"topology": "ring", "optim": "sgd", "outer": "slowmo", "sched": True})
     if world == 8:  # the 8-rank spawn keeps to the cases that differ most from 4 ranks
         cases = [c for c in cases if c["topology"] in ("one-peer-exp", "alternating-exp-ring")]
         cases += [{"topology": "ring", "optim": "sgd", "clip": 0.3}]
@@ -75,11 +77,8 @@ def _real(rank: int, world: int, cases: list[dict[str, Any]]) -> list[torch.Tens
                 opt.zero_grad(set_to_none=True)
             out.append(dc.flat(model))
             continue
-        outer = {}
-        topology: Any = cfg["topology"]
-        if cfg.get("outer"):
-            outer = {"outer_optim_fn": _outer_fn, "outer_every": DILOCO_EVERY}
-            topology = _local_sgd(world)
+        outer = _outer_args(cfg)
+        topology: Any = _local_sgd(world) if cfg.get("outer") is True else cfg["topology"]
         with DecentralizedDataParallel(
             model,
             optim_fn=dc.make_optim(cfg),
@@ -96,13 +95,23 @@ def _real(rank: int, world: int, cases: list[dict[str, Any]]) -> list[torch.Tens
     return out
 
 
+def _outer_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DiLoCo (``outer: True``) or SlowMo's scaled update (``outer: "slowmo"``), or none."""
+    if not cfg.get("outer"):
+        return {}
+    args: dict[str, Any] = {"outer_optim_fn": _outer_fn, "outer_every": DILOCO_EVERY}
+    if cfg["outer"] == "slowmo":
+        args["outer_scale_by_inner_lr"] = True
+    return args
+
+
 def _local_sgd(world: int) -> Topology:
     return TopologyReg.create("local-sgd", world, 1, period=DILOCO_EVERY)
 
 
 def _packed(cfg: dict[str, Any], world: int, steps: int = STEPS) -> PackedWorkers:
     torch.set_default_dtype(torch.float64)
-    topology: Any = _local_sgd(world) if cfg.get("outer") else cfg["topology"]
+    topology: Any = _local_sgd(world) if cfg.get("outer") is True else cfg["topology"]
     packed = PackedWorkers(
         dc.make_model("mlp", seed=0),
         world,
@@ -111,8 +120,7 @@ def _packed(cfg: dict[str, Any], world: int, steps: int = STEPS) -> PackedWorker
         topology,
         grad_clip_norm=cfg.get("clip", 0.0),
         local_world_size=cfg.get("local_world_size"),
-        outer_optim_fn=_outer_fn if cfg.get("outer") else None,
-        outer_every=DILOCO_EVERY if cfg.get("outer") else None,
+        **_outer_args(cfg),
     )
     _train(packed, world, 1, steps)
     return packed
@@ -145,6 +153,44 @@ def test_packed_matches_the_real_wrapper_and_ddp(world: int) -> None:
                     rtol=0,
                     msg=lambda m, cfg=cfg, rank=rank: f"{cfg} rank {rank}: {m}",
                 )
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("topology", "world", "local"),
+    [
+        ("hierarchical", 8, 2),
+        ("base-k", 6, 1),
+        ("random-matching", 8, 1),
+        ("local-sgd", 4, 1),
+        ("lopsided-pairs", 4, 1),
+        ("triples", 4, 1),
+    ],
+)
+def test_every_other_topology_follows_its_mixing_matrices(
+    topology: str, world: int, local: int
+) -> None:
+    """The single-process replay of ``x(t) = W(t) x(t-1) + d(t)`` (tests.support.ddp_cases)."""
+    cfg = {"topology": topology, "optim": "adamw", "steps": 12, "local_world_size": local}
+    try:
+        reference = dc.replay(cfg, world)
+        topo = (
+            dc.LOCAL_TOPOLOGIES[topology](world, local)
+            if topology in dc.LOCAL_TOPOLOGIES
+            else topology
+        )
+        packed = PackedWorkers(
+            dc.make_model("mlp", seed=0),
+            world,
+            dc.make_optim(cfg),
+            None,
+            topo,
+            local_world_size=local,
+        )
+        _train(packed, world, 1, cfg["steps"])
+        for a, b in zip(_workers(packed), reference):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
     finally:
         torch.set_default_dtype(torch.float32)
 
