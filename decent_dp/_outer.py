@@ -212,6 +212,33 @@ def check_outer_args(
         )
 
 
+def inner_lr(inner: Optimizer) -> float:
+    """``gamma_t``: the inner optimizer's learning rate (its first group) at an outer step.
+
+    Raises:
+        ValueError: It is not > 0 (the scaled update divides by it).
+    """
+    gamma = float(inner.param_groups[0]["lr"])
+    if not (gamma > 0 and math.isfinite(gamma)):
+        raise ValueError(
+            f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this outer "
+            "step; it must be > 0 (start the warm-up above 0, or turn the scaling off)"
+        )
+    return gamma
+
+
+def step_scaled(opt: Optimizer, gamma: float) -> None:
+    """One step of ``opt`` with every group's learning rate times ``gamma``, restored after."""
+    saved = [g["lr"] for g in opt.param_groups]
+    for g in opt.param_groups:
+        g["lr"] = g["lr"] * gamma
+    try:
+        opt.step()
+    finally:
+        for g, lr in zip(opt.param_groups, saved):
+            g["lr"] = lr
+
+
 class OuterOptimizer:
     """The outer copies of the buckets, their optimizers, and the outer rounds' schedule.
 
@@ -398,22 +425,10 @@ class OuterOptimizer:
     def _scaled_step(self, bucket: Bucket, opt: Optimizer) -> None:
         """SlowMo's step: the gradient ``Delta / gamma``, the learning rates times ``gamma``."""
         assert bucket.optimizer is not None
-        gamma = float(bucket.optimizer.param_groups[0]["lr"])  # once per outer round
-        if not (gamma > 0 and math.isfinite(gamma)):
-            raise ValueError(
-                f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this outer "
-                "step; it must be > 0 (start the warm-up above 0, or turn the scaling off)"
-            )
+        gamma = inner_lr(bucket.optimizer)  # once per outer round
         for c in bucket.comm_views:
             c.div_(gamma)
-        saved = [g["lr"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["lr"] = g["lr"] * gamma
-        try:
-            opt.step()
-        finally:
-            for g, lr in zip(opt.param_groups, saved):
-                g["lr"] = lr
+        step_scaled(opt, gamma)
 
     def delta_norm(self) -> float | None:
         """``||Delta||`` over all buckets at the latest outer step (identical on every rank).

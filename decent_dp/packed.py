@@ -67,7 +67,7 @@ from ._codecs import parse_compression
 from ._comm_cost import exchange_bytes
 from ._factories import check_scheduler, resolve_optim_fn
 from ._lagged_adamw import LaggedVAdamW
-from ._outer import OuterOptimFn, check_outer_args
+from ._outer import OuterOptimFn, check_outer_args, inner_lr, step_scaled
 from ._qgm import QGMSGD
 from .topo import Edge, Topology, TopologyReg
 
@@ -359,28 +359,14 @@ class PackedWorkers:
         """Step ``x_outer`` on ``x_outer - xbar(t-1)`` (SlowMo's scaling if asked)."""
         opt = self.outer_optimizer
         assert opt is not None
-        gamma = 1.0
-        if self.outer_scale_by_inner_lr:
-            gamma = float(self.optimizer.param_groups[0]["lr"])
-            if not (gamma > 0 and math.isfinite(gamma)):
-                raise ValueError(
-                    f"outer_scale_by_inner_lr: the inner learning rate is {gamma!r} at this "
-                    "outer step; it must be > 0"
-                )
+        gamma = inner_lr(self.optimizer) if self.outer_scale_by_inner_lr else 1.0
         sq = torch.zeros((), dtype=torch.float64, device=self.x_outer[0].device)
         for x, o in zip(self.x_outer, old):
             delta = x - o.mean(0)
             sq += delta.double().square().sum()
             x.grad = delta / gamma
         self._delta_sq = sq
-        saved = [g["lr"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["lr"] = g["lr"] * gamma
-        try:
-            opt.step()
-        finally:
-            for g, lr in zip(opt.param_groups, saved):
-                g["lr"] = lr
+        step_scaled(opt, gamma)
         for x in self.x_outer:
             x.grad = None
 
