@@ -293,3 +293,29 @@ def test_bad_arguments_fail_in_one_line(kwargs: dict[str, Any], message: str) ->
     with pytest.raises(ValueError, match=message) as info:
         PackedWorkers(**args)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.gpu
+def test_packed_on_cuda_follows_the_replay() -> None:
+    """The same float64 recursion with every stacked tensor, and each round's mix, on the GPU."""
+    cfg = {"topology": "one-peer-exp", "optim": "adamw", "steps": 12, "sched": True, "clip": 0.5}
+    try:
+        reference = dc.replay(cfg, 8)
+        packed = PackedWorkers(
+            dc.make_model("mlp", seed=0).cuda(),
+            8,
+            dc.make_optim(cfg),
+            dc.make_sched(cfg),
+            "one-peer-exp",
+            grad_clip_norm=0.5,
+        )
+        for t in range(1, cfg["steps"] + 1):
+            xs, ys = zip(*(dc.batch(r, t) for r in range(8)))
+            out = packed(torch.stack(xs).cuda())
+            ((out - torch.stack(ys).cuda()) ** 2).mean(dim=(1, 2)).sum().backward()
+            packed.step()
+        assert packed.params[0].is_cuda and packed.consensus_distance().is_cuda
+        for a, b in zip(_workers(packed), reference):
+            torch.testing.assert_close(a.cpu(), b, atol=1e-9, rtol=0)
+    finally:
+        torch.set_default_dtype(torch.float32)
