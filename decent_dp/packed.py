@@ -66,6 +66,7 @@ from ._bucket import aligned_offsets
 from ._codecs import parse_compression
 from ._comm_cost import exchange_bytes
 from ._factories import check_scheduler, resolve_optim_fn
+from ._kernels import prefer_fused
 from ._lagged_adamw import LaggedVAdamW
 from ._outer import OuterOptimFn, check_outer_args, inner_lr, step_scaled
 from ._qgm import QGMSGD
@@ -266,6 +267,8 @@ class PackedWorkers:
         stacked = {id(p): s for (_, p), s in zip(named, self.params)}
         for group in trial.param_groups:  # the model's groups, each parameter stacked
             group["params"] = [stacked[id(p)] for p in group["params"]]
+        # torch's fused kernel where the choice was left to torch, as the wrapper's buckets have it
+        prefer_fused(trial, self.params[0].device)
         self.optimizer = trial
         # checked on a throwaway optimizer, since a scheduler edits the one it is given
         check_scheduler(lr_scheduler_fn, build(list(named)))
