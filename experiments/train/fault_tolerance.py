@@ -75,6 +75,7 @@ _NOT_ELASTIC = {
     "(torchrun --nproc_per_node=L, L > 1)",
     "compression": "outer rounds run on the path without compressed gossip (ElasticGossip)",
     "outer": "a streamed, compressed or scaled outer round is not elastic",
+    "shard_size": "a sharded replica's shard ranks would have to leave together",
 }
 
 
@@ -115,6 +116,13 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
             f"fault_tolerance=torchft runs one torchrun per host (a replica group is one host's "
             f"processes), got a world size of {world_size} over hosts of {local}; launch "
             "torchrun --nnodes=1 --nproc_per_node=L on each host"
+        )
+    shards = cfg.train.get("shard_size", 1)
+    if shards != 1:
+        # every process would train the whole model: the elastic path builds no device mesh
+        raise ConfigError(
+            f"train.shard_size={shards} cannot be elastic with fault_tolerance=torchft: "
+            f"{_NOT_ELASTIC['shard_size']}; use train.shard_size=1"
         )
     topo = str(cfg.topology.name)
     flat = topo == "allreduce" or (topo == "hierarchical" and local == 1)
