@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
+import inspect
 import os
 import sys
 import time
@@ -57,6 +58,8 @@ from ._elastic_common import (
     heal_sources,
 )
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from ._hierarchical import check_compression
+from ._setup import check_wrapper_options
 from .ddp import DecentralizedDataParallel
 from .topo import Edge, Topology
 
@@ -69,9 +72,16 @@ _REFUSED = {
     "outer_every": "see outer_optim_fn",
     "device_mesh": "a sharded replica's shard ranks would have to leave together; "
     "not supported elastically",
+    "outer_fragments": "see outer_optim_fn",
+    "outer_compression": "see outer_optim_fn",
+    "outer_scale_by_inner_lr": "see outer_optim_fn",
     "local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
+    "_local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "topology_kwargs": "pass topology_kwargs= to ElasticDataParallel itself",
+    "_broadcast": "the first quorum starts every member from rank 0's model itself",
 }
+# the wrapper's arguments ElasticDataParallel gives itself
+_OWN = {"self", "model", "optim_fn", "lr_scheduler_fn", "topology"}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -117,8 +127,10 @@ class ElasticDataParallel(nn.Module):
             ...); not an outer optimizer or a device mesh.
 
     Raises:
-        ValueError: A topology or option that cannot be elastic, a bad number,
-            a process group already initialised, or (at a quorum) a replica id used twice.
+        ValueError: A topology or option that cannot be elastic, a bad number or
+            option value (all checked before the lighthouse), a process group already
+            initialised, or (at a quorum) a replica id used twice.
+        TypeError: An option the wrapper does not take, or a factory returning the wrong type.
         TimeoutError: The lighthouse is unreachable, or no quorum of
             ``min_replicas`` formed, within the timeout.
     """
@@ -172,6 +184,23 @@ class ElasticDataParallel(nn.Module):
                 "a process group is initialised; ElasticDataParallel makes one for each quorum: "
                 "do not call init_process_group"
             )
+        # the wrapper is built at the first quorum, where a bad option would fail one member
+        # after the others joined (they would wait timeout_s for it): every option fails here
+        params = inspect.signature(DecentralizedDataParallel.__init__).parameters
+        compression, sync = check_wrapper_options(
+            model,
+            optim_fn,
+            lr_scheduler_fn,
+            wrapper_kwargs,
+            {n: p.default for n, p in params.items() if n not in _OWN and n not in _REFUSED},
+        )
+        if self.topology_name == "hierarchical":  # what its edges between hosts take
+            if sync:
+                raise ValueError(f"state_sync={sync} does not combine with topology=hierarchical")
+            lws = self.group_world_size
+            for n in range(1, 65):
+                top = elastic_topology(self.topology_name, n * lws, self.topology_kwargs, lws)
+                check_compression(top, compression)
         self.module = model
         self.optim_fn = optim_fn
         self.lr_scheduler_fn = lr_scheduler_fn
