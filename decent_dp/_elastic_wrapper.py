@@ -503,8 +503,16 @@ class ElasticDataParallel(nn.Module):
 
     # -------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Leave: finish the gossip in flight, close the wrapper and the group, stop heartbeating."""
+        """Leave: finish the gossip in flight, close the wrapper and the group, stop heartbeating.
+
+        The training state is kept: :attr:`step_count` and :meth:`elastic_state`
+        return what they did before (less compressed gossip's references, which
+        are model-sized and which a rebuild starts afresh anyway).
+        """
         if self._inner is not None:
+            training = self._inner._engine.training_state()
+            training.pop("compression", None)
+            self._loaded = {"model": None, "training": training, "extra": None}
             self._inner.close()
             object.__setattr__(self, "_inner", None)
         if dist.is_initialized():
