@@ -384,14 +384,16 @@ class ElasticDataParallel(nn.Module):
         behind = [r for r, s in enumerate(view.steps) if s < top]
         sources = {} if first else heal_sources(self.topology, view, behind, top, lws)
         self.healed_from = None
-        if view.rank in sources.values():
-            self.membership.serve_state(top, self._snapshot(state))
-            self.membership.store_set(f"staged/{view.rank}/{self.group_rank}", "1")
-        if view.rank in sources:
-            src = sources[view.rank]
-            self.membership.store_get(f"staged/{src}/{self.group_rank}")
-            state = self.membership.fetch_state(view.address(src, self.group_rank), top)
-            self.healed_from = view.members[src]
+        carried = state
+        fetched = self.membership.heal(
+            sources,
+            top,
+            lambda: self._snapshot(carried),
+            lambda src: view.address(src, self.group_rank),
+        )
+        if fetched is not None:
+            state = fetched
+            self.healed_from = view.members[sources[view.rank]]
         elif first and view.rank * lws + self.group_rank != 0:
             self.healed_from = view.members[0]  # the wrapper broadcasts rank 0's model
         if state is not None and state.get("model") is not None:

@@ -30,8 +30,8 @@ without a restart.
   of that edge at the highest step; any such member if the edge has none).
   The source stages a copy of its model, optimizer and scheduler states, step
   and the caller's extra state (the data position) on torchft's
-  ``HTTPTransport``; the joiner fetches and loads it, and continues from it,
-  not from its own stale checkpoint. At the first quorum (every member at step
+  ``HTTPTransport``, withdrawn once its joiners have it; the joiner fetches
+  and loads it, and continues from it, not from its own stale checkpoint. At the first quorum (every member at step
   0) every member takes rank 0's state, as the non-elastic wrapper broadcasts
   rank 0's model.
 * **A topology for any number of members**: every registered topology takes
@@ -319,15 +319,11 @@ class ElasticGossip:
         if top == 0:  # the first quorum: everyone starts from rank 0's state
             behind = list(range(1, n))
         sources = {j: self._source(j, behind, top) for j in behind}
-        if view.rank in sources.values():
-            self.membership.serve_state(top, self._snapshot())
-            self.membership.store_set(f"staged/{view.rank}", "1")
         self.healed_from = None
-        if view.rank in sources:
-            src = sources[view.rank]
-            self.membership.store_get(f"staged/{src}")
-            self.load_state_dict(self.membership.fetch_state(view.addresses[src], top))
-            self.healed_from = view.members[src]
+        state = self.membership.heal(sources, top, self._snapshot, lambda r: view.addresses[r])
+        if state is not None:
+            self.load_state_dict(state)
+            self.healed_from = view.members[sources[view.rank]]
         self.last_quorum_step = self.step_count
         # a new quorum id: torchft saw a change of membership (a restarted host has a new uuid)
         changed = old is None or old.quorum_id != view.quorum_id

@@ -129,3 +129,89 @@ def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on(wher
     result = ec.replay(reports, "ring", every)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 9)] == [4] * 4 + [3] * 4
+
+
+def _get(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=0.5) as f:
+        return bytes(f.read())
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_a_heal_source_withdraws_its_staged_state() -> None:
+    """After the heal of the first quorum (b takes a's state), a serves and holds no copy of it."""
+    import gc
+    import threading
+    import weakref
+
+    import torch
+
+    from decent_dp.elastic import ElasticGossip
+
+    server = ec.lighthouse()
+    lh = ec.loopback_address(server)
+    staged: list[weakref.ref[torch.Tensor]] = []
+    seen: dict[str, object] = {}
+    errors: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def replica(rid: str) -> None:
+        torch.manual_seed(len(rid))
+        model = torch.nn.Linear(2, 1)
+        gossip = ElasticGossip(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5),
+            lighthouse=lh,
+            replica_id=rid,
+            min_replicas=2,
+            timeout_s=5.0,
+            quorum_every=4,
+            host="127.0.0.1",
+            log=lambda line: None,
+        )
+        membership = gossip.membership
+        serve = membership.serve_state
+
+        def watched(step: int, state: dict) -> None:
+            staged.append(weakref.ref(state["model"]["weight"]))
+            serve(step, state)
+
+        membership.serve_state = watched  # type: ignore[method-assign]
+        try:
+            barrier.wait(30)
+            for _ in range(2):
+                gossip.zero_grad()
+                model(torch.ones(3, 2)).sum().backward()
+                gossip.step()
+            barrier.wait(30)  # both past the heal: nothing may still be fetching
+            if gossip.rank == 0:
+                assert gossip.view is not None
+                seen["held"] = membership.transport._state_dict
+                try:  # what a joiner would get, asking now for the state of step 0
+                    seen["got"] = len(_get(f"{gossip.view.addresses[0]}0/full"))
+                except OSError as exc:  # withdrawn: the request waits, then times out
+                    seen["got"] = type(exc).__name__
+            else:
+                seen["healed_from"] = gossip.healed_from
+            barrier.wait(30)
+        except Exception as exc:
+            errors.append(f"{rid}: {type(exc).__name__}: {exc}")
+            barrier.abort()
+        finally:
+            gossip.close()
+
+    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b")]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        server.shutdown()
+    assert not errors, errors
+    assert seen["healed_from"] == "a" and len(staged) == 1
+    assert seen["got"] == "TimeoutError"  # not served any more
+    assert seen["held"] is None  # the transport dropped its copy
+    gc.collect()
+    assert staged[0]() is None  # and nothing else holds it

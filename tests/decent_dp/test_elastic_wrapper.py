@@ -57,6 +57,8 @@ def test_the_wrapper_replays_4_3_4_in_float64() -> None:
     assert resumed and resumed[0][1] == 4
     assert steps["r2"][9]["healed_from"] == "r3"  # its ring neighbour in the round of step 9
     assert steps["r2"][9]["cursor"] == 8  # the data position came with the state
+    # r3 staged its state for r2 at the quorum of step 9 and withdrew it once r2 had it
+    assert not any(s["staged"] for rid in RIDS for s in steps[rid].values())
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
