@@ -651,11 +651,24 @@ class Membership:
         transport._spec = None
 
     def fetch_state(self, address: str, step: int) -> dict[str, Any]:
-        """Fetch the state a peer staged at ``step``."""
-        state = self.transport.recv_checkpoint(
-            src_rank=-1, metadata=address, step=step, timeout=self.timeout
-        )
-        return dict(state)
+        """Fetch the state a peer staged at ``step``.
+
+        Raises:
+            HealFailed: It did not arrive whole: any failure of the transfer or of
+                its decoding (a stream cut in its header raises ``EOFError``, in its
+                pickle ``UnpicklingError``, ...), which the quorum's work asks again for.
+        """
+        try:
+            state = self.transport.recv_checkpoint(
+                src_rank=-1, metadata=address, step=step, timeout=self.timeout
+            )
+            return dict(state)
+        except Exception as exc:
+            why = (str(exc).splitlines() or [""])[0][:160]
+            raise HealFailed(
+                f"the state staged at {address} for step {step} did not arrive whole "
+                f"({type(exc).__name__}: {why})"
+            ) from None
 
     def close(self) -> None:
         """Leave: stop heartbeating, close the servers and the group."""

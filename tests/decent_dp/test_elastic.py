@@ -215,3 +215,83 @@ def test_a_heal_source_withdraws_its_staged_state() -> None:
     assert seen["held"] is None  # the transport dropped its copy
     gc.collect()
     assert staged[0]() is None  # and nothing else holds it
+
+
+class _CutSource:
+    """A heal source of the test's own on 127.0.0.1 whose stream breaks: each request is
+    answered with the first ``cuts[i]`` bytes of a real staged state, then the connection
+    closes (a source that died in the transfer); requests past the cuts get it whole."""
+
+    def __init__(self, state: dict, cuts: list[int]) -> None:
+        import io
+        import threading
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        from torch.distributed._serialization import _streaming_save
+
+        buf = io.BytesIO()
+        _streaming_save(state, buf)  # what torchft's HTTPTransport sends
+        body, pending = buf.getvalue(), list(cuts)
+        self.size, self.requests = len(body), 0
+        source = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                source.requests += 1
+                n = pending.pop(0) if pending else len(body)
+                self.send_response(200)
+                self.send_header("Content-type", "application/octet-stream")
+                self.end_headers()
+                self.wfile.write(body[:n])
+                self.wfile.flush()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self._server.server_address[1]}/checkpoint/"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_a_heal_whose_stream_breaks_asks_again() -> None:
+    """A joiner's fetch cut at 0, 8, 40 and 200 bytes (header, pickle, data) is a failed heal:
+    the quorum is asked again and the next, whole, transfer heals it."""
+    import torch
+
+    from decent_dp._elastic_common import ask_quorum
+    from decent_dp._elastic_quorum import Membership
+
+    state = {"model": {"w": torch.arange(1000, dtype=torch.float32)}, "step": 7}
+    server = ec.lighthouse()
+    membership = Membership(ec.loopback_address(server), "joiner", 1, 5.0, "127.0.0.1", print)
+    lines: list[str] = []
+    try:
+        for cut in (0, 8, 40, 200):
+            source = _CutSource(state, [cut])
+            assert source.size > 200
+            asked: list[int] = []
+            got: list[dict] = []
+
+            def ask(asked: list[int] = asked) -> object:
+                asked.append(1)
+                return membership.quorum(0)
+
+            def work(view: object, got: list[dict] = got, address: str = source.address) -> None:
+                got.append(membership.fetch_state(address, 7))
+
+            try:
+                ask_quorum(ask, work, lines.append, "joiner")  # type: ignore[arg-type]
+            finally:
+                source.close()
+            assert (len(asked), source.requests) == (2, 2), cut
+            torch.testing.assert_close(got[0]["model"]["w"], state["model"]["w"])
+            assert got[0]["step"] == 7
+    finally:
+        membership.close()
+        server.shutdown()
+    assert len(lines) == 4 and all("the quorum's work failed (HealFailed" in s for s in lines)
