@@ -99,6 +99,13 @@ __all__ = [
 ]
 
 
+def _host(like: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor like ``like`` (pinned for a CUDA one: torch caches those blocks)."""
+    if like.device.type == "cpu":
+        return torch.empty_like(like)
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+
+
 class ElasticGossip:
     """Gossip over the live members of a torchft quorum; members leave and join without a restart.
 
@@ -262,8 +269,11 @@ class ElasticGossip:
         edge = self.edge(t)
         peers = [r for r in sorted(edge.ranks) if r != self.rank and r not in self.lost]
         x_prev = self._flat().clone()
-        bufs = [torch.empty_like(x_prev) for _ in peers]
-        pending = self.membership.start_exchange(x_prev, peers, bufs)
+        # gloo's send and recv read and write host memory only (it stages CUDA tensors for its
+        # collectives, not for these): a CUDA replica exchanges pinned host copies
+        wire = x_prev if x_prev.device.type == "cpu" else _host(x_prev).copy_(x_prev)
+        bufs = [_host(x_prev) for _ in peers]
+        pending = self.membership.start_exchange(wire, peers, bufs)
         # the local update overlaps the exchange; d(t) comes from x(t-1)'s gradient
         self.optimizer.step()
         if self.lr_scheduler is not None:
@@ -273,7 +283,7 @@ class ElasticGossip:
         w = edge.peer_weight
         for peer, buf, ok in zip(peers, bufs, arrived):
             if ok:
-                x += w * (buf - x_prev)
+                x += w * (buf.to(x.device) - x_prev)
             else:  # lost until the next quorum: its weight stays with this replica
                 self.lost.add(peer)
                 self.log(

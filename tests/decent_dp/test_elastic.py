@@ -131,6 +131,18 @@ def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on(wher
     assert [len(members[t]) for t in range(1, 9)] == [4] * 4 + [3] * 4
 
 
+@pytest.mark.gpu
+def test_gossip_of_cuda_replicas_exchanges_host_copies() -> None:
+    """Two replicas on the GPU: gloo's send/recv move host memory only, so the exchange of
+    CUDA parameters is staged through the host; every step mixes (none lost), as replayed."""
+    plans = {
+        rid: {"steps": 6, "every": 3, "topology": "ring", "device": "cuda"} for rid in ("r0", "r1")
+    }
+    reports = ec.run(plans, {}, timeout=180)
+    result = ec.replay(reports, "ring", 3)
+    assert all(result["steps"][rid][t]["mixed"] for rid in plans for t in range(1, 7))
+
+
 def _get(url: str) -> bytes:
     import urllib.request
 
