@@ -34,7 +34,6 @@ it lost a group on the quorum's store, and all read all.
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
 import inspect
 import os
@@ -56,6 +55,7 @@ from ._elastic_common import (
     default_replica_id,
     elastic_topology,
     heal_sources,
+    host_snapshot,
 )
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
 from ._hierarchical import check_compression
@@ -434,7 +434,7 @@ class ElasticDataParallel(nn.Module):
         # the transport serves CPU tensors by reference: stage copies, not the live ones
         out = dict(state or {"training": None, "extra": None})
         out["model"] = self.module.state_dict()
-        return copy.deepcopy(out)
+        return host_snapshot(out)
 
     def _on_lost(self, bucket: Any, edge: Edge, exc: BaseException) -> None:
         gone = [r for r in edge.ranks if r != self.rank and r not in self.lost]

@@ -65,7 +65,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from collections.abc import Callable
@@ -83,6 +82,7 @@ from ._elastic_common import (
     default_replica_id,
     elastic_topology,
     heal_sources,
+    host_snapshot,
 )
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
@@ -390,7 +390,7 @@ class ElasticGossip:
     # ----------------------------------------------------------------- state
     def _snapshot(self) -> dict[str, Any]:
         # the transport serves CPU tensors by reference: stage copies, not the live ones
-        return copy.deepcopy(self.state_dict())
+        return host_snapshot(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         """The replica's training state: model, optimizer, scheduler, step and extra state."""

@@ -143,6 +143,56 @@ def test_gossip_of_cuda_replicas_exchanges_host_copies() -> None:
     assert all(result["steps"][rid][t]["mixed"] for rid in plans for t in range(1, 7))
 
 
+def _state(device: str) -> dict:
+    import torch
+
+    w = torch.arange(8.0, device=device)
+    return {
+        "model": {"w": w, "view": w[2:4]},
+        "optimizer": {
+            "state": {0: {"momentum_buffer": torch.ones(4 << 20, device=device)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
+        "step": 3,
+        "extra": ("pos", [1, 2]),
+    }
+
+
+def test_a_heal_snapshot_is_a_host_copy_sharing_nothing() -> None:
+    import torch
+
+    from decent_dp._elastic_common import host_snapshot
+
+    state = _state("cpu")
+    snap = host_snapshot(state)
+    state["model"]["w"].add_(1.0)  # the live state moves on; the staged copy must not
+    state["optimizer"]["param_groups"][0]["lr"] = 0.5
+    assert snap["model"]["w"].tolist() == list(range(8))
+    assert snap["model"]["view"].tolist() == [2.0, 3.0]
+    assert snap["optimizer"]["param_groups"][0]["lr"] == 0.1
+    assert snap["step"] == 3 and snap["extra"] == ("pos", [1, 2])
+    assert snap["extra"][1] is not state["extra"][1]
+    momentum = snap["optimizer"]["state"][0]["momentum_buffer"]
+    assert isinstance(momentum, torch.Tensor) and momentum.device.type == "cpu"
+
+
+@pytest.mark.gpu
+def test_a_heal_snapshot_of_cuda_state_takes_no_gpu_memory() -> None:
+    """The staged copy goes straight to the host (copy.deepcopy would first copy on the GPU)."""
+    import torch
+
+    from decent_dp._elastic_common import host_snapshot
+
+    state = _state("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    snap = host_snapshot(state)
+    assert torch.cuda.max_memory_allocated() == before
+    assert snap["optimizer"]["state"][0]["momentum_buffer"].device.type == "cpu"
+    torch.testing.assert_close(snap["model"]["w"], state["model"]["w"].cpu())
+
+
 def _get(url: str) -> bytes:
     import urllib.request
 
