@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,15 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
         "null (unique per host) or a non-empty string without ':'",
     )
+    every = cfg.checkpoint.get("every_steps", 0)
+    if rid is None and isinstance(every, int) and every > 0:
+        # each host's checkpoints live under its replica id: a new launch's id finds none
+        warnings.warn(
+            f"fault_tolerance.replica_id=null with checkpoint.every_steps={every}: the default "
+            "id holds this launch's torchrun run id (or PID), so a restart of the whole job "
+            "resumes nothing; give each host its own fault_tolerance.replica_id",
+            stacklevel=2,
+        )
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
     if world_size != local:
         raise ConfigError(
