@@ -28,7 +28,14 @@ for the members of the current quorum and builds a new one when they change:
   step, since the rounds' groups are new.
 
 The decision to rebuild is the same on every member: each publishes whether
-it lost a group on the quorum's store, and all read all.
+it lost a group on the quorum's store, and all read all. The wrapper's options
+are checked by its own checks in the constructor, before the lighthouse
+(:func:`decent_dp._setup.check_wrapper_options`), not when the first quorum
+builds it.
+
+A little past 500 lines as one unit: the class keeps one wrapper, group and
+membership, and every part of it (the quorum's work, the rebuild, the state
+carried over) works on those together.
 """
 
 from __future__ import annotations
