@@ -632,23 +632,24 @@ class Membership:
         )
 
     def withdraw_state(self) -> None:
-        """Stop serving the staged state and drop it (torchft's ``Manager`` does so at each step).
+        """Stop serving the staged state and drop it (torchft's ``Manager`` withdraws at each step).
 
-        A fetch still streaming is let finish first, within the timeout; a
-        request after this one waits, then fails (as before the first stage).
+        A fetch still streaming is let finish first, within the timeout. The
+        transport then serves no step: a late request fails at once (HTTP 400)
+        rather than waiting ``timeout_s`` on a withdrawn one.
         """
         transport = self.transport
-        if transport._state_dict is None and transport._disallowed:
-            return
+        if transport._state_dict is None and transport._step == -1:
+            return  # nothing staged since the last withdrawal (or ever)
         try:
-            transport.disallow_checkpoint()
-        except TimeoutError:  # a fetch of an earlier quorum still streams: no step matches now
+            transport.disallow_checkpoint()  # waits for the readers in flight
+        except TimeoutError:  # a fetch of an earlier quorum still streams; it keeps its own copy
             transport._disallowed = False
-            transport._step = -1
         # torchft keeps the staged copy until the next stage: a model and its optimizer's state
         transport._state_dict = None
         transport._chunks = None
         transport._spec = None
+        transport.allow_checkpoint(-1)
 
     def fetch_state(self, address: str, step: int) -> dict[str, Any]:
         """Fetch the state a peer staged at ``step``.
