@@ -357,3 +357,97 @@ def test_a_heal_whose_stream_breaks_asks_again() -> None:
         membership.close()
         server.shutdown()
     assert len(lines) == 4 and all("the quorum's work failed (HealFailed" in s for s in lines)
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_a_joiner_whose_source_breaks_off_heals_at_the_next_try() -> None:
+    """ElasticGossip's own heal: b joins a (at step 4); the first transfer breaks off at 40 bytes
+    (a proxy of the test's own in front of a's transport); both ask again at once, and b heals."""
+    import threading
+    import time
+    import urllib.request
+
+    import torch
+
+    from decent_dp.elastic import ElasticGossip
+
+    server = ec.lighthouse()
+    lh = ec.loopback_address(server)
+    logs: dict[str, list[str]] = {"a": [], "b": []}
+    out: dict[str, object] = {}
+    errors: list[str] = []
+    ready = threading.Barrier(2)
+    proxy: dict[str, object] = {}
+
+    def make(rid: str) -> ElasticGossip:
+        model = torch.nn.Linear(2, 1)
+        return ElasticGossip(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            lighthouse=lh,
+            replica_id=rid,
+            min_replicas=2,
+            timeout_s=10.0,
+            quorum_every=4,
+            host="127.0.0.1",
+            log=logs[rid].append,
+        )
+
+    def replica(rid: str) -> None:
+        try:
+            gossip = make(rid)
+        except Exception as exc:
+            errors.append(f"{rid}: {exc}")
+            ready.abort()
+            return
+        try:
+            if rid == "a":  # ahead: the source; peers reach it through the cutting proxy
+                state = gossip.state_dict()
+                gossip.load_state_dict(dict(state, step=4))
+                real = gossip.membership._checkpoint_address()
+                proxy["real"] = real
+                gossip.membership._checkpoint_address = lambda: str(proxy["address"])  # type: ignore[method-assign]
+            ready.wait(30)
+            start = time.monotonic()
+            gossip.zero_grad()
+            out[rid] = (gossip.step_count, gossip.healed_from, time.monotonic() - start)
+        except Exception as exc:
+            errors.append(f"{rid}: {type(exc).__name__}: {exc}")
+        finally:
+            gossip.close()
+
+    # the proxy: the first transfer cut at 40 bytes (in the pickle), later ones whole
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    cuts = [40]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with urllib.request.urlopen(f"{proxy['real']}{self.path.split('/', 2)[2]}") as f:
+                body = f.read()
+            n = cuts.pop(0) if cuts else len(body)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body[:n])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    http = HTTPServer(("127.0.0.1", 0), Handler)
+    proxy["address"] = f"http://127.0.0.1:{http.server_address[1]}/checkpoint/"
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b")]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        http.shutdown()
+        server.shutdown()
+    assert not errors, errors
+    assert out["b"][:2] == (4, "a") and out["a"][:2] == (4, None)  # type: ignore[index]
+    assert any("asking again" in line and "HealFailed" in line for line in logs["b"]), logs
+    # a heard of b's failure on the store: it asked again at once, not after timeout_s
+    assert any("could not fetch" in line for line in logs["a"]), logs
+    assert out["a"][2] < 10.0  # type: ignore[index]
