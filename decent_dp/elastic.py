@@ -343,6 +343,8 @@ class ElasticGossip:
                 self.last_consensus_distance = self._consensus_distance(n, mean)
             if self.outer is not None:
                 self.outer.at_quorum(self.step_count + 1, mean, changed)
+                if changed and n > 1:  # one outer momentum again, whoever took which round
+                    self.outer.agree(view.rank, self.membership.allreduce_sum)
         change = change_record(old, view, self.step_count, self.healed_from, start)
         if change is not None:
             self.last_change = change

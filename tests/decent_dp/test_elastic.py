@@ -451,3 +451,85 @@ def test_a_joiner_whose_source_breaks_off_heals_at_the_next_try() -> None:
     # a heard of b's failure on the store: it asked again at once, not after timeout_s
     assert any("could not fetch" in line for line in logs["a"]), logs
     assert out["a"][2] < 10.0  # type: ignore[index]
+
+
+@ec.isolated  # torchft's threads stay out of the test process
+def test_a_change_of_membership_makes_the_outer_momentum_one_again() -> None:
+    """Outer rounds every 2 steps: a and b take the round of step 3 (momentum is made), then
+    b's momentum is made to differ (what a mean all-reduce that completed on a only and failed
+    on b leaves behind: a stepped its outer optimizer, b did not). c joins at the quorum of
+    step 5, a change of membership: a, b and c must leave it with one outer momentum."""
+    import threading
+    import time
+
+    import torch
+
+    from decent_dp.elastic import ElasticGossip
+
+    server = ec.lighthouse()
+    lh = ec.loopback_address(server)
+    start, at_four = threading.Barrier(2), threading.Barrier(2)
+    go, asking = threading.Event(), threading.Event()
+    momenta: dict[str, torch.Tensor] = {}
+    errors: list[str] = []
+
+    def replica(rid: str) -> None:
+        if rid == "c":
+            go.wait(30)  # a and b are past step 4: c joins at the quorum of step 5
+        model = torch.nn.Linear(2, 1)
+        gossip = ElasticGossip(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            lighthouse=lh,
+            replica_id=rid,
+            min_replicas=2,
+            timeout_s=10.0,
+            quorum_every=2,
+            host="127.0.0.1",
+            log=lambda line: None,
+            outer_optim_fn=lambda p: torch.optim.SGD(p, lr=0.7, momentum=0.9, nesterov=True),
+            outer_every=2,
+        )
+        try:
+            if rid == "c":
+                asking.set()  # its quorum request goes out now
+            else:
+                start.wait(30)
+                time.sleep(0.5)  # both heartbeats reach the lighthouse before the first quorum
+            while gossip.step_count < 5:
+                if gossip.step_count == 4 and rid != "c":
+                    assert gossip.outer is not None and gossip.outer.x is not None
+                    if rid == "b":
+                        opt = gossip.outer.opt
+                        assert opt is not None
+                        opt.state[gossip.outer.x]["momentum_buffer"].add_(1.0)
+                    at_four.wait(30)
+                    go.set()
+                    asking.wait(30)
+                    time.sleep(1.0)  # c's request reaches the lighthouse before theirs
+                gossip.zero_grad()
+                model(torch.ones(3, 2)).sum().backward()
+                gossip.step()
+            assert gossip.members == ("a", "b", "c") and gossip.outer is not None
+            assert gossip.last_change is not None and gossip.last_change["step"] == 4
+            assert gossip.outer.opt is not None and gossip.outer.x is not None
+            momenta[rid] = gossip.outer.opt.state[gossip.outer.x]["momentum_buffer"].clone()
+        except Exception as exc:
+            errors.append(f"{rid}: {type(exc).__name__}: {exc}")
+            start.abort()
+            at_four.abort()
+        finally:
+            gossip.close()
+
+    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b", "c")]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        server.shutdown()
+    assert not errors, errors
+    assert set(momenta) == {"a", "b", "c"}
+    torch.testing.assert_close(momenta["b"], momenta["a"], rtol=0, atol=0)
+    torch.testing.assert_close(momenta["c"], momenta["a"], rtol=0, atol=0)
