@@ -15,7 +15,9 @@ adds, thinly:
   source itself (round-robin among the replicas at the highest step), which
   need not be a neighbour; quorums are therefore asked with
   ``allow_heal=False`` and :mod:`decent_dp.elastic` chooses the source, which
-  stages its state on its ``HTTPTransport`` for the joiner to fetch.
+  stages its state on its ``HTTPTransport`` for the joiner to fetch and
+  withdraws it once the joiner says it has it (:meth:`Membership.heal`); a
+  transfer that breaks is a failed heal (:class:`HealFailed`), asked again.
 * **Pairs, not all-reduce.** ``Manager.allreduce`` and torchft's DDP, LocalSGD
   and DiLoCo average over the whole quorum; gossip sends and receives between
   neighbours on the quorum's process group instead (:meth:`Membership.exchange`).
