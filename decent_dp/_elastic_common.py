@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from ._elastic_quorum import QuorumView, default_advertise_host
 from .topo import Topology, TopologyReg
@@ -128,6 +131,35 @@ def heal_sources(
                 out[j] = peers[0]
                 break
     return out
+
+
+def host_snapshot(state: Any) -> Any:
+    """A deep copy of ``state`` (a heal's staged copy) whose tensors are copied to host memory.
+
+    ``copy.deepcopy`` copies a CUDA tensor on its device: a heal would hold the
+    model and its optimizer's state a second time on the GPU until the transport
+    copied them to the host. Each tensor in the state's dicts, lists and tuples
+    is copied straight to the host instead (a host tensor too: the transport
+    serves host tensors by reference); whatever else holds a tensor is deep-copied.
+    """
+    memo: dict[int, Any] = {}
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in memo:
+                memo[id(obj)] = obj.detach().to("cpu", copy=True)
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value)
+        elif isinstance(obj, (list, tuple)):
+            for value in obj:
+                walk(value)
+
+    walk(state)
+    # deepcopy's memo maps an object's id to its copy: the tensors' host copies are taken as
+    # they are; keep the originals alive meanwhile (deepcopy's own rule for its memo)
+    memo[id(memo)] = [state]
+    return copy.deepcopy(state, memo)
 
 
 def default_replica_id(lighthouse: str | None = None, host: str | None = None) -> str:

@@ -13,14 +13,19 @@ At an outer round ``t``, with ``xbar`` the members' mean of ``x(t-1)``::
 whose members changed (a new torchft ``quorum_id``), ``x_outer`` is set to the
 new members' mean ``xbar``, so it is again the same on every member and the
 steps since the last round of a member that left are neither lost to the others
-nor counted twice. The outer optimizer's state (its momentum) is kept: it is
-the same on every member, and a joiner heals it from its source. If that
-quorum's step is also an outer round, the round is that average,
-``x(t) = xbar + d(t)``, with no outer step.
+nor counted twice. The outer optimizer's state (its momentum) is kept, and
+at such a quorum every member takes rank 0's (:meth:`ElasticOuter.agree`): a
+quorum's mean all-reduce that completed on some members and failed on others
+lets only the former take that round's outer step, and their momentum would
+otherwise stay apart from the others' for the rest of the run (where the
+members' copies are equal, as a joiner heals its source's, this changes
+nothing). If that quorum's step is also an outer round, the round is that
+average, ``x(t) = xbar + d(t)``, with no outer step.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -82,6 +87,29 @@ class ElasticOuter:
             self.x.grad = self.x - mean
             self.opt.step()
             self.x.grad = None
+
+    @torch.no_grad()
+    def agree(self, rank: int, allreduce_sum: Callable[[torch.Tensor], None]) -> None:
+        """Every member takes rank 0's outer optimizer state (two all-reduces of the quorum).
+
+        Rank 0's serialized state is summed with the others' zeros: its length,
+        then its bytes. Call it on every member after :meth:`at_quorum`.
+        """
+        assert self.opt is not None
+        size = torch.zeros(1, dtype=torch.int64)
+        data = torch.zeros(0, dtype=torch.uint8)
+        if rank == 0:
+            buf = io.BytesIO()
+            torch.save(self.opt.state_dict(), buf)
+            data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+            size[0] = data.numel()
+        allreduce_sum(size)
+        if rank != 0:
+            data = torch.zeros(int(size[0]), dtype=torch.uint8)
+        allreduce_sum(data)
+        if rank != 0:
+            state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+            self.opt.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The outer copy and the outer optimizer's state (``None`` before the first quorum)."""

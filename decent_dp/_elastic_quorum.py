@@ -15,7 +15,9 @@ adds, thinly:
   source itself (round-robin among the replicas at the highest step), which
   need not be a neighbour; quorums are therefore asked with
   ``allow_heal=False`` and :mod:`decent_dp.elastic` chooses the source, which
-  stages its state on its ``HTTPTransport`` for the joiner to fetch.
+  stages its state on its ``HTTPTransport`` for the joiner to fetch and
+  withdraws it once the joiner says it has it (:meth:`Membership.heal`); a
+  transfer that breaks is a failed heal (:class:`HealFailed`), asked again.
 * **Pairs, not all-reduce.** ``Manager.allreduce`` and torchft's DDP, LocalSGD
   and DiLoCo average over the whole quorum; gossip sends and receives between
   neighbours on the quorum's process group instead (:meth:`Membership.exchange`).
@@ -51,6 +53,7 @@ import torch
 
 __all__ = [
     "QUORUM_TIMEOUTS",
+    "HealFailed",
     "Membership",
     "QuorumView",
     "check_lighthouse",
@@ -64,6 +67,10 @@ QUORUM_TIMEOUTS = 3
 
 class _MemberGone(RuntimeError):
     """A member of the quorum just formed did not take part in it (it died meanwhile)."""
+
+
+class HealFailed(RuntimeError):
+    """A heal's state was not received whole (its source died, or the stream broke)."""
 
 
 @dataclass(frozen=True)
@@ -374,6 +381,7 @@ class Membership:
             TimeoutError: No quorum of ``min_replicas`` within the timeout.
             ValueError: This replica's id is used by another member too.
         """
+        self.withdraw_state()  # a heal of an earlier quorum that failed half-way
         start = time.monotonic()
         last = start
         gone = 0
@@ -572,18 +580,98 @@ class Membership:
         self.pg.allreduce([tensor], opts).wait()
 
     # --------------------------------------------------------------- healing
+    def heal(
+        self,
+        sources: dict[int, int],
+        step: int,
+        snapshot: Callable[[], dict[str, Any]],
+        address: Callable[[int], str],
+    ) -> dict[str, Any] | None:
+        """The quorum's healing, for this process: serve its joiners, or fetch from its source.
+
+        Every member calls it with the same ``sources`` (``{joiner: source}``,
+        member ranks). A source stages ``snapshot()`` and, once each of its
+        joiners said it has the state (or failed), withdraws it; a joiner
+        fetches its source's at ``address(source)``. The keys are those of this
+        group rank: each process heals from its source's process of its rank.
+
+        Returns:
+            The state this member fetched, or ``None`` (it is no joiner).
+
+        Raises:
+            HealFailed: This joiner's fetch failed, or one of this source's joiners'.
+            RuntimeError: A joiner or source did not come within the timeout.
+        """
+        assert self.view is not None
+        rank = self.view.rank
+        joiners = [j for j, src in sorted(sources.items()) if src == rank]
+        try:
+            if joiners:
+                self.serve_state(step, snapshot())
+                self.store_set(f"staged/{rank}", "1")
+            state = None
+            if rank in sources:
+                self.store_get(f"staged/{sources[rank]}")
+                try:
+                    state = self.fetch_state(address(sources[rank]), step)
+                except HealFailed:
+                    self.store_set(f"healed/{rank}", "0")  # its source need not wait it out
+                    raise
+                self.store_set(f"healed/{rank}", "1")
+            failed = [j for j in joiners if self.store_get(f"healed/{j}") != "1"]
+            if failed:
+                names = [self.view.members[j] for j in failed]
+                raise HealFailed(f"{names} could not fetch this member's state")
+            return state
+        finally:
+            if joiners:
+                self.withdraw_state()
+
     def serve_state(self, step: int, state: dict[str, Any]) -> None:
         """Stage a copy of ``state`` for joiners to fetch at ``step``."""
         self.transport.send_checkpoint(
             dst_ranks=[], step=step, state_dict=state, timeout=self.timeout
         )
 
+    def withdraw_state(self) -> None:
+        """Stop serving the staged state and drop it (torchft's ``Manager`` withdraws at each step).
+
+        A fetch still streaming is let finish first, within the timeout. The
+        transport then serves no step: a late request fails at once (HTTP 400)
+        rather than waiting ``timeout_s`` on a withdrawn one.
+        """
+        transport = self.transport
+        if transport._state_dict is None and transport._step == -1:
+            return  # nothing staged since the last withdrawal (or ever)
+        try:
+            transport.disallow_checkpoint()  # waits for the readers in flight
+        except TimeoutError:  # a fetch of an earlier quorum still streams; it keeps its own copy
+            transport._disallowed = False
+        # torchft keeps the staged copy until the next stage: a model and its optimizer's state
+        transport._state_dict = None
+        transport._chunks = None
+        transport._spec = None
+        transport.allow_checkpoint(-1)
+
     def fetch_state(self, address: str, step: int) -> dict[str, Any]:
-        """Fetch the state a peer staged at ``step``."""
-        state = self.transport.recv_checkpoint(
-            src_rank=-1, metadata=address, step=step, timeout=self.timeout
-        )
-        return dict(state)
+        """Fetch the state a peer staged at ``step``.
+
+        Raises:
+            HealFailed: It did not arrive whole: any failure of the transfer or of
+                its decoding (a stream cut in its header raises ``EOFError``, in its
+                pickle ``UnpicklingError``, ...), which the quorum's work asks again for.
+        """
+        try:
+            state = self.transport.recv_checkpoint(
+                src_rank=-1, metadata=address, step=step, timeout=self.timeout
+            )
+            return dict(state)
+        except Exception as exc:
+            why = (str(exc).splitlines() or [""])[0][:160]
+            raise HealFailed(
+                f"the state staged at {address} for step {step} did not arrive whole "
+                f"({type(exc).__name__}: {why})"
+            ) from None
 
     def close(self) -> None:
         """Leave: stop heartbeating, close the servers and the group."""
@@ -594,5 +682,6 @@ class Membership:
             self.manager = None
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._stores.clear()
+        self.withdraw_state()
         manager.shutdown(wait=False)  # its checkpoint transport too
         self.pg.shutdown()

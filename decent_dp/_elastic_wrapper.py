@@ -28,14 +28,21 @@ for the members of the current quorum and builds a new one when they change:
   step, since the rounds' groups are new.
 
 The decision to rebuild is the same on every member: each publishes whether
-it lost a group on the quorum's store, and all read all.
+it lost a group on the quorum's store, and all read all. The wrapper's options
+are checked by its own checks in the constructor, before the lighthouse
+(:func:`decent_dp._setup.check_wrapper_options`), not when the first quorum
+builds it.
+
+A little past 500 lines as one unit: the class keeps one wrapper, group and
+membership, and every part of it (the quorum's work, the rebuild, the state
+carried over) works on those together.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
+import inspect
 import os
 import sys
 import time
@@ -55,8 +62,11 @@ from ._elastic_common import (
     default_replica_id,
     elastic_topology,
     heal_sources,
+    host_snapshot,
 )
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from ._hierarchical import check_compression
+from ._setup import check_wrapper_options
 from .ddp import DecentralizedDataParallel
 from .topo import Edge, Topology
 
@@ -69,9 +79,16 @@ _REFUSED = {
     "outer_every": "see outer_optim_fn",
     "device_mesh": "a sharded replica's shard ranks would have to leave together; "
     "not supported elastically",
+    "outer_fragments": "see outer_optim_fn",
+    "outer_compression": "see outer_optim_fn",
+    "outer_scale_by_inner_lr": "see outer_optim_fn",
     "local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
+    "_local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "topology_kwargs": "pass topology_kwargs= to ElasticDataParallel itself",
+    "_broadcast": "the first quorum starts every member from rank 0's model itself",
 }
+# the wrapper's arguments ElasticDataParallel gives itself
+_OWN = {"self", "model", "optim_fn", "lr_scheduler_fn", "topology"}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -117,8 +134,10 @@ class ElasticDataParallel(nn.Module):
             ...); not an outer optimizer or a device mesh.
 
     Raises:
-        ValueError: A topology or option that cannot be elastic, a bad number,
-            a process group already initialised, or (at a quorum) a replica id used twice.
+        ValueError: A topology or option that cannot be elastic, a bad number or
+            option value (all checked before the lighthouse), a process group already
+            initialised, or (at a quorum) a replica id used twice.
+        TypeError: An option the wrapper does not take, or a factory returning the wrong type.
         TimeoutError: The lighthouse is unreachable, or no quorum of
             ``min_replicas`` formed, within the timeout.
     """
@@ -172,6 +191,23 @@ class ElasticDataParallel(nn.Module):
                 "a process group is initialised; ElasticDataParallel makes one for each quorum: "
                 "do not call init_process_group"
             )
+        # the wrapper is built at the first quorum, where a bad option would fail one member
+        # after the others joined (they would wait timeout_s for it): every option fails here
+        params = inspect.signature(DecentralizedDataParallel.__init__).parameters
+        compression, sync = check_wrapper_options(
+            model,
+            optim_fn,
+            lr_scheduler_fn,
+            wrapper_kwargs,
+            {n: p.default for n, p in params.items() if n not in _OWN and n not in _REFUSED},
+        )
+        if self.topology_name == "hierarchical":  # what its edges between hosts take
+            if sync:
+                raise ValueError(f"state_sync={sync} does not combine with topology=hierarchical")
+            lws = self.group_world_size
+            for n in range(1, 65):
+                top = elastic_topology(self.topology_name, n * lws, self.topology_kwargs, lws)
+                check_compression(top, compression)
         self.module = model
         self.optim_fn = optim_fn
         self.lr_scheduler_fn = lr_scheduler_fn
@@ -355,14 +391,16 @@ class ElasticDataParallel(nn.Module):
         behind = [r for r, s in enumerate(view.steps) if s < top]
         sources = {} if first else heal_sources(self.topology, view, behind, top, lws)
         self.healed_from = None
-        if view.rank in sources.values():
-            self.membership.serve_state(top, self._snapshot(state))
-            self.membership.store_set(f"staged/{view.rank}/{self.group_rank}", "1")
-        if view.rank in sources:
-            src = sources[view.rank]
-            self.membership.store_get(f"staged/{src}/{self.group_rank}")
-            state = self.membership.fetch_state(view.address(src, self.group_rank), top)
-            self.healed_from = view.members[src]
+        carried = state
+        fetched = self.membership.heal(
+            sources,
+            top,
+            lambda: self._snapshot(carried),
+            lambda src: view.address(src, self.group_rank),
+        )
+        if fetched is not None:
+            state = fetched
+            self.healed_from = view.members[sources[view.rank]]
         elif first and view.rank * lws + self.group_rank != 0:
             self.healed_from = view.members[0]  # the wrapper broadcasts rank 0's model
         if state is not None and state.get("model") is not None:
@@ -403,7 +441,7 @@ class ElasticDataParallel(nn.Module):
         # the transport serves CPU tensors by reference: stage copies, not the live ones
         out = dict(state or {"training": None, "extra": None})
         out["model"] = self.module.state_dict()
-        return copy.deepcopy(out)
+        return host_snapshot(out)
 
     def _on_lost(self, bucket: Any, edge: Edge, exc: BaseException) -> None:
         gone = [r for r in edge.ranks if r != self.rank and r not in self.lost]
@@ -474,8 +512,16 @@ class ElasticDataParallel(nn.Module):
 
     # -------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Leave: finish the gossip in flight, close the wrapper and the group, stop heartbeating."""
+        """Leave: finish the gossip in flight, close the wrapper and the group, stop heartbeating.
+
+        The training state is kept: :attr:`step_count` and :meth:`elastic_state`
+        return what they did before (less compressed gossip's references, which
+        are model-sized and which a rebuild starts afresh anyway).
+        """
         if self._inner is not None:
+            training = self._inner._engine.training_state()
+            training.pop("compression", None)
+            self._loaded = {"model": None, "training": training, "extra": None}
             self._inner.close()
             object.__setattr__(self, "_inner", None)
         if dist.is_initialized():

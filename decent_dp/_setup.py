@@ -3,27 +3,33 @@
 Every function here that issues collectives issues them in the same order on
 every rank, so each must be called by every rank at the same point. The
 checks of the wrapper's own arguments (:func:`check_wrapper_args`,
-:func:`trained_parameters`) issue none: they run first, so that a bad value
+:func:`check_wrapper_options`, :func:`trained_parameters`) issue none: they run first, so that a bad value
 fails on its rank before any process can wait on a collective.
 """
 
 from __future__ import annotations
 
 import datetime
+import difflib
 import hashlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ._codecs import CompressionSpec, parse_compression
+from ._factories import check_scheduler, resolve_optim_fn
+from ._state_sync import check_state_sync
 from .topo import Edge, Topology
 
 __all__ = [
     "broadcast_from_rank0",
     "check_ranks_agree",
     "check_wrapper_args",
+    "check_wrapper_options",
+    "check_wrapper_values",
     "communicators_per_rank",
     "default_group_timeout",
     "make_groups",
@@ -46,6 +52,16 @@ def check_wrapper_args(model: Any, bucket_size_in_mb: Any, grad_clip_norm: Any) 
             "DecentralizedDataParallel needs an initialized process group; launch with torchrun "
             "and call decent_dp.utils.initialize_dist() (or torch.distributed.init_process_group())"
         )
+    check_wrapper_values(model, bucket_size_in_mb, grad_clip_norm)
+
+
+def check_wrapper_values(model: Any, bucket_size_in_mb: Any, grad_clip_norm: Any) -> None:
+    """:func:`check_wrapper_args` without a process group (the elastic wrapper's, before its quorum).
+
+    Raises:
+        ValueError: A bucket size or clipping norm that is not a number ``>= 0``.
+        TypeError: ``model`` is not a module.
+    """
     if not isinstance(bucket_size_in_mb, (int, float)) or not bucket_size_in_mb >= 0:
         raise ValueError(
             f"bucket_size_in_mb={bucket_size_in_mb!r} is invalid; it must be a number >= 0"
@@ -58,10 +74,61 @@ def check_wrapper_args(model: Any, bucket_size_in_mb: Any, grad_clip_norm: Any) 
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
 
 
+def check_wrapper_options(
+    model: Any,
+    optim_fn: Any,
+    lr_scheduler_fn: Any,
+    options: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    backend: str = "gloo",
+) -> tuple[CompressionSpec, dict[str, int]]:
+    """The wrapper's options checked on this process alone, with no process group.
+
+    For a wrapper built later than its options are given (the elastic one, at
+    each quorum): the same checks as the wrapper's own, so that a bad option
+    fails at once and not on one member after the others joined it.
+
+    Args:
+        model: The module.
+        optim_fn: The optimizer factory (a trial optimizer is built).
+        lr_scheduler_fn: The scheduler factory, or ``None``.
+        options: The keyword options given.
+        defaults: Every option the wrapper takes here, with its default.
+        backend: The backend of the process group it will be built on.
+
+    Returns:
+        The compression and the ``state_sync`` spec, for the checks against a
+        topology (:func:`decent_dp._hierarchical.check_compression`).
+
+    Raises:
+        TypeError: An unknown option, a ``model`` that is no module, or a factory
+            that returns the wrong type.
+        ValueError: A bad value (one line naming it and what is allowed).
+    """
+    for key, value in options.items():
+        if key not in defaults:
+            near = difflib.get_close_matches(key, list(defaults), n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            raise TypeError(
+                f"{key}={value!r} is not an option of the wrapper; {hint}"
+                f"its options: {', '.join(sorted(defaults))}"
+            )
+    opts = {**defaults, **options}
+    check_wrapper_values(model, opts["bucket_size_in_mb"], opts["grad_clip_norm"])
+    compression = parse_compression(opts["compression"])
+    sync = check_state_sync(opts["state_sync"])
+    _, named = trained_parameters(model, opts["scaler"], backend)
+    _, trial = resolve_optim_fn(optim_fn, named)
+    check_scheduler(lr_scheduler_fn, trial)
+    return compression, sync
+
+
 def trained_parameters(
-    module: nn.Module, scaler: Any
+    module: nn.Module, scaler: Any, backend: str | None = None
 ) -> tuple[list[tuple[str, nn.Parameter]], list[tuple[str, nn.Parameter]]]:
     """Every named parameter of ``module``, and those it trains (``requires_grad``).
+
+    ``backend`` is the process group's (by default the initialized one's).
 
     Raises:
         ValueError: No parameter, none trained, one off CUDA on NCCL, or a
@@ -73,7 +140,7 @@ def trained_parameters(
     named = [(n, p) for n, p in every if p.requires_grad]
     if not named:
         raise ValueError("every parameter has requires_grad=False; there is nothing to train")
-    backend = dist.get_backend()
+    backend = backend or dist.get_backend()
     for n, p in named:
         if backend == "nccl" and p.device.type != "cuda":
             raise ValueError(

@@ -8,7 +8,9 @@ the state's name. The step counter and the LR scheduler's state go beside
 them in ``extras.pt``. Nothing depends on the bucket layout or the shard
 count, so a checkpoint loads into any shard count; a run of ``R'`` replicas
 loads replica ``r`` from saved replica ``r mod R`` (replicas of a
-decentralized run differ: none is averaged in).
+decentralized run differ: none is averaged in), ``R`` being the save's own
+count (a directory saved into again may hold an earlier save's other replicas),
+and the saved replicas must all be of one step.
 
 Gossip in flight is not saved: after a load, each bucket's gossip is launched
 again from the loaded parameters before the next forward, so a resumed run of
@@ -51,6 +53,39 @@ def _check(wrapper: Any) -> None:
 
 def _replica_dir(path: str | os.PathLike[str], replica: int) -> str:
     return os.path.join(os.fspath(path), f"replica-{replica}")
+
+
+def _saved_replica(path: str | os.PathLike[str], replica: int) -> tuple[str, dict[str, Any]]:
+    """The directory replica ``replica`` loads from (saved replica ``replica mod R``), its extras.
+
+    ``R`` is the replica count of the save in ``replica-0`` (every save writes it),
+    not the number of ``replica-*`` folders: a directory saved into again by fewer
+    replicas still holds the earlier save's others. Every replica of the save is
+    checked to be of the same step on every rank, so that all ranks refuse alike.
+
+    Raises:
+        ValueError: No checkpoint, a replica missing, or replicas of different saves.
+    """
+    root = os.fspath(path)
+
+    def extras_of(r: int) -> dict[str, Any] | None:
+        file = os.path.join(_replica_dir(path, r), "extras.pt")
+        return torch.load(file, weights_only=False) if os.path.isfile(file) else None
+
+    head = extras_of(0)
+    if head is None:
+        raise ValueError(f"{root!r} holds no sharded checkpoint (replica-0 ...)")
+    count = int(head["replicas"])
+    for r in range(1, count):
+        other = extras_of(r)
+        if other is None or (other["step"], other["replicas"]) != (head["step"], count):
+            what = "nothing" if other is None else f"step {other['step']} of {other['replicas']}"
+            raise ValueError(
+                f"{root!r}: replica-{r} holds {what}, replica-0 step {head['step']} of {count} "
+                "replicas; these are not one save (save each checkpoint to a directory of its own)"
+            )
+    where = _replica_dir(path, replica % count)
+    return where, extras_of(replica % count) or head
 
 
 def _sharded_params(wrapper: Any) -> list[tuple[str, Any, torch.Tensor]]:
@@ -142,22 +177,15 @@ def load_sharded_checkpoint(wrapper: Any, path: str | os.PathLike[str]) -> dict[
         The saved extras: ``step``, ``replicas``, ``shards``, ``topology``.
 
     Raises:
-        ValueError: As :func:`save_sharded_checkpoint`, or ``path`` holds no replica.
+        ValueError: As :func:`save_sharded_checkpoint`, or ``path`` holds no replica, or
+            replicas of different saves (another step or replica count than ``replica-0``).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     _check(wrapper)
-    saved = sorted(
-        int(d.split("-", 1)[1])
-        for d in (os.listdir(path) if os.path.isdir(path) else [])
-        if d.startswith("replica-")
-    )
-    if not saved or saved != list(range(len(saved))):
-        raise ValueError(f"{os.fspath(path)!r} holds no sharded checkpoint (replica-0 ...)")
     mesh = wrapper.device_mesh
-    where = _replica_dir(path, mesh.get_local_rank("replicate") % len(saved))
-    extras = torch.load(os.path.join(where, "extras.pt"), weights_only=False)
+    where, extras = _saved_replica(path, mesh.get_local_rank("replicate"))
     engine = wrapper._engine
     engine.drain()
     if engine.buckets is None:

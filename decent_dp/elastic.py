@@ -30,8 +30,8 @@ without a restart.
   of that edge at the highest step; any such member if the edge has none).
   The source stages a copy of its model, optimizer and scheduler states, step
   and the caller's extra state (the data position) on torchft's
-  ``HTTPTransport``; the joiner fetches and loads it, and continues from it,
-  not from its own stale checkpoint. At the first quorum (every member at step
+  ``HTTPTransport``, withdrawn once its joiners have it; the joiner fetches
+  and loads it, and continues from it, not from its own stale checkpoint. At the first quorum (every member at step
   0) every member takes rank 0's state, as the non-elastic wrapper broadcasts
   rank 0's model.
 * **A topology for any number of members**: every registered topology takes
@@ -65,7 +65,6 @@ Example::
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 from collections.abc import Callable
@@ -83,6 +82,7 @@ from ._elastic_common import (
     default_replica_id,
     elastic_topology,
     heal_sources,
+    host_snapshot,
 )
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
@@ -97,6 +97,13 @@ __all__ = [
     "elastic_topology",
     "heal_sources",
 ]
+
+
+def _host(like: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor like ``like`` (pinned for a CUDA one: torch caches those blocks)."""
+    if like.device.type == "cpu":
+        return torch.empty_like(like)
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
 
 
 class ElasticGossip:
@@ -262,8 +269,11 @@ class ElasticGossip:
         edge = self.edge(t)
         peers = [r for r in sorted(edge.ranks) if r != self.rank and r not in self.lost]
         x_prev = self._flat().clone()
-        bufs = [torch.empty_like(x_prev) for _ in peers]
-        pending = self.membership.start_exchange(x_prev, peers, bufs)
+        # gloo's send and recv read and write host memory only (it stages CUDA tensors for its
+        # collectives, not for these): a CUDA replica exchanges pinned host copies
+        wire = x_prev if x_prev.device.type == "cpu" else _host(x_prev).copy_(x_prev)
+        bufs = [_host(x_prev) for _ in peers]
+        pending = self.membership.start_exchange(wire, peers, bufs)
         # the local update overlaps the exchange; d(t) comes from x(t-1)'s gradient
         self.optimizer.step()
         if self.lr_scheduler is not None:
@@ -273,7 +283,7 @@ class ElasticGossip:
         w = edge.peer_weight
         for peer, buf, ok in zip(peers, bufs, arrived):
             if ok:
-                x += w * (buf - x_prev)
+                x += w * (buf.to(x.device) - x_prev)
             else:  # lost until the next quorum: its weight stays with this replica
                 self.lost.add(peer)
                 self.log(
@@ -319,15 +329,11 @@ class ElasticGossip:
         if top == 0:  # the first quorum: everyone starts from rank 0's state
             behind = list(range(1, n))
         sources = {j: self._source(j, behind, top) for j in behind}
-        if view.rank in sources.values():
-            self.membership.serve_state(top, self._snapshot())
-            self.membership.store_set(f"staged/{view.rank}", "1")
         self.healed_from = None
-        if view.rank in sources:
-            src = sources[view.rank]
-            self.membership.store_get(f"staged/{src}")
-            self.load_state_dict(self.membership.fetch_state(view.addresses[src], top))
-            self.healed_from = view.members[src]
+        state = self.membership.heal(sources, top, self._snapshot, lambda r: view.addresses[r])
+        if state is not None:
+            self.load_state_dict(state)
+            self.healed_from = view.members[sources[view.rank]]
         self.last_quorum_step = self.step_count
         # a new quorum id: torchft saw a change of membership (a restarted host has a new uuid)
         changed = old is None or old.quorum_id != view.quorum_id
@@ -337,6 +343,8 @@ class ElasticGossip:
                 self.last_consensus_distance = self._consensus_distance(n, mean)
             if self.outer is not None:
                 self.outer.at_quorum(self.step_count + 1, mean, changed)
+                if changed and n > 1:  # one outer momentum again, whoever took which round
+                    self.outer.agree(view.rank, self.membership.allreduce_sum)
         change = change_record(old, view, self.step_count, self.healed_from, start)
         if change is not None:
             self.last_change = change
@@ -384,7 +392,7 @@ class ElasticGossip:
     # ----------------------------------------------------------------- state
     def _snapshot(self) -> dict[str, Any]:
         # the transport serves CPU tensors by reference: stage copies, not the live ones
-        return copy.deepcopy(self.state_dict())
+        return host_snapshot(self.state_dict())
 
     def state_dict(self) -> dict[str, Any]:
         """The replica's training state: model, optimizer, scheduler, step and extra state."""

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,7 @@ _NOT_ELASTIC = {
     "(torchrun --nproc_per_node=L, L > 1)",
     "compression": "outer rounds run on the path without compressed gossip (ElasticGossip)",
     "outer": "a streamed, compressed or scaled outer round is not elastic",
+    "shard_size": "a sharded replica's shard ranks would have to leave together",
 }
 
 
@@ -109,12 +111,28 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
         "null (unique per host) or a non-empty string without ':'",
     )
+    every = cfg.checkpoint.get("every_steps", 0)
+    if rid is None and isinstance(every, int) and every > 0:
+        # each host's checkpoints live under its replica id: a new launch's id finds none
+        warnings.warn(
+            f"fault_tolerance.replica_id=null with checkpoint.every_steps={every}: the default "
+            "id holds this launch's torchrun run id (or PID), so a restart of the whole job "
+            "resumes nothing; give each host its own fault_tolerance.replica_id",
+            stacklevel=2,
+        )
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
     if world_size != local:
         raise ConfigError(
             f"fault_tolerance=torchft runs one torchrun per host (a replica group is one host's "
             f"processes), got a world size of {world_size} over hosts of {local}; launch "
             "torchrun --nnodes=1 --nproc_per_node=L on each host"
+        )
+    shards = cfg.train.get("shard_size", 1)
+    if shards != 1:
+        # every process would train the whole model: the elastic path builds no device mesh
+        raise ConfigError(
+            f"train.shard_size={shards} cannot be elastic with fault_tolerance=torchft: "
+            f"{_NOT_ELASTIC['shard_size']}; use train.shard_size=1"
         )
     topo = str(cfg.topology.name)
     flat = topo == "allreduce" or (topo == "hierarchical" and local == 1)

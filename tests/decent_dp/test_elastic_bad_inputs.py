@@ -190,6 +190,70 @@ def test_the_wrapper_refuses_what_cannot_be_elastic_in_one_line(
     assert "\n" not in str(e.value)
 
 
+def _not_an_optimizer(named: object) -> object:
+    return "sgd"
+
+
+def _not_a_scheduler(opt: object) -> object:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (
+            {"grad_clip": 1.0},
+            TypeError,
+            r"^grad_clip=1.0 is not an option of the wrapper; did you mean grad_clip_norm\? "
+            r"its options: .*bucket_size_in_mb",
+        ),
+        ({"compression": "bogus"}, ValueError, r"^compression='bogus' is invalid; use None"),
+        ({"bucket_size_in_mb": -1}, ValueError, r"^bucket_size_in_mb=-1 is invalid; it must be"),
+        ({"grad_clip_norm": -0.5}, ValueError, r"^grad_clip_norm=-0.5 is invalid"),
+        ({"state_sync": {"exp_avg_sq": 0}}, ValueError, r"^state_sync\['exp_avg_sq'\]=0: the"),
+        ({"outer_fragments": 2}, ValueError, r"^outer_fragments= cannot be elastic here"),
+        ({"_broadcast": False}, ValueError, r"^_broadcast= cannot be elastic here"),
+        ({"optim_fn": _not_an_optimizer}, TypeError, r"optim_fn returned str"),
+        ({"lr_scheduler_fn": _not_a_scheduler}, TypeError, r"^lr_scheduler_fn returned NoneType"),
+        (
+            {
+                "topology": "hierarchical",
+                "topology_kwargs": {"inter": "complete"},
+                "group_world_size": 2,
+                "group_rank": 0,
+                "group_store": ("127.0.0.1", 1),
+                "compression": "int8",
+            },
+            ValueError,
+            r"^compression='int8' with topology='hierarchical' compresses edges of 2 hosts only",
+        ),
+    ],
+)
+def test_the_wrappers_options_are_checked_before_the_lighthouse(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    """Every option fails in the constructor: no lighthouse runs, and none is waited for.
+
+    Were an option checked only when the wrapper is built (at the first
+    quorum), the constructor would go on to the lighthouse and fail with its
+    TimeoutError (within ``timeout_s=1``), not this error.
+    """
+    from decent_dp.elastic import ElasticDataParallel
+
+    args: dict[str, object] = {
+        "lighthouse": f"http://127.0.0.1:{ec.free_port()}",
+        "timeout_s": 1.0,
+        "host": "127.0.0.1",
+        "optim_fn": lambda named: torch.optim.SGD([p for _, p in named], lr=0.1),
+    }
+    args.update(kwargs)
+    start = time.monotonic()
+    with pytest.raises(error, match=message) as e:
+        ElasticDataParallel(torch.nn.Linear(2, 1), **args)  # type: ignore[arg-type]
+    assert "\n" not in str(e.value)
+    assert time.monotonic() - start < 1.0  # the lighthouse's check would take timeout_s
+
+
 def test_the_wrapper_refuses_a_process_group_it_did_not_make() -> None:
     import torch.distributed as dist
 

@@ -57,6 +57,8 @@ def test_the_wrapper_replays_4_3_4_in_float64() -> None:
     assert resumed and resumed[0][1] == 4
     assert steps["r2"][9]["healed_from"] == "r3"  # its ring neighbour in the round of step 9
     assert steps["r2"][9]["cursor"] == 8  # the data position came with the state
+    # r3 staged its state for r2 at the quorum of step 9 and withdrew it once r2 had it
+    assert not any(s["staged"] for rid in RIDS for s in steps[rid].values())
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
@@ -259,3 +261,41 @@ def test_a_killed_host_of_two_processes_under_hierarchical_costs_no_survivor_a_s
         assert sorted(steps) == list(range(1, 13))
         assert steps[3]["mixed"] == [] or steps[4]["mixed"] == []  # the lost exchange
         assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"
+
+
+@ec.isolated  # torchft's threads (and the wrapper's process group) stay out of the test process
+def test_close_keeps_the_training_state() -> None:
+    """After close(), step_count and elastic_state() are what they were just before it."""
+    import torch
+
+    from decent_dp.elastic import ElasticDataParallel
+
+    server = ec.lighthouse()
+    model = torch.nn.Linear(2, 1)
+    edp = ElasticDataParallel(
+        model,
+        lambda named: torch.optim.SGD([p for _, p in named], lr=0.1, momentum=0.9),
+        lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+        lighthouse=ec.loopback_address(server),
+        replica_id="solo",
+        timeout_s=5.0,
+        quorum_every=2,
+        host="127.0.0.1",
+        log=lambda line: None,
+    )
+    try:
+        for _ in range(3):
+            edp(torch.ones(4, 2)).sum().backward()
+        step, before = edp.step_count, edp.elastic_state()
+        edp.close()
+        after = edp.elastic_state()
+    finally:
+        edp.close()
+        server.shutdown()
+    assert step == 3 and edp.step_count == 3
+    training = after["training"]
+    assert training["step"] == 3 and training["optimizers"] and training["schedulers"]
+    assert "momentum_buffer" in training["optimizers"][0]["state"][0]
+    assert training["schedulers"][0]["last_epoch"] == 3
+    assert repr(training) == repr(before["training"])
+    assert repr(after["model"]) == repr(before["model"])

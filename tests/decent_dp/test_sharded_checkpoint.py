@@ -80,3 +80,33 @@ def test_a_resume_repeats_the_run_and_another_mesh_loads_it(tmp_path: Any) -> No
         torch.testing.assert_close(res["loaded"], src["saved"], rtol=0, atol=0)
         torch.testing.assert_close(res["loaded_optim"], src["saved_optim"], rtol=0, atol=0)
         assert res["extras"]["shards"] == 2 and res["step"] == 5
+
+
+def _extras(path: Any, replica: int, step: int, replicas: int) -> None:
+    import os
+
+    where = os.path.join(path, f"replica-{replica}")
+    os.makedirs(where, exist_ok=True)
+    extras = {"step": step, "replicas": replicas, "shards": 1, "topology": "ring"}
+    torch.save(dict(extras, scheduler=None), os.path.join(where, "extras.pt"))
+
+
+def test_a_directory_saved_into_again_loads_only_the_latest_save(tmp_path: Any) -> None:
+    """4 replicas saved at step 9, then 2 at step 5 into the same directory: replica-2 and
+    replica-3 are the first save's. Every replica loads from the latest save's two."""
+    import pytest
+
+    from decent_dp._sharded_ckpt import _saved_replica
+
+    for r in range(4):
+        _extras(tmp_path, r, 9, 4)
+    for r in range(2):
+        _extras(tmp_path, r, 5, 2)
+    for replica in range(4):
+        where, extras = _saved_replica(tmp_path, replica)
+        assert where.endswith(f"replica-{replica % 2}") and extras["step"] == 5
+    _extras(tmp_path, 1, 4, 2)  # replica-1 of yet another save (a save that failed half-way)
+    with pytest.raises(ValueError, match=r"replica-1 holds step 4 of 2, replica-0 step 5 of 2"):
+        _saved_replica(tmp_path, 0)
+    with pytest.raises(ValueError, match=r"holds no sharded checkpoint"):
+        _saved_replica(tmp_path / "nothing", 0)

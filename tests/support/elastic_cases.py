@@ -154,7 +154,8 @@ def gate(plan: dict[str, Any], events: dict[str, Any], step: int) -> None:
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train ``plan['steps']`` steps; leave, die or rejoin as the plan says; report each step.
 
-    Plan keys: ``steps``, ``every`` (quorum), ``topology``, ``leave_after`` (close
+    Plan keys: ``steps``, ``every`` (quorum), ``topology``, ``device`` (``"cuda"``:
+    the model and data there), ``leave_after`` (close
     cleanly after that step, then rejoin from the state saved then),
     ``kill_after`` (SIGKILL itself after that step), ``resume`` (a state file
     to start from: a restarted host's stale checkpoint), ``save_at`` and
@@ -165,7 +166,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
 
     torch.set_num_threads(1)
     try:
-        model = _model(rid)
+        dev = torch.device(plan.get("device", "cpu"))
+        model = _model(rid).to(dev)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         data = {"cursor": 0}
 
@@ -209,7 +211,7 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 _die_in_the_quorums_allreduce(gossip)
             gossip.zero_grad()  # a quorum (and healing) may happen here
             cursor = data["cursor"]
-            x, y = batch(rid, cursor)
+            x, y = (t.to(dev) for t in batch(rid, cursor))
             nn.functional.mse_loss(model(x), y).backward()
             gossip.step()
             t = gossip.step_count

@@ -135,6 +135,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                         "params": ec._flat(model),
                         "consensus": edp.last_consensus_distance,
                         "refs": _refs(edp),
+                        # a heal's source withdraws its staged copy once the heal is over
+                        "staged": edp.membership.transport._state_dict is not None,
                     },
                 )
             )

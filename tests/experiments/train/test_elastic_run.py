@@ -67,6 +67,11 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
         ),
         (("fault_tolerance.replica_id='a:b'",), 1, r"^fault_tolerance.replica_id=a:b is invalid"),
         (("fault_tolerance.min_replicas=0",), 1, r"^fault_tolerance.min_replicas=0 is invalid"),
+        (
+            ("train.shard_size=2",),
+            2,
+            r"^train.shard_size=2 cannot be elastic with fault_tolerance=torchft: a sharded",
+        ),
     ],
 )
 def test_what_cannot_be_elastic_is_one_line(
@@ -76,6 +81,22 @@ def test_what_cannot_be_elastic_is_one_line(
     with pytest.raises(ConfigError, match=message) as e:
         validate(cfg, world)
     assert "\n" not in str(e.value)
+
+
+def test_checkpoints_with_the_default_replica_id_warn_in_one_line() -> None:
+    """A whole-job restart finds each host's checkpoints under its replica id: the default
+    one (the launch's run id or PID) is new at every launch, so nothing would be resumed."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"^fault_tolerance.replica_id=null with checkpoint") as w:
+        validate(compose_config(*FT, "checkpoint.every_steps=10"), 1)
+    assert len(w) == 1 and "\n" not in str(w[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate(
+            compose_config(*FT, "checkpoint.every_steps=10", "fault_tolerance.replica_id=a"), 1
+        )
+        validate(compose_config(*FT), 1)  # no checkpoints: nothing to resume anyway
 
 
 def test_one_torchrun_per_host(monkeypatch: pytest.MonkeyPatch) -> None:
