@@ -79,7 +79,12 @@ def test_packed_job_logs_what_the_ranks_log(case, tmp_path, world_of_one):
 
 def test_packed_resume_is_exact(tmp_path, world_of_one):
     common = [*JOB, "topology=one-peer-exp", "optim=adamw", "outer=diloco", "outer.every=4"]
-    common += ["engine=packed", "engine.workers=4", "checkpoint.every_steps=3", "train.max_steps=10"]
+    common += [
+        "engine=packed",
+        "engine.workers=4",
+        "checkpoint.every_steps=3",
+        "train.max_steps=10",
+    ]
     straight = run(compose_config(*common), tmp_path / "a")
     first = run(compose_config(*[*common, "train.max_steps=7"]), tmp_path / "b")
     assert first["train/steps"] == 7
