@@ -263,14 +263,7 @@ def test_a_heal_source_withdraws_its_staged_state() -> None:
         finally:
             gossip.close()
 
-    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b")]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        server.shutdown()
+    ec.in_threads(replica, [("a",), ("b",)], server)
     assert not errors, errors
     assert seen["healed_from"] == "a" and len(staged) == 1
     assert seen["got"] == "HTTPError"  # not served any more (400: no such step)
@@ -436,15 +429,7 @@ def test_a_joiner_whose_source_breaks_off_heals_at_the_next_try() -> None:
     http = HTTPServer(("127.0.0.1", 0), Handler)
     proxy["address"] = f"http://127.0.0.1:{http.server_address[1]}/checkpoint/"
     threading.Thread(target=http.serve_forever, daemon=True).start()
-    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b")]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        http.shutdown()
-        server.shutdown()
+    ec.in_threads(replica, [("a",), ("b",)], http, server)
     assert not errors, errors
     assert out["b"][:2] == (4, "a") and out["a"][:2] == (4, None)  # type: ignore[index]
     assert any("asking again" in line and "HealFailed" in line for line in logs["b"]), logs
@@ -521,14 +506,7 @@ def test_a_change_of_membership_makes_the_outer_momentum_one_again() -> None:
         finally:
             gossip.close()
 
-    threads = [threading.Thread(target=replica, args=(rid,)) for rid in ("a", "b", "c")]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-    finally:
-        server.shutdown()
+    ec.in_threads(replica, [("a",), ("b",), ("c",)], server)
     assert not errors, errors
     assert set(momenta) == {"a", "b", "c"}
     torch.testing.assert_close(momenta["b"], momenta["a"], rtol=0, atol=0)

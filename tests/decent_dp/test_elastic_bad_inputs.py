@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -83,14 +82,7 @@ def test_a_replica_id_used_twice_is_refused_by_both() -> None:
         finally:
             gossip.close()
 
-    threads = [threading.Thread(target=join) for _ in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        server.shutdown()
+    ec.in_threads(join, [(), ()], server, timeout=30)
     # both joined one quorum (the lighthouse tells them apart by a uuid it appends) and both refuse
     assert [g[0] for g in got] == ["ValueError", "ValueError"], got
     for _, line in got:

@@ -13,6 +13,7 @@ import importlib
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -456,6 +457,21 @@ def replay(
 _POOL: Any = None
 
 
+def in_threads(
+    target: Callable[..., Any], args: list[tuple[Any, ...]], *servers: Any, timeout: float = 60
+) -> None:
+    """``target(*a)`` for each ``a`` in threads started together, joined, then ``servers`` shut down."""
+    threads = [threading.Thread(target=target, args=a) for a in args]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=timeout)
+    finally:
+        for server in servers:
+            server.shutdown()
+
+
 def _pool() -> Any:
     """One spawned process, for this test process's life, where torchft runs in-process.
 
@@ -502,7 +518,6 @@ def _run_threads_here(
     plans: dict[str, dict[str, Any]], timeout: float, join_timeout_ms: int
 ) -> dict[str, list[Any]]:
     import queue
-    import threading
 
     out: queue.Queue[Any] = queue.Queue()
     events: dict[str, Any] = {name: threading.Event() for name in ("rejoin", "restart", "joined")}
