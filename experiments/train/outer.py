@@ -1,6 +1,9 @@
 """The ``outer`` config group: an outer optimizer over the wrapper's topology (DiLoCo, SlowMo).
 
-``outer=none`` (the default) trains as before. ``outer=diloco`` and ``outer=slowmo``
+``outer=none`` (the default) trains as before. ``outer=average`` is a periodic global
+average: every ``every`` steps every worker continues from the workers' exact mean
+(outer SGD with lr 1 and no momentum, so ``x_outer`` becomes ``xbar``). ``outer=diloco``
+and ``outer=slowmo``
 give the wrapper an ``outer_optim_fn`` (torch SGD with the section's ``lr``,
 ``momentum`` and ``nesterov``) and ``outer_every`` (``every``): every ``every``
 steps the workers' exact average ``xbar`` gives the outer gradient
@@ -39,7 +42,7 @@ __all__ = [
     "outer_kwargs",
 ]
 
-OuterName = name_enum("OuterName", ["none", "diloco", "slowmo"], __name__)
+OuterName = name_enum("OuterName", ["none", "diloco", "slowmo", "average"], __name__)
 
 _COMPRESSIONS = ("none", "bf16", "int8")
 _LOCAL_SGD = "local-sgd"
@@ -77,7 +80,7 @@ class OuterConfig:
     scale_by_inner_lr: bool = False
 
 
-SCHEMAS: dict[str, type] = {"none": OuterConfig, "diloco": OuterConfig, "slowmo": OuterConfig}
+SCHEMAS: dict[str, type] = {name: OuterConfig for name in ("none", "diloco", "slowmo", "average")}
 
 
 def outer_section(section: Any) -> Any:

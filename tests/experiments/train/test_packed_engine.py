@@ -171,3 +171,31 @@ def test_packed_needs_one_process_and_distributed_takes_the_world_size():
     with pytest.raises(ConfigError, match="engine.workers=8 is invalid"):
         validate(compose_config("engine.workers=8"), 2)
     validate(compose_config("engine.workers=2"), 2)
+
+
+def test_outer_average_puts_every_worker_on_the_mean():
+    """``outer=average``: at an outer step with no local update, every worker is the mean."""
+    from decent_dp.packed import PackedWorkers
+    from experiments.train.outer import outer_kwargs
+
+    cfg = compose_config("outer=average", "outer.every=3", "topology=ring")
+    kwargs = outer_kwargs(cfg.outer, cfg.topology)
+    assert kwargs["outer_every"] == 3
+    torch.manual_seed(0)
+    packed = PackedWorkers(
+        torch.nn.Linear(3, 2),
+        4,
+        lambda pairs: torch.optim.SGD([p for p, _ in pairs], lr=0.1),
+        None,
+        "ring",
+        outer_optim_fn=kwargs["outer_optim_fn"],
+        outer_every=3,
+    )
+    for _ in range(2):
+        packed(torch.randn(4, 5, 3)).square().sum().backward()
+        packed.step()
+    before = [p.detach().clone() for p in packed.params]
+    assert packed.consensus_distance() > 0
+    packed.step()  # step 3, no gradient: no local update, only the outer round
+    for p, b in zip(packed.params, before):
+        torch.testing.assert_close(p, b.mean(0, keepdim=True).expand_as(b), rtol=0, atol=1e-7)
