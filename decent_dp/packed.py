@@ -59,6 +59,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.optim import Optimizer
 
 from ._accum_adam import AccumAdam, AccumAdamW
@@ -95,39 +96,51 @@ class _Round:
 
     group_of: torch.Tensor  # (n,) the index of each worker's group
     groups: int
-    keep: torch.Tensor  # (n,) W_ii - W_ij: what a worker keeps beyond its share of the sum
-    share: torch.Tensor  # (n,) W_ij, the weight of each member of its group's sum
+    share: torch.Tensor  # (n,) W_ij, the weight of each other member of the worker's group
+    size: torch.Tensor  # (n,) k, the size of the worker's group
+    partner: torch.Tensor | None  # (n,) the other member where every group has at most two
     alone: bool  # every worker in a group of one: nothing to mix
     sizes: list[int]  # the group size of each worker
 
     @classmethod
     def of(cls, edges: Sequence[Edge], n: int, device: torch.device) -> _Round:
         group_of = torch.empty(n, dtype=torch.long)
-        keep = torch.empty(n, dtype=torch.float64)
         share = torch.empty(n, dtype=torch.float64)
+        partner = torch.arange(n)
         sizes = [1] * n
         for g, edge in enumerate(edges):
             for rank in edge.ranks:
                 group_of[rank] = g
-                keep[rank] = edge.self_weight - edge.peer_weight
                 share[rank] = edge.peer_weight
                 sizes[rank] = len(edge.ranks)
+            if len(edge.ranks) == 2:
+                a, b = edge.ranks
+                partner[a], partner[b] = b, a
+        pairs = max(sizes) <= 2
         return cls(
             group_of.to(device),
             len(edges),
-            keep.to(device),
             share.to(device),
-            all(s == 1 for s in sizes),
+            torch.tensor(sizes, dtype=torch.float64, device=device),
+            partner.to(device) if pairs else None,
+            max(sizes) == 1,
             sizes,
         )
 
-    def mix(self, x: torch.Tensor) -> torch.Tensor:
-        """``W x`` over the leading worker dimension of ``x``."""
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """``(W - I) x`` over the leading worker dimension of ``x``.
+
+        A row of ``W`` keeps ``W_ii = 1 - (k-1) W_ij``, so ``((W - I) x)_i = W_ij (S - k
+        x_i)`` with ``S`` the sum over the worker's group of ``k``: for a pair, ``W_ij
+        (x_j - x_i)``, one gather.
+        """
         shape = (-1,) + (1,) * (x.dim() - 1)
-        sums = x.new_zeros((self.groups, *x.shape[1:])).index_add_(0, self.group_of, x)
-        keep = self.keep.to(x.dtype).view(shape)
         share = self.share.to(x.dtype).view(shape)
-        return keep * x + share * sums.index_select(0, self.group_of)
+        if self.partner is not None:
+            return x.index_select(0, self.partner).sub_(x).mul_(share)
+        sums = x.new_zeros((self.groups, *x.shape[1:])).index_add_(0, self.group_of, x)
+        out = sums.index_select(0, self.group_of)
+        return out.sub_(x * self.size.to(x.dtype).view(shape)).mul_(share)
 
 
 class _Apply(nn.Module):
@@ -323,7 +336,13 @@ class PackedWorkers:
             return functional_call(self._apply, (own, self._frozen, buffers), (fn, *xs))
 
         in_dims = (0, 0, *(0 if isinstance(a, torch.Tensor) else None for a in args))
-        return vmap(one, in_dims=in_dims, randomness="different")(self.params, self._buffers, *args)
+        # torch's fused attention kernels have no batching rule: under vmap each falls back to
+        # a loop over the workers whose backward fills the whole stacked gradient once per
+        # worker (quadratic in n); the math kernel is matmuls and a softmax, which batch
+        with sdpa_kernel(SDPBackend.MATH):
+            return vmap(one, in_dims=in_dims, randomness="different")(
+                self.params, self._buffers, *args
+            )
 
     def call(self, worker: int, *args: Any, **kwargs: Any) -> Any:
         """Worker ``worker``'s forward on unstacked inputs (no worker dimension), e.g. to evaluate it."""
@@ -344,8 +363,9 @@ class PackedWorkers:
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads or self.grad_clip_norm <= 0:
             return
-        sq = torch.stack([g.flatten(1).square().sum(1) for g in grads]).sum(0)
-        coef = torch.clamp(self.grad_clip_norm / (sq.sqrt() + 1e-6), max=1.0)
+        norms = [torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1) for g in grads]
+        total = torch.linalg.vector_norm(torch.stack(norms), dim=0)  # each worker's global norm
+        coef = torch.clamp(self.grad_clip_norm / (total + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype).view((-1,) + (1,) * (g.dim() - 1)))
 
@@ -358,14 +378,14 @@ class PackedWorkers:
         # no gossip precedes step 1, so an outer round due there does not happen (as in the wrapper)
         return self.outer_every is not None and t > 1 and t % self.outer_every == 0
 
-    def _outer_step(self, old: list[torch.Tensor]) -> None:
+    def _outer_step(self) -> None:
         """Step ``x_outer`` on ``x_outer - xbar(t-1)`` (SlowMo's scaling if asked)."""
         opt = self.outer_optimizer
         assert opt is not None
         gamma = inner_lr(self.optimizer) if self.outer_scale_by_inner_lr else 1.0
         sq = torch.zeros((), dtype=torch.float64, device=self.x_outer[0].device)
-        for x, o in zip(self.x_outer, old):
-            delta = x - o.mean(0)
+        for x, p in zip(self.x_outer, self.params):
+            delta = x - p.detach().mean(0)
             sq += delta.double().square().sum()
             x.grad = delta / gamma
         self._delta_sq = sq
@@ -384,25 +404,22 @@ class PackedWorkers:
         if self.allreduce:
             self._mean_gradient()
         self._clip()
-        outer = self._outer_due(t)
         rnd = self._rounds[(t - 1) % len(self._rounds)] if self._rounds else None
-        mixes = outer or (rnd is not None and not rnd.alone)
-        old = [p.detach().clone() for p in self.params] if mixes else []
-        if outer:
-            self._outer_step(old)
-        self.optimizer.step()
+        # what the round adds to x(t-1), taken before the optimizer moves the parameters
+        if self._outer_due(t):
+            self._outer_step()
+            delta = [x.unsqueeze(0) - p.detach() for x, p in zip(self.x_outer, self.params)]
+        elif rnd is not None and not rnd.alone:
+            delta = [rnd.delta(p.detach()) for p in self.params]
+        else:
+            delta = []
+        self.optimizer.step()  # x(t-1) + d(t)
         if self.scheduler is not None:
             self.scheduler.step()
         for p in self.params:
             p.grad = None
-        if mixes:
-            for i, (p, o) in enumerate(zip(self.params, old)):
-                p.sub_(o)  # d_i(t)
-                if outer:
-                    p.add_(self.x_outer[i])
-                else:
-                    assert rnd is not None
-                    p.add_(rnd.mix(o))
+        for p, dp in zip(self.params, delta):
+            p.add_(dp)
         self.step_count = t
 
     def zero_grad(self) -> None:
