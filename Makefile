@@ -5,7 +5,7 @@ NPROC   ?= 4
 ARGS    ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-packed train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -54,6 +54,11 @@ format: ## Apply ruff's formatter and autofixes
 
 train: ## Default job: 4 CPU workers, gloo, digits, one-peer-exp (< 1 min)
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py $(ARGS)
+
+WORKERS ?= 16
+
+train-packed: ## The default job's WORKERS (16) workers packed in one process (engine=packed, no torchrun)
+	$(PY) train.py engine=packed engine.workers=$(WORKERS) $(ARGS)
 
 LH_BIND     ?= [::]:29510
 LH_REPLICAS ?= 1
