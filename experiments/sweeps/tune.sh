@@ -10,6 +10,7 @@
 # Report the arms with `python -m experiments.report $OUT/*/final` (the comparison) and
 # `python -m experiments.report $OUT/*/stage1 --tune KEY` (the grids).
 # Environment: OUT (multirun/tune), STAGE (1, 2 or all), SEEDS (1,2), NPROC (4 workers),
+# WORKERS (set: that many workers packed in one process, engine=packed, instead of NPROC's),
 # BEST (stage 2 at this value instead of the best of stage 1), SUBDIR (stage 1's run folder
 # names, default the job number; another name adds values to a finished grid).
 # A value or seed whose run has ended already (it has a summary.json) is not run again, so a
@@ -29,8 +30,12 @@ SEEDS=${SEEDS:-1,2}
 NPROC=${NPROC:-4}
 case $STAGE in 1|2|all) ;; *) echo "STAGE=$STAGE: use 1, 2 or all" >&2; exit 2 ;; esac
 train() {
-  OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node="$NPROC" train.py -m \
-    log.progress=false "$@"
+  if [ -n "${WORKERS:-}" ]; then  # every worker in this one process (engine=packed)
+    .venv/bin/python train.py -m engine=packed engine.workers="$WORKERS" log.progress=false "$@"
+  else
+    OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc_per_node="$NPROC" train.py -m \
+      log.progress=false "$@"
+  fi
 }
 finished() {  # finished DIR KEY=VALUE [--self]: a run under DIR (or DIR) with it that ended
   .venv/bin/python -m experiments.report.find_run "$@" >/dev/null
