@@ -18,6 +18,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from experiments.report.build import build_report
 from experiments.schema import ConfigError
 from experiments.train.run import run, validate
 from tests.experiments.train.lm_corpus import LM_SUMMARY_KEYS, lm_overrides, write_corpus
@@ -135,6 +136,10 @@ def test_packed_multirun_over_workers_and_topologies(tmp_path):
     got = sorted((s["world_size"], s["topology"]) for s in summaries)
     assert got == [(2, "complete"), (2, "ring"), (4, "complete"), (4, "ring")]
     assert all(s["engine"] == "packed" for s in summaries)
+    # make report reads them: one row per configuration, by worker count
+    report = build_report(tmp_path).read_text()
+    rows = [line for line in report.splitlines() if line.startswith(("| complete", "| ring"))]
+    assert [r.split("|")[2].strip() for r in rows[:4]] == ["2", "2", "4", "4"]
 
 
 @pytest.mark.parametrize(
