@@ -47,81 +47,40 @@ from experiments.train.task import LanguageModeling, Task
 __all__ = ["PackedData", "PackedStep", "check_engine", "packed_eval_sums", "packed_topology"]
 
 
-# what packed workers cannot do, each as (key, value, allowed value, why)
 def _refusals(cfg: Any) -> list[tuple[str, Any, bool, str]]:
-    t = cfg.train
-    comp = cfg.get("compression")
-    outer = cfg.get("outer")
-    ft = cfg.get("fault_tolerance")
-    sync = dict(cfg.optim.get("state_sync") or {})
-    model_compile = str(cfg.model.get("compile", "off"))
+    """What packed workers cannot take: ``(key, value, whether it is fine, what it needs)``."""
+    t, outer = cfg.train, cfg.get("outer")
+    comp = str(cfg.compression.name) if cfg.get("compression") is not None else "none"
+    ft = str(cfg.fault_tolerance.name) if cfg.get("fault_tolerance") is not None else "none"
+    sync = {k: v for k, v in dict(cfg.optim.get("state_sync") or {}).items() if int(v)}
+    compiled = str(cfg.model.get("compile", "off"))
+    channels_last = bool(cfg.model.get("channels_last", False))
+    shards = t.get("shard_size", 1)
+    # fmt: off
     rules = [
-        (
-            "compression.name",
-            comp.name if comp is not None else "none",
-            comp is None or str(comp.name) == "none",
-            "bytes on a wire",
-        ),
-        (
-            "fault_tolerance.name",
-            ft.name if ft is not None else "none",
-            ft is None or str(ft.name) == "none",
-            "hosts that come and go",
-        ),
-        (
-            "train.shard_size",
-            t.get("shard_size", 1),
-            t.get("shard_size", 1) == 1,
-            "a model sharded over processes",
-        ),
-        (
-            "train.nan_policy",
-            t.nan_policy,
-            str(t.nan_policy) == "error",
-            "skip's zeroed gradient still moves an optimizer's state; error stops",
-        ),
+        ("compression.name", comp, comp == "none", "bytes on a wire"),
+        ("fault_tolerance.name", ft, ft == "none", "hosts that come and go"),
+        ("train.shard_size", shards, shards == 1, "a model sharded over processes"),
+        ("train.nan_policy", t.nan_policy, str(t.nan_policy) == "error",
+         "skip's zeroed gradient still moves an optimizer's state; error stops"),
         ("train.amp", t.amp, str(t.amp) != "fp16", "a GradScaler; bf16 or off"),
-        (
-            "network.name",
-            cfg.network.name,
-            str(cfg.network.name) == "none",
-            "an emulated link between processes",
-        ),
-        (
-            "optim.state_sync",
-            sync,
-            not any(int(v) for v in sync.values()),
-            "optimizer states gossiped between processes",
-        ),
-        (
-            "model.compile",
-            model_compile,
-            model_compile == "off",
-            "torch.compile of the module; packed workers run it under vmap",
-        ),
-        (
-            "model.channels_last",
-            cfg.model.get("channels_last", False),
-            not cfg.model.get("channels_last", False),
-            "4-d inputs; packed ones carry a worker dimension",
-        ),
+        ("network.name", cfg.network.name, str(cfg.network.name) == "none",
+         "an emulated link between processes"),
+        ("optim.state_sync", sync, not sync, "optimizer states gossiped between processes"),
+        ("model.compile", compiled, compiled == "off",
+         "torch.compile of the module; packed workers run it under vmap"),
+        ("model.channels_last", channels_last, not channels_last,
+         "4-d inputs; packed ones carry a worker dimension"),
     ]
     if outer is not None and str(outer.name) != "none":
         rules += [
-            (
-                "outer.fragments",
-                outer.fragments,
-                int(outer.fragments) == 1,
-                "streamed outer rounds (per bucket); 1",
-            ),
-            (
-                "outer.compression",
-                outer.compression,
-                str(outer.compression) == "none",
-                "bytes on a wire",
-            ),
+            ("outer.fragments", outer.fragments, int(outer.fragments) == 1,
+             "streamed outer rounds, per bucket"),
+            ("outer.compression", outer.compression, str(outer.compression) == "none",
+             "bytes on a wire"),
         ]
-    return rules  # fmt: skip
+    # fmt: on
+    return rules
 
 
 def check_engine(cfg: Any, world_size: int) -> None:
