@@ -23,10 +23,9 @@ next computation) on the lighthouse the config names:
 - ``compression=...`` is gossiped compressed; a change of membership starts
   the references afresh on every member;
 - with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
-  ``fault_tolerance.quorum_every``), the job runs on
-  :class:`decent_dp.elastic.ElasticGossip` instead (a step after the backward
-  pass), whose outer rounds fall on quorum steps, and a change of membership
-  restarts the round in progress from the members' mean;
+  ``fault_tolerance.quorum_every``) the outer rounds fall on quorum steps, and
+  a change of membership restarts the round in progress from the members' mean
+  (:mod:`decent_dp._elastic_outer`);
 - each host writes its own metrics lines (``<run dir>/<replica id>/metrics.jsonl``):
   ``train/loss`` every ``log.every`` steps, and at every quorum
   ``consensus/distance`` over the members (the merge of a joiner shows there),
@@ -262,28 +261,18 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "load_state_fn": position.load,
         "log": log.warning,
     }
-    impl: ElasticDataParallel | ElasticGossip
-    if outer:  # outer rounds on quorum steps: the step after the backward pass
-        named = [(p, n) for n, p in model.named_parameters() if p.requires_grad]
-        optimizer = optim_fn(named)
-        impl = ElasticGossip(
-            model,
-            optimizer,
-            scheduler_fn(optimizer),
-            outer_optim_fn=outer.get("outer_optim_fn"),
-            outer_every=outer.get("outer_every"),
-            **common,
-        )
-    else:
-        impl = ElasticDataParallel(
-            model,
-            optim_fn,
-            scheduler_fn,
-            compression=compression_arg(cfg.get("compression")),
-            bucket_size_in_mb=float(cfg.topology.bucket_size_in_mb),
-            grad_clip_norm=float(t.grad_clip_norm),
-            **common,
-        )
+    impl: ElasticDataParallel | ElasticGossip = ElasticDataParallel(
+        model,
+        optim_fn,
+        scheduler_fn,
+        compression=compression_arg(cfg.get("compression")),
+        bucket_size_in_mb=float(cfg.topology.bucket_size_in_mb),
+        grad_clip_norm=float(t.grad_clip_norm),
+        # outer rounds on quorum steps (fault_tolerance refuses streamed, compressed, scaled)
+        outer_optim_fn=outer.get("outer_optim_fn"),
+        outer_every=outer.get("outer_every"),
+        **common,
+    )
     gossip = _Elastic(impl, model, float(t.grad_clip_norm))
     every, keep = int(cfg.checkpoint.every_steps), int(cfg.checkpoint.keep)
     ckpt_root = out_dir / "checkpoints"

@@ -164,7 +164,11 @@ def _wrapper(**kwargs: object) -> object:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"outer_every": 4}, r"^outer_every= cannot be elastic here"),
+        ({"outer_every": 4}, r"^outer_optim_fn and outer_every come together"),
+        (
+            {"outer_optim_fn": ec.outer_sgd, "outer_every": 3, "quorum_every": 2},
+            r"^outer_every=3 is invalid; it must be a multiple of quorum_every=2",
+        ),
         ({"device_mesh": object()}, r"^device_mesh= cannot be elastic here: a sharded replica"),
         ({"topology": "hierarchical"}, r"^topology='hierarchical' cannot be elastic"),
         ({"topology": "alternating-exp-ring"}, r"^topology='alternating-exp-ring' cannot be"),

@@ -299,3 +299,25 @@ def test_close_keeps_the_training_state() -> None:
     assert training["schedulers"][0]["last_epoch"] == 3
     assert repr(training) == repr(before["training"])
     assert repr(after["model"]) == repr(before["model"])
+
+
+@pytest.mark.slow  # 4 processes through three changes of membership
+def test_outer_rounds_fall_on_quorums_and_restart_at_each_change_4_3_4() -> None:
+    """DiLoCo on the wrapper over 4 -> 3 -> 4: quorums every 2 steps, outer rounds every 4.
+
+    r2 leaves after step 2 (the quorum of step 3 restarts the round from the 3
+    members' mean), the outer round of step 5 steps the outer optimizer, r2
+    rejoins at the quorum of step 7 (the round restarts again; r2 heals the outer
+    momentum from its neighbour) and the round of step 9 steps with that momentum.
+    """
+    every, outer_every = 2, 4
+    plans = _plans(10, every, leave_after=2, rejoin_when="rejoin", set_at={"joined": 2})
+    for rid, plan in plans.items():
+        plan["outer_every"] = outer_every
+        if rid != "r2":
+            plan["set_at"] = {"rejoin": 4}
+            plan["wait_for"] = {"joined": 6}
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    result = ec.replay(reports, "ring", every, outer_every=outer_every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 11)] == [4] * 2 + [3] * 4 + [4] * 4
+    assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")

@@ -31,6 +31,11 @@ OUTER_MOMENTUM = 0.9
 MICRO = 100_000
 
 
+def outer_sgd(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The outer optimizer of plans with ``outer_every`` (the replay's)."""
+    return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -43,7 +43,8 @@ def _healed(edp: Any, size: int, g: int) -> str | None:
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
 
-    Also ``compression`` (the wrapper's option), ``accumulate`` (a second
+    Also ``compression`` (the wrapper's option), ``outer_every`` (outer rounds),
+    ``accumulate`` (a second
     micro-batch under ``no_sync()`` each step) and ``device`` (``"cuda"``: the
     model and data there, every replica on the one GPU, gloo moving CUDA tensors). With ``group`` ``(replica id,
     group rank, group size, rendezvous port)`` the process is one of its host's
@@ -69,6 +70,9 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
         extra: dict[str, Any] = {}
         if plan.get("compression"):
             extra["compression"] = plan["compression"]
+        if plan.get("outer_every"):  # DiLoCo's Nesterov SGD, as the replay's
+            extra["outer_every"] = plan["outer_every"]
+            extra["outer_optim_fn"] = ec.outer_sgd
 
         def make() -> ElasticDataParallel:
             return ElasticDataParallel(
