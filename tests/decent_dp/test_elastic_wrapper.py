@@ -20,17 +20,23 @@ from tests.support import elastic_wrapper_cases as ew  # noqa: E402
 RIDS = ["r0", "r1", "r2", "r3"]
 
 
-def _plans(steps: int, every: int, **r2: object) -> dict[str, dict[str, object]]:
+def _plans(
+    steps: int, every: int, topology: str = "ring", **r2: object
+) -> dict[str, dict[str, object]]:
     plans: dict[str, dict[str, object]] = {
-        rid: {"steps": steps, "every": every, "topology": "ring"} for rid in RIDS
+        rid: {"steps": steps, "every": every, "topology": topology} for rid in RIDS
     }
     plans["r2"].update(r2)
     return plans
 
 
-def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict[str, object]]:
+def _leave_and_rejoin(
+    steps: int, every: int, topology: str = "ring", **extra: object
+) -> dict[str, dict[str, object]]:
     """r2 leaves cleanly after step ``every`` and rejoins at the quorum of step ``2 every + 1``."""
-    plans = _plans(steps, every, leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
+    plans = _plans(
+        steps, every, topology, leave_after=every, rejoin_when="rejoin", set_at={"joined": every}
+    )
     for rid, plan in plans.items():
         plan.update(extra)
         if rid != "r2":
@@ -39,23 +45,28 @@ def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict
     return plans
 
 
-def test_the_wrapper_replays_4_3_4_in_float64() -> None:
+@pytest.mark.parametrize("topology", ["ring", pytest.param("one-peer-exp", marks=pytest.mark.slow)])
+def test_the_wrapper_replays_4_3_4_in_float64(topology: str) -> None:
     """r2 leaves after step 4 and comes back with its stale state; it heals at step 8.
 
     Each step accumulates two micro-batches (the first under ``no_sync()``).
+    ``one-peer-exp`` over the 3 members runs as ``base-k`` with ``k=1``.
     """
     every = 4
-    plans = _leave_and_rejoin(12, every, accumulate=True)
+    plans = _leave_and_rejoin(12, every, topology, accumulate=True)
     reports = ec.run(plans, {}, timeout=150, target=ew.replica)
-    result = ec.replay(reports, "ring", every, identical_start=True, accumulate=True)
+    result = ec.replay(reports, topology, every, identical_start=True, accumulate=True)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
     steps = result["steps"]
     # between quorums each bucket mixed with its edge (the replay checked which)
-    assert all(steps[rid][t]["mixed"] for rid in RIDS for t in range(2, 13) if t in steps[rid])
+    assert topology != "ring" or all(
+        steps[rid][t]["mixed"] for rid in RIDS for t in range(2, 13) if t in steps[rid]
+    )
     resumed = [m for m in reports["r2"] if m[0] == "resumed"]
     assert resumed and resumed[0][1] == 4
-    assert steps["r2"][9]["healed_from"] == "r3"  # its ring neighbour in the round of step 9
+    # its neighbour in the round of step 9 (ring: rank 3; one-peer-exp: round 0 pairs 2 with 3)
+    assert steps["r2"][9]["healed_from"] == "r3"
     assert steps["r2"][9]["cursor"] == 8  # the data position came with the state
     # r3 staged its state for r2 at the quorum of step 9 and withdrew it once r2 had it
     assert not any(s["staged"] for rid in RIDS for s in steps[rid].values())
@@ -321,3 +332,21 @@ def test_outer_rounds_fall_on_quorums_and_restart_at_each_change_4_3_4() -> None
     result = ec.replay(reports, "ring", every, outer_every=outer_every, identical_start=True)
     assert [len(result["members"][t]) for t in range(1, 11)] == [4] * 2 + [3] * 4 + [4] * 4
     assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
+
+
+@pytest.mark.slow  # the survivors wait out timeout_s for the member that died
+def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on() -> None:
+    """r2 joins the quorum of step 5 and dies before it takes part in it.
+
+    The others wait for it on the quorum's store for timeout_s, then ask again:
+    the lighthouse, no longer hearing r2, forms a quorum of three.
+    """
+    every = 4
+    plans = _plans(8, every, die_in_quorum_at=4)
+    for plan in plans.values():
+        plan["timeout_s"] = 3.0
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    assert reports["r2"][-1][0] == "died"
+    reports["r2"] = [m for m in reports["r2"] if m[0] != "died"]
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 9)] == [4] * 4 + [3] * 4
