@@ -204,13 +204,18 @@ def run(
         if running:
             raise TimeoutError(f"replicas {sorted(running)} did not finish: {reports}")
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        server.shutdown()
+        stop_all(procs.values(), server)
     return reports
+
+
+def stop_all(procs: Any, server: Any, timeout: float = 5) -> None:
+    """Join the processes (killing those still alive after ``timeout``), then stop the lighthouse."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    server.shutdown()
 
 
 def _grad(x: torch.Tensor, rid: str, cursor: int) -> torch.Tensor:

@@ -169,10 +169,5 @@ def run(
                 running.discard(key)
         assert not running, f"processes {sorted(running)} did not finish: {reports}"
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        server.shutdown()
+        ec.stop_all(procs, server)
     return reports
