@@ -195,25 +195,28 @@ def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint
 
 
 @pytest.mark.parametrize(
-    "topology",
-    # slow, both: the fast tier's replay is of one process per host (make test's budget)
+    ("topology", "every", "outer_every"),
+    # slow, all: the fast tier's replay is of one process per host (make test's budget)
     [
-        pytest.param("ring", marks=pytest.mark.slow),
-        pytest.param("hierarchical", marks=pytest.mark.slow),
+        pytest.param("ring", 4, None, marks=pytest.mark.slow),
+        pytest.param("hierarchical", 4, None, marks=pytest.mark.slow),
+        pytest.param("ring", 2, 4, marks=pytest.mark.slow),
     ],
 )
 def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
-    topology: str,
+    topology: str, every: int, outer_every: int | None
 ) -> None:
     """Two replica groups (hosts) of two processes each, the topology over the 4 processes.
 
-    hB's two processes leave after step 4 and come back; the topology re-forms
-    over hA's 2 processes, then over 4 again. Every process heals from its
-    source's process of the same group rank. ``hierarchical`` averages each
+    hB's two processes leave after step ``every`` and come back; the topology
+    re-forms over hA's 2 processes, then over 4 again. Every process heals from
+    its source's process of the same group rank. ``hierarchical`` averages each
     host and, between hosts, runs ``ring`` (its three phases: reduce-scatter in
     the host, all-reduce across, all-gather), the host being the replica group.
+    With ``outer_every`` the outer rounds average every process (the change at
+    step 5 restarts the round, step 9 takes an outer step).
     """
-    every, size = 4, 2
+    size = 2
     kwargs = {"inter": "ring"} if topology == "hierarchical" else {}
     ports = {"hA": ec.free_port(), "hB": ec.free_port()}
     plans: dict[str, dict[str, object]] = {}
@@ -222,6 +225,7 @@ def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
             plan: dict[str, object] = {"steps": 12, "every": every, "topology": topology}
             plan["group"] = (host, g, size, ports[host])
             plan["topology_kwargs"] = kwargs
+            plan["outer_every"] = outer_every
             if host == "hB":
                 plan.update(leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
             else:
@@ -229,13 +233,21 @@ def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
             plans[f"{host}.{g}"] = plan
     reports = ec.run(plans, {}, timeout=180, target=ew.replica)
     result = ec.replay(
-        reports, topology, every, identical_start=True, local=size, topology_kwargs=kwargs
+        reports,
+        topology,
+        every,
+        outer_every=outer_every,
+        identical_start=True,
+        local=size,
+        topology_kwargs=kwargs,
     )
     members = result["members"]
-    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
+    assert [len(members[t]) for t in range(1, 13)] == [4] * every + [2] * every + [4] * (
+        12 - 2 * every
+    )
     for g in range(size):
-        assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"
-        assert result["steps"][f"hB.{g}"][9]["cursor"] == 8
+        assert result["steps"][f"hB.{g}"][2 * every + 1]["healed_from"] == f"hA.{g}"
+        assert result["steps"][f"hB.{g}"][2 * every + 1]["cursor"] == 2 * every
     if topology == "hierarchical":  # each process mixed with every other of the edge's hosts
         assert result["steps"]["hA.0"][10]["mixed"] == ["hA.1", "hB.0", "hB.1"]
 
