@@ -1,4 +1,4 @@
-"""What both elastic paths share: which topologies can be elastic, their builds, healing sources, ids.
+"""The elastic wrapper's pure parts: which topologies can be elastic, their builds, healing sources, ids.
 
 :mod:`decent_dp.elastic` re-exports the public names.
 """
@@ -185,7 +185,7 @@ def _positive(name: str, value: Any, kind: type = int) -> None:
 
 
 def check_numbers(min_replicas: Any, quorum_every: Any, timeout_s: Any, replica_id: Any) -> None:
-    """The one-line checks of the arguments both elastic paths take."""
+    """The one-line checks of the elastic wrapper's membership arguments."""
     _positive("min_replicas", min_replicas)
     _positive("quorum_every", quorum_every)
     _positive("timeout_s", timeout_s, float)

@@ -18,9 +18,10 @@ adds, thinly:
   stages its state on its ``HTTPTransport`` for the joiner to fetch and
   withdraws it once the joiner says it has it (:meth:`Membership.heal`); a
   transfer that breaks is a failed heal (:class:`HealFailed`), asked again.
-* **Pairs, not all-reduce.** ``Manager.allreduce`` and torchft's DDP, LocalSGD
-  and DiLoCo average over the whole quorum; gossip sends and receives between
-  neighbours on the quorum's process group instead (:meth:`Membership.exchange`).
+* **Gossip's own process group.** ``Manager.allreduce`` and torchft's DDP,
+  LocalSGD and DiLoCo average over the whole quorum; the elastic wrapper makes
+  a gloo group of every process of the quorum on the quorum's store instead
+  (:meth:`Membership.world_store`), and the topology's groups within it.
 * **Replica groups of several processes** (one torchrun per host, as torchft
   launches them): each process has its own ``Manager`` of the group's rank, the
   group asks the lighthouse once, the quorum's gloo group spans one group rank
@@ -42,14 +43,12 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ClassVar
-
-import torch
 
 __all__ = [
     "QUORUM_TIMEOUTS",
@@ -537,47 +536,6 @@ class Membership:
         # waited 5 s for one member's, and every member waited with it
         client = self._quorum_store(self.view.quorum_id)
         return dist.PrefixStore(f"{self._prefix}/world/{prefix}", client)
-
-    # ------------------------------------------------------------- exchanges
-    def start_exchange(
-        self, tensor: torch.Tensor, peers: Sequence[int], out: Sequence[torch.Tensor]
-    ) -> list[tuple[Any, Any]]:
-        """Post a send of ``tensor`` to each peer and a receive of each peer's into ``out``."""
-        works: list[tuple[Any, Any]] = []
-        for peer, buf in zip(peers, out):
-            try:
-                works.append((self.pg.send([tensor], peer, 0), self.pg.recv([buf], peer, 0)))
-            except Exception:  # the pair is already closed
-                works.append((None, None))
-        return works
-
-    def finish_exchange(self, works: list[tuple[Any, Any]]) -> list[bool]:
-        """Wait for :meth:`start_exchange`'s work; whether each peer's exchange completed.
-
-        gloo's point-to-point work has no future, so each ``wait`` is wrapped
-        here: a peer whose send or receive fails (it died, or did not answer
-        within the timeout) is reported as not arrived, and the others still count.
-        """
-        arrived = []
-        for send, recv in works:
-            ok = send is not None
-            for work in (send, recv):
-                if work is None:
-                    continue
-                try:
-                    work.wait()
-                except Exception:
-                    ok = False
-            arrived.append(ok)
-        return arrived
-
-    def allreduce_sum(self, tensor: torch.Tensor) -> None:
-        """Sum ``tensor`` over the quorum in place."""
-        import torch.distributed as dist
-
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
-        self.pg.allreduce([tensor], opts).wait()
 
     # --------------------------------------------------------------- healing
     def heal(

@@ -64,6 +64,7 @@ from ._elastic_common import (
     heal_sources,
     host_snapshot,
 )
+from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
 from ._hierarchical import check_compression
 from ._setup import check_wrapper_options
@@ -74,21 +75,18 @@ __all__ = ["ElasticDataParallel"]
 
 # what the wrapper takes that cannot be rebuilt per quorum here
 _REFUSED = {
-    "outer_optim_fn": "an outer optimizer's rounds need every member; use "
-    "decent_dp.elastic.ElasticGossip(outer_optim_fn=...), whose rounds fall on quorum steps",
-    "outer_every": "see outer_optim_fn",
     "device_mesh": "a sharded replica's shard ranks would have to leave together; "
     "not supported elastically",
-    "outer_fragments": "see outer_optim_fn",
-    "outer_compression": "see outer_optim_fn",
-    "outer_scale_by_inner_lr": "see outer_optim_fn",
+    "outer_fragments": "outer rounds fall on quorum steps, whole (decent_dp._elastic_outer)",
+    "outer_compression": "outer rounds fall on quorum steps, exact (decent_dp._elastic_outer)",
+    "outer_scale_by_inner_lr": "not offered elastically (decent_dp._elastic_outer)",
     "local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "_local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "topology_kwargs": "pass topology_kwargs= to ElasticDataParallel itself",
     "_broadcast": "the first quorum starts every member from rank 0's model itself",
 }
 # the wrapper's arguments ElasticDataParallel gives itself
-_OWN = {"self", "model", "optim_fn", "lr_scheduler_fn", "topology"}
+_OWN = {"self", "model", "optim_fn", "lr_scheduler_fn", "topology", "outer_optim_fn", "outer_every"}
 
 
 def _env_int(name: str, default: int) -> int:
@@ -123,6 +121,11 @@ class ElasticDataParallel(nn.Module):
         state_fn: Returns extra state a joiner heals with (e.g. the data position).
         load_state_fn: Loads that state on the joiner.
         consensus: Compute the consensus distance over the members at every quorum.
+        outer_optim_fn: Builds an outer optimizer (DiLoCo, SlowMo) over ``[x_outer]``,
+            flat over the trained parameters; its rounds fall on quorum steps, and a
+            change of membership restarts the round in progress from the members'
+            mean (:mod:`decent_dp._elastic_outer`).
+        outer_every: ``H``, a multiple of ``quorum_every``; given exactly with ``outer_optim_fn``.
         log: Where progress lines go (stderr by default).
         group_rank: This process's rank in its replica group (default ``LOCAL_RANK`` or 0).
         group_world_size: The replica group's processes ``L`` (default
@@ -131,7 +134,7 @@ class ElasticDataParallel(nn.Module):
             (default: torchrun's, ``MASTER_ADDR``/``MASTER_PORT``).
         **wrapper_kwargs: The wrapper's other options (``compression``,
             ``bucket_size_in_mb``, ``grad_clip_norm``, ``scaler``, ``state_sync``,
-            ...); not an outer optimizer or a device mesh.
+            ...); not a device mesh, nor streamed, compressed or scaled outer rounds.
 
     Raises:
         ValueError: A topology or option that cannot be elastic, a bad number or
@@ -161,6 +164,8 @@ class ElasticDataParallel(nn.Module):
         state_fn: Callable[[], Any] | None = None,
         load_state_fn: Callable[[Any], None] | None = None,
         consensus: bool = True,
+        outer_optim_fn: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+        outer_every: int | None = None,
         log: Callable[[str], None] | None = None,
         group_rank: int | None = None,
         group_world_size: int | None = None,
@@ -172,6 +177,16 @@ class ElasticDataParallel(nn.Module):
             if key in _REFUSED:
                 raise ValueError(f"{key}= cannot be elastic here: {_REFUSED[key]}")
         check_numbers(min_replicas, quorum_every, timeout_s, replica_id)
+        if (outer_optim_fn is None) != (outer_every is None):
+            raise ValueError(
+                f"outer_optim_fn and outer_every come together; got outer_every={outer_every!r} "
+                f"and {'no' if outer_optim_fn is None else 'an'} outer_optim_fn"
+            )
+        self.outer = (
+            ElasticOuter(outer_optim_fn, outer_every, int(quorum_every))
+            if outer_optim_fn is not None
+            else None
+        )
         self.group_world_size = (
             _env_int("LOCAL_WORLD_SIZE", 1) if group_world_size is None else group_world_size
         )
@@ -348,8 +363,21 @@ class ElasticDataParallel(nn.Module):
         self.view = view
         self.lost = set()
         self.last_quorum_step = self.step_count
-        if self.consensus:
-            self.last_consensus_distance = self._consensus_distance()
+        if self.consensus or self.outer is not None:
+            mean = self._members_mean64()  # fails if a member died: the quorum is asked again
+            if self.consensus:
+                self.last_consensus_distance = self._consensus_distance(mean)
+            if self.outer is not None:
+                changed = old is None or old.quorum_id != view.quorum_id
+                params = self._trained()
+                self.outer.on_wrapper(
+                    self.step_count + 1,
+                    mean.to(params[0].dtype),
+                    changed,
+                    self.rank,
+                    self._inner._engine,
+                    params,
+                )
         change = change_record(old, view, self.step_count, self.healed_from, start)
         if change is not None:
             self.last_change = change
@@ -371,6 +399,7 @@ class ElasticDataParallel(nn.Module):
             "model": None,  # the module itself holds it
             "training": engine.training_state(),
             "extra": self.state_fn() if self.state_fn is not None else None,
+            "outer": self.outer.state_dict() if self.outer is not None else None,
         }
 
     def _rebuild(self, view: QuorumView) -> None:
@@ -401,6 +430,8 @@ class ElasticDataParallel(nn.Module):
         if fetched is not None:
             state = fetched
             self.healed_from = view.members[sources[view.rank]]
+            if self.outer is not None:
+                self.outer.load_state_dict(fetched.get("outer"), self._device())
         elif first and view.rank * lws + self.group_rank != 0:
             self.healed_from = view.members[0]  # the wrapper broadcasts rank 0's model
         if state is not None and state.get("model") is not None:
@@ -426,6 +457,7 @@ class ElasticDataParallel(nn.Module):
             **self.wrapper_kwargs,
         )
         inner._engine.gossip.on_lost = self._on_lost
+        inner._engine.gossip.outer = self.outer  # recognises the rounds placed at quorums
         if state is not None and state.get("training") is not None:
             training = dict(state["training"])
             training.pop("compression", None)  # the rounds' groups are new: start afresh
@@ -455,22 +487,27 @@ class ElasticDataParallel(nn.Module):
                 "the next quorum"
             )
 
+    def _trained(self) -> list[torch.Tensor]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _device(self) -> torch.device:
+        return self._trained()[0].device
+
     def _flat(self) -> torch.Tensor:
         """A flat copy of the trained parameters, in the module's order."""
-        return torch.cat(
-            [p.detach().reshape(-1) for p in self.module.parameters() if p.requires_grad]
-        )
+        return torch.cat([p.detach().reshape(-1) for p in self._trained()])
 
-    def _consensus_distance(self) -> float:
-        """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes (two all-reduces)."""
-        x = self._flat().to(torch.float64)
-        n = dist.get_world_size()
-        mean = x.clone()
+    def _members_mean64(self) -> torch.Tensor:
+        """``xbar`` over the quorum's processes, flat, in float64 (one all-reduce)."""
+        mean = self._flat().to(torch.float64)
         dist.all_reduce(mean)
-        mean /= n
-        sq = ((x - mean) ** 2).sum().reshape(1)
+        return mean.div_(dist.get_world_size())
+
+    def _consensus_distance(self, mean: torch.Tensor) -> float:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes (one more all-reduce)."""
+        sq = ((self._flat().to(torch.float64) - mean) ** 2).sum().reshape(1)
         dist.all_reduce(sq)
-        return float(sq) / n
+        return float(sq) / dist.get_world_size()
 
     def members_mean(self) -> torch.Tensor:
         """The quorum's processes' mean of the trained parameters, flat (one all-reduce).
@@ -496,6 +533,7 @@ class ElasticDataParallel(nn.Module):
             "model": self.module.state_dict(),
             "training": training,
             "extra": self.state_fn() if self.state_fn is not None else None,
+            "outer": self.outer.state_dict() if self.outer is not None else None,
         }
 
     def load_elastic_state(self, state: dict[str, Any]) -> None:
@@ -508,6 +546,8 @@ class ElasticDataParallel(nn.Module):
         self.module.load_state_dict(state["model"])
         if state.get("extra") is not None and self.load_state_fn is not None:
             self.load_state_fn(state["extra"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state.get("outer"), self._device())
         self._loaded = {"model": None, "training": state["training"], "extra": None}
 
     # -------------------------------------------------------------- lifetime

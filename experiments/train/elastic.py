@@ -23,10 +23,9 @@ next computation) on the lighthouse the config names:
 - ``compression=...`` is gossiped compressed; a change of membership starts
   the references afresh on every member;
 - with ``outer=diloco`` or ``slowmo`` (``outer.every`` a multiple of
-  ``fault_tolerance.quorum_every``), the job runs on
-  :class:`decent_dp.elastic.ElasticGossip` instead (a step after the backward
-  pass), whose outer rounds fall on quorum steps, and a change of membership
-  restarts the round in progress from the members' mean;
+  ``fault_tolerance.quorum_every``) the outer rounds fall on quorum steps, and
+  a change of membership restarts the round in progress from the members' mean
+  (:mod:`decent_dp._elastic_outer`);
 - each host writes its own metrics lines (``<run dir>/<replica id>/metrics.jsonl``):
   ``train/loss`` every ``log.every`` steps, and at every quorum
   ``consensus/distance`` over the members (the merge of a joiner shows there),
@@ -54,7 +53,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from decent_dp.elastic import ElasticDataParallel, ElasticGossip, default_replica_id
+from decent_dp.elastic import ElasticDataParallel, default_replica_id
 from decent_dp.utils import get_device
 from experiments.schema import plain
 from experiments.train.checkpoint import alone, latest_checkpoint, load_shard, save_checkpoint
@@ -100,7 +99,7 @@ class DataPosition:
         self.batches = batches_from(self.loader, self.read)
 
 
-def _members_mean(gossip: _Elastic, model: torch.nn.Module) -> list[torch.Tensor] | None:
+def _members_mean(edp: ElasticDataParallel, model: torch.nn.Module) -> list[torch.Tensor] | None:
     """The members' mean of the parameters (one all-reduce of the quorum), or ``None``.
 
     ``None`` where a member is gone since the latest quorum (its all-reduce fails
@@ -108,9 +107,9 @@ def _members_mean(gossip: _Elastic, model: torch.nn.Module) -> list[torch.Tensor
     """
     params = [p for p in model.parameters() if p.requires_grad]
     try:
-        flat = gossip.impl.members_mean()
+        flat = edp.members_mean()
     except (RuntimeError, OSError) as exc:
-        log.warning("%s: no members' average to evaluate (%s)", gossip.replica_id, exc)
+        log.warning("%s: no members' average to evaluate (%s)", edp.replica_id, exc)
         return None
     out, offset = [], 0
     for p in params:
@@ -153,54 +152,13 @@ def _evaluate(task: Any, model: torch.nn.Module, test: Any, local: bool = True) 
     return {k: v for k, v in result.items() if k.endswith("_local") == local}
 
 
-class _Elastic:
-    """One loop for both elastic paths: the wrapper's (in the backward pass) and ElasticGossip's."""
-
-    def __init__(
-        self, impl: ElasticDataParallel | ElasticGossip, model: torch.nn.Module, clip: float = 0.0
-    ) -> None:
-        self.impl = impl
-        self.model = model
-        self.clip = clip  # ElasticGossip's (the wrapper clips inside the backward pass)
-        self.wrapper = isinstance(impl, ElasticDataParallel)
-        # what the forward runs: the wrapper steps inside the backward of its own forward
-        self.net: torch.nn.Module = impl if isinstance(impl, ElasticDataParallel) else model
-
-    def begin(self) -> None:
-        """The quorum, if due, before the batch is read (healing moves the data position)."""
-        if isinstance(self.impl, ElasticDataParallel):
-            self.impl.quorum()
-        else:
-            self.impl.zero_grad()
-
-    def end(self) -> None:
-        if isinstance(self.impl, ElasticGossip):
-            if self.clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
-            self.impl.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        if isinstance(self.impl, ElasticDataParallel):
-            return self.impl.elastic_state()
-        return self.impl.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if isinstance(self.impl, ElasticDataParallel):
-            self.impl.load_elastic_state(state)
-        else:
-            self.impl.load_state_dict(state)
-
-    def __getattr__(self, name: str) -> Any:  # step_count, members, view, last_* ...
-        return getattr(self.impl, name)
-
-
-def _resume(gossip: _Elastic, root: Path) -> int | None:
+def _resume(edp: ElasticDataParallel, root: Path) -> int | None:
     """Load this host's newest complete checkpoint, if any; return its step."""
     info = latest_checkpoint(root)
     if info is None:
         return None
-    gossip.load_state_dict(load_shard(info, 0)["elastic"])
-    log.warning("%s: resumed from %s (step %d)", gossip.replica_id, info.path, info.step)
+    edp.load_elastic_state(load_shard(info, 0)["elastic"])
+    log.warning("%s: resumed from %s (step %d)", edp.replica_id, info.path, info.step)
     return info.step
 
 
@@ -249,71 +207,56 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         run_name=name,
     )
     outer = outer_kwargs(cfg.get("outer"), cfg.topology)
-    common: dict[str, Any] = {
-        "topology": str(cfg.topology.name),
-        "topology_kwargs": dict(cfg.topology.get("kwargs") or {}),
-        "lighthouse": str(ft.lighthouse),
-        "replica_id": replica_id,
-        "min_replicas": int(ft.min_replicas),
-        "timeout_s": float(ft.timeout_s),
-        "quorum_every": int(ft.quorum_every),
-        "host": host,
-        "state_fn": position.state,
-        "load_state_fn": position.load,
-        "log": log.warning,
-    }
-    impl: ElasticDataParallel | ElasticGossip
-    if outer:  # outer rounds on quorum steps: the step after the backward pass
-        named = [(p, n) for n, p in model.named_parameters() if p.requires_grad]
-        optimizer = optim_fn(named)
-        impl = ElasticGossip(
-            model,
-            optimizer,
-            scheduler_fn(optimizer),
-            outer_optim_fn=outer.get("outer_optim_fn"),
-            outer_every=outer.get("outer_every"),
-            **common,
-        )
-    else:
-        impl = ElasticDataParallel(
-            model,
-            optim_fn,
-            scheduler_fn,
-            compression=compression_arg(cfg.get("compression")),
-            bucket_size_in_mb=float(cfg.topology.bucket_size_in_mb),
-            grad_clip_norm=float(t.grad_clip_norm),
-            **common,
-        )
-    gossip = _Elastic(impl, model, float(t.grad_clip_norm))
+    edp = ElasticDataParallel(
+        model,
+        optim_fn,
+        scheduler_fn,
+        topology=str(cfg.topology.name),
+        topology_kwargs=dict(cfg.topology.get("kwargs") or {}),
+        lighthouse=str(ft.lighthouse),
+        replica_id=replica_id,
+        min_replicas=int(ft.min_replicas),
+        timeout_s=float(ft.timeout_s),
+        quorum_every=int(ft.quorum_every),
+        host=host,
+        state_fn=position.state,
+        load_state_fn=position.load,
+        log=log.warning,
+        compression=compression_arg(cfg.get("compression")),
+        bucket_size_in_mb=float(cfg.topology.bucket_size_in_mb),
+        grad_clip_norm=float(t.grad_clip_norm),
+        # outer rounds on quorum steps (fault_tolerance refuses streamed, compressed, scaled)
+        outer_optim_fn=outer.get("outer_optim_fn"),
+        outer_every=outer.get("outer_every"),
+    )
     every, keep = int(cfg.checkpoint.every_steps), int(cfg.checkpoint.keep)
     ckpt_root = out_dir / "checkpoints"
     # each host's own checkpoint (alone(): a world of one, whatever the quorum's group)
-    resumed = _resume(gossip, ckpt_root) if every > 0 else None
+    resumed = _resume(edp, ckpt_root) if every > 0 else None
     history: list[dict[str, Any]] = []
     loss_sum = torch.zeros((), device=device)
     count = 0
     last_change: dict[str, Any] | None = None
     try:
-        while gossip.step_count < total:
-            gossip.begin()
-            step = gossip.step_count + 1
-            if gossip.last_change is not last_change and gossip.last_change is not None:
-                last_change = gossip.last_change
+        while edp.step_count < total:
+            edp.quorum()  # before the batch is read: healing moves the data position
+            step = edp.step_count + 1
+            if edp.last_change is not last_change and edp.last_change is not None:
+                last_change = edp.last_change
                 history.append(dict(last_change, time=time.time()))
-                sink.log({"step": gossip.step_count, "elastic/change": last_change})
+                sink.log({"step": edp.step_count, "elastic/change": last_change})
             x, y = position.next()
-            loss, _, _ = task.forward(gossip.net, x, y)
+            loss, _, _ = task.forward(edp, x, y)
             loss.backward()  # the wrapper steps each bucket here
-            gossip.end()
             loss_sum += loss.detach()
             count += 1
             line: dict[str, Any] = {}
-            if gossip.last_quorum_step == step - 1:
+            if edp.last_quorum_step == step - 1:
                 line.update(
                     {
-                        "consensus/distance": gossip.last_consensus_distance,
-                        "elastic/members": len(gossip.members),
-                        "elastic/quorum_id": gossip.view.quorum_id if gossip.view else None,
+                        "consensus/distance": edp.last_consensus_distance,
+                        "elastic/members": len(edp.members),
+                        "elastic/quorum_id": edp.view.quorum_id if edp.view else None,
                     }
                 )
             if step % int(cfg.log.every) == 0 or step == total:
@@ -325,24 +268,24 @@ def run_elastic(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             if every > 0 and (step % every == 0 or step == total):
                 meta = {"replica_id": replica_id, "elastic": True}
                 with alone():  # this host's own: the quorum's group is not the job's
-                    save_checkpoint(ckpt_root, step, {"elastic": gossip.state_dict()}, meta, keep)
+                    save_checkpoint(ckpt_root, step, {"elastic": edp.elastic_state()}, meta, keep)
         result = _evaluate(task, model, data.test)
-        mean = _members_mean(gossip, model)
+        mean = _members_mean(edp, model)
         if mean is not None:
             result.update(_evaluate_average(task, model, data.test, mean))
         summary = {
             "replica_id": replica_id,
-            "steps": gossip.step_count,
+            "steps": edp.step_count,
             "resumed_from_step": resumed,
-            "members": list(gossip.members),
+            "members": list(edp.members),
             "changes": history,
             "wall_s": time.time() - wall_start,
             **result,
         }
-        sink.log({"step": gossip.step_count, **result})
+        sink.log({"step": edp.step_count, **result})
         sink.summary(summary)
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         return summary
     finally:
-        gossip.close()
+        edp.close()
         sink.close()

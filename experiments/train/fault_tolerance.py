@@ -74,7 +74,6 @@ def is_elastic(cfg: Any) -> bool:
 _NOT_ELASTIC = {
     "topology": "allreduce is no gossip, and hierarchical needs hosts of several processes "
     "(torchrun --nproc_per_node=L, L > 1)",
-    "compression": "outer rounds run on the path without compressed gossip (ElasticGossip)",
     "outer": "a streamed, compressed or scaled outer round is not elastic",
     "shard_size": "a sharded replica's shard ranks would have to leave together",
 }
@@ -145,19 +144,8 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}), local)
     except ValueError as exc:
         raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
-    comp = cfg.get("compression")
     outer = cfg.get("outer")
     has_outer = outer is not None and str(outer.name) != "none"
-    if comp is not None and str(comp.name) != "none" and has_outer:
-        raise ConfigError(
-            f"compression={comp.name} cannot be elastic with fault_tolerance=torchft and "
-            f"outer={outer.name}: {_NOT_ELASTIC['compression']}; use compression=none"
-        )
-    if has_outer and local > 1:
-        raise ConfigError(
-            f"outer={outer.name} with fault_tolerance=torchft runs one process per host, got "
-            f"hosts of {local}; launch torchrun --nproc_per_node=1, or drop the outer optimizer"
-        )
     if has_outer:
         plain_round = (
             int(outer.get("fragments", 1)) == 1

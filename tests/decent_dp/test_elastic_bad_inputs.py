@@ -1,34 +1,23 @@
-"""Elastic gossip's bad inputs: each one line naming the value, before anything can hang."""
+"""The elastic wrapper's bad inputs: each one line naming the value, before anything can hang."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("torchft")
 
-from decent_dp.elastic import ElasticGossip  # noqa: E402
 from decent_dp.topo import TopologyReg  # noqa: E402
 from tests.support import elastic_cases as ec  # noqa: E402
 
 
-def _model_opt() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    model = torch.nn.Linear(2, 1)
-    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+def _membership(lh: str, rid: str, min_replicas: int, timeout_s: float, log: Any) -> Any:
+    from decent_dp._elastic_quorum import Membership
 
-
-@ec.isolated  # torchft's threads stay out of the test process
-def test_unreachable_lighthouse_fails_within_the_timeout() -> None:
-    lh = f"http://127.0.0.1:{ec.free_port()}"
-    start = time.monotonic()
-    with pytest.raises(
-        TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"
-    ) as e:
-        ElasticGossip(*_model_opt(), lighthouse=lh, timeout_s=1.0, host="127.0.0.1")
-    assert time.monotonic() - start < 5
-    assert "timeout_s=1" in str(e.value) and "\n" not in str(e.value)
+    return Membership(lh, rid, min_replicas, timeout_s, "127.0.0.1", log)
 
 
 @pytest.mark.slow  # waits out a quorum timeout
@@ -36,22 +25,15 @@ def test_unreachable_lighthouse_fails_within_the_timeout() -> None:
 def test_more_min_replicas_than_hosts_waits_with_progress_then_fails() -> None:
     server = ec.lighthouse()
     lines: list[str] = []
-    gossip = ElasticGossip(
-        *_model_opt(),
-        lighthouse=ec.loopback_address(server),
-        replica_id="alone",
-        min_replicas=2,
-        timeout_s=1.5,  # a quorum may take 3 of them
-        host="127.0.0.1",
-        log=lines.append,
-    )
+    # a quorum may take 3 timeouts
+    membership = _membership(ec.loopback_address(server), "alone", 2, 1.5, lines.append)
     try:
         with pytest.raises(TimeoutError, match=r"no quorum of min_replicas=2 .* \(1 came\)") as e:
-            gossip.zero_grad()
+            membership.quorum(0)
         assert "\n" not in str(e.value)
         assert any("waiting for a quorum of min_replicas=2, 1 so far" in line for line in lines)
     finally:
-        gossip.close()
+        membership.close()
         server.shutdown()
 
 
@@ -63,84 +45,19 @@ def test_a_replica_id_used_twice_is_refused_by_both() -> None:
     got: list[tuple[str, str]] = []
 
     def join() -> None:
-        model, opt = _model_opt()
-        gossip = ElasticGossip(
-            model,
-            opt,
-            lighthouse=lh,
-            replica_id="twin",
-            min_replicas=2,
-            timeout_s=10.0,
-            host="127.0.0.1",
-            log=lambda line: None,
-        )
+        membership = _membership(lh, "twin", 2, 10.0, lambda line: None)
         try:
-            gossip.zero_grad()
-            got.append(("ok", str(gossip.members)))
+            got.append(("ok", str(membership.quorum(0).members)))
         except Exception as exc:
             got.append((type(exc).__name__, str(exc)))
         finally:
-            gossip.close()
+            membership.close()
 
     ec.in_threads(join, [(), ()], server, timeout=30)
     # both joined one quorum (the lighthouse tells them apart by a uuid it appends) and both refuse
     assert [g[0] for g in got] == ["ValueError", "ValueError"], got
     for _, line in got:
         assert line.startswith("replica_id='twin' is used by 2 members") and "\n" not in line
-
-
-@pytest.mark.parametrize(
-    ("topology", "message"),
-    [
-        ("hierarchical", r"topology='hierarchical' cannot be elastic"),
-        (TopologyReg.create("ring", 4, 1), r"topology=RingTopology\(...\) cannot be elastic"),
-        ("no-such", r"topology='no-such' is not registered; elastic ones: .*ring"),
-        (
-            "alternating-exp-ring",
-            r"topology='alternating-exp-ring' cannot be elastic: it cannot be built for 3 members",
-        ),
-    ],
-)
-def test_a_topology_that_cannot_be_elastic_is_refused_before_the_lighthouse(
-    topology: object, message: str
-) -> None:
-    # the lighthouse does not exist: the topology is checked first
-    with pytest.raises(ValueError, match=message):
-        ElasticGossip(*_model_opt(), topology=topology, lighthouse="http://127.0.0.1:1")  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"quorum_every": 0}, r"quorum_every=0 is invalid"),
-        ({"min_replicas": "2"}, r"min_replicas='2' is invalid"),
-        ({"timeout_s": -1.0}, r"timeout_s=-1.0 is invalid"),
-        ({"replica_id": ""}, r"replica_id='' is invalid"),
-    ],
-)
-def test_bad_numbers_are_one_line(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        ElasticGossip(*_model_opt(), lighthouse="http://127.0.0.1:1", **kwargs)  # type: ignore[arg-type]
-
-
-@ec.isolated  # torchft's threads stay out of the test process
-def test_step_without_zero_grad_is_refused() -> None:
-    server = ec.lighthouse()
-    model, opt = _model_opt()
-    gossip = ElasticGossip(
-        model, opt, lighthouse=ec.loopback_address(server), timeout_s=5.0, host="127.0.0.1"
-    )
-    try:
-        gossip.zero_grad()
-        model(torch.ones(1, 2)).sum().backward()
-        gossip.step()
-        assert gossip.step_count == 1 and gossip.members == (gossip.replica_id,)
-        model(torch.ones(1, 2)).sum().backward()
-        with pytest.raises(RuntimeError, match=r"step\(\) without zero_grad\(\)"):
-            gossip.step()
-    finally:
-        gossip.close()
-        server.shutdown()
 
 
 def test_one_peer_exp_runs_as_base_k_where_the_members_are_no_power_of_two() -> None:
@@ -164,11 +81,22 @@ def _wrapper(**kwargs: object) -> object:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"outer_every": 4}, r"^outer_every= cannot be elastic here"),
+        ({"outer_every": 4}, r"^outer_optim_fn and outer_every come together"),
+        (
+            {"outer_optim_fn": ec.outer_sgd, "outer_every": 3, "quorum_every": 2},
+            r"^outer_every=3 is invalid; it must be a multiple of quorum_every=2",
+        ),
         ({"device_mesh": object()}, r"^device_mesh= cannot be elastic here: a sharded replica"),
         ({"topology": "hierarchical"}, r"^topology='hierarchical' cannot be elastic"),
         ({"topology": "alternating-exp-ring"}, r"^topology='alternating-exp-ring' cannot be"),
+        (
+            {"topology": TopologyReg.create("ring", 4, 1)},
+            r"^topology=RingTopology\(...\) cannot be elastic",
+        ),
+        ({"topology": "no-such"}, r"^topology='no-such' is not registered; elastic ones: .*ring"),
         ({"quorum_every": 0}, r"^quorum_every=0 is invalid"),
+        ({"min_replicas": "2"}, r"^min_replicas='2' is invalid"),
+        ({"timeout_s": -1.0}, r"^timeout_s=-1.0 is invalid"),
         ({"group_world_size": 2, "group_rank": 2}, r"^group_rank=2 is invalid; .*\[0, group_"),
         ({"replica_id": ""}, r"^replica_id='' is invalid"),
     ],
@@ -261,9 +189,12 @@ def test_the_wrapper_refuses_a_process_group_it_did_not_make() -> None:
 @ec.isolated  # torchft's threads stay out of the test process
 def test_the_wrappers_unreachable_lighthouse_fails_within_the_timeout() -> None:
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"):
+    with pytest.raises(
+        TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"
+    ) as e:
         _wrapper(host="127.0.0.1")
     assert time.monotonic() - start < 5
+    assert "timeout_s=1" in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.slow  # waits out a quorum timeout
@@ -272,23 +203,16 @@ def test_a_replica_alone_at_a_lighthouse_that_needs_two_gives_up_within_its_time
     """The others finished (or never came): torchft's quorum call blocks, the deadline does not."""
     server = ec.lighthouse(min_replicas=2)
     lines: list[str] = []
-    gossip = ElasticGossip(
-        *_model_opt(),
-        lighthouse=ec.loopback_address(server),
-        replica_id="late",
-        min_replicas=2,
-        timeout_s=1.0,  # a quorum may take 3 of them
-        host="127.0.0.1",
-        log=lines.append,
-    )
+    # a quorum may take 3 timeouts
+    membership = _membership(ec.loopback_address(server), "late", 2, 1.0, lines.append)
     start = time.monotonic()
     try:
         with pytest.raises(
             TimeoutError, match=r"no quorum of min_replicas=2 .*no other replica came"
         ):
-            gossip.zero_grad()
+            membership.quorum(0)
         assert time.monotonic() - start < 10
         assert any("waiting for a quorum of min_replicas=2" in line for line in lines)
     finally:
-        gossip.close()
+        membership.close()
         server.shutdown()

@@ -20,17 +20,23 @@ from tests.support import elastic_wrapper_cases as ew  # noqa: E402
 RIDS = ["r0", "r1", "r2", "r3"]
 
 
-def _plans(steps: int, every: int, **r2: object) -> dict[str, dict[str, object]]:
+def _plans(
+    steps: int, every: int, topology: str = "ring", **r2: object
+) -> dict[str, dict[str, object]]:
     plans: dict[str, dict[str, object]] = {
-        rid: {"steps": steps, "every": every, "topology": "ring"} for rid in RIDS
+        rid: {"steps": steps, "every": every, "topology": topology} for rid in RIDS
     }
     plans["r2"].update(r2)
     return plans
 
 
-def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict[str, object]]:
+def _leave_and_rejoin(
+    steps: int, every: int, topology: str = "ring", **extra: object
+) -> dict[str, dict[str, object]]:
     """r2 leaves cleanly after step ``every`` and rejoins at the quorum of step ``2 every + 1``."""
-    plans = _plans(steps, every, leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
+    plans = _plans(
+        steps, every, topology, leave_after=every, rejoin_when="rejoin", set_at={"joined": every}
+    )
     for rid, plan in plans.items():
         plan.update(extra)
         if rid != "r2":
@@ -39,23 +45,28 @@ def _leave_and_rejoin(steps: int, every: int, **extra: object) -> dict[str, dict
     return plans
 
 
-def test_the_wrapper_replays_4_3_4_in_float64() -> None:
+@pytest.mark.parametrize("topology", ["ring", pytest.param("one-peer-exp", marks=pytest.mark.slow)])
+def test_the_wrapper_replays_4_3_4_in_float64(topology: str) -> None:
     """r2 leaves after step 4 and comes back with its stale state; it heals at step 8.
 
     Each step accumulates two micro-batches (the first under ``no_sync()``).
+    ``one-peer-exp`` over the 3 members runs as ``base-k`` with ``k=1``.
     """
     every = 4
-    plans = _leave_and_rejoin(12, every, accumulate=True)
+    plans = _leave_and_rejoin(12, every, topology, accumulate=True)
     reports = ec.run(plans, {}, timeout=150, target=ew.replica)
-    result = ec.replay(reports, "ring", every, identical_start=True, accumulate=True)
+    result = ec.replay(reports, topology, every, identical_start=True, accumulate=True)
     members = result["members"]
     assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [3] * 4 + [4] * 4
     steps = result["steps"]
     # between quorums each bucket mixed with its edge (the replay checked which)
-    assert all(steps[rid][t]["mixed"] for rid in RIDS for t in range(2, 13) if t in steps[rid])
+    assert topology != "ring" or all(
+        steps[rid][t]["mixed"] for rid in RIDS for t in range(2, 13) if t in steps[rid]
+    )
     resumed = [m for m in reports["r2"] if m[0] == "resumed"]
     assert resumed and resumed[0][1] == 4
-    assert steps["r2"][9]["healed_from"] == "r3"  # its ring neighbour in the round of step 9
+    # its neighbour in the round of step 9 (ring: rank 3; one-peer-exp: round 0 pairs 2 with 3)
+    assert steps["r2"][9]["healed_from"] == "r3"
     assert steps["r2"][9]["cursor"] == 8  # the data position came with the state
     # r3 staged its state for r2 at the quorum of step 9 and withdrew it once r2 had it
     assert not any(s["staged"] for rid in RIDS for s in steps[rid].values())
@@ -184,25 +195,28 @@ def test_a_killed_host_costs_the_survivors_no_step_and_heals_past_its_checkpoint
 
 
 @pytest.mark.parametrize(
-    "topology",
-    # slow, both: the fast tier's replay is of one process per host (make test's budget)
+    ("topology", "every", "outer_every"),
+    # slow, all: the fast tier's replay is of one process per host (make test's budget)
     [
-        pytest.param("ring", marks=pytest.mark.slow),
-        pytest.param("hierarchical", marks=pytest.mark.slow),
+        pytest.param("ring", 4, None, marks=pytest.mark.slow),
+        pytest.param("hierarchical", 4, None, marks=pytest.mark.slow),
+        pytest.param("ring", 2, 4, marks=pytest.mark.slow),
     ],
 )
 def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
-    topology: str,
+    topology: str, every: int, outer_every: int | None
 ) -> None:
     """Two replica groups (hosts) of two processes each, the topology over the 4 processes.
 
-    hB's two processes leave after step 4 and come back; the topology re-forms
-    over hA's 2 processes, then over 4 again. Every process heals from its
-    source's process of the same group rank. ``hierarchical`` averages each
+    hB's two processes leave after step ``every`` and come back; the topology
+    re-forms over hA's 2 processes, then over 4 again. Every process heals from
+    its source's process of the same group rank. ``hierarchical`` averages each
     host and, between hosts, runs ``ring`` (its three phases: reduce-scatter in
     the host, all-reduce across, all-gather), the host being the replica group.
+    With ``outer_every`` the outer rounds average every process (the change at
+    step 5 restarts the round, step 9 takes an outer step).
     """
-    every, size = 4, 2
+    size = 2
     kwargs = {"inter": "ring"} if topology == "hierarchical" else {}
     ports = {"hA": ec.free_port(), "hB": ec.free_port()}
     plans: dict[str, dict[str, object]] = {}
@@ -211,6 +225,7 @@ def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
             plan: dict[str, object] = {"steps": 12, "every": every, "topology": topology}
             plan["group"] = (host, g, size, ports[host])
             plan["topology_kwargs"] = kwargs
+            plan["outer_every"] = outer_every
             if host == "hB":
                 plan.update(leave_after=every, rejoin_when="rejoin", set_at={"joined": every})
             else:
@@ -218,13 +233,21 @@ def test_hosts_of_two_processes_leave_and_rejoin_together_replayed_per_process(
             plans[f"{host}.{g}"] = plan
     reports = ec.run(plans, {}, timeout=180, target=ew.replica)
     result = ec.replay(
-        reports, topology, every, identical_start=True, local=size, topology_kwargs=kwargs
+        reports,
+        topology,
+        every,
+        outer_every=outer_every,
+        identical_start=True,
+        local=size,
+        topology_kwargs=kwargs,
     )
     members = result["members"]
-    assert [len(members[t]) for t in range(1, 13)] == [4] * 4 + [2] * 4 + [4] * 4
+    assert [len(members[t]) for t in range(1, 13)] == [4] * every + [2] * every + [4] * (
+        12 - 2 * every
+    )
     for g in range(size):
-        assert result["steps"][f"hB.{g}"][9]["healed_from"] == f"hA.{g}"
-        assert result["steps"][f"hB.{g}"][9]["cursor"] == 8
+        assert result["steps"][f"hB.{g}"][2 * every + 1]["healed_from"] == f"hA.{g}"
+        assert result["steps"][f"hB.{g}"][2 * every + 1]["cursor"] == 2 * every
     if topology == "hierarchical":  # each process mixed with every other of the edge's hosts
         assert result["steps"]["hA.0"][10]["mixed"] == ["hA.1", "hB.0", "hB.1"]
 
@@ -299,3 +322,43 @@ def test_close_keeps_the_training_state() -> None:
     assert training["schedulers"][0]["last_epoch"] == 3
     assert repr(training) == repr(before["training"])
     assert repr(after["model"]) == repr(before["model"])
+
+
+@pytest.mark.slow  # 4 processes through three changes of membership
+def test_outer_rounds_fall_on_quorums_and_restart_at_each_change_4_3_4() -> None:
+    """DiLoCo on the wrapper over 4 -> 3 -> 4: quorums every 2 steps, outer rounds every 4.
+
+    r2 leaves after step 2 (the quorum of step 3 restarts the round from the 3
+    members' mean), the outer round of step 5 steps the outer optimizer, r2
+    rejoins at the quorum of step 7 (the round restarts again; r2 heals the outer
+    momentum from its neighbour) and the round of step 9 steps with that momentum.
+    """
+    every, outer_every = 2, 4
+    plans = _plans(10, every, leave_after=2, rejoin_when="rejoin", set_at={"joined": 2})
+    for rid, plan in plans.items():
+        plan["outer_every"] = outer_every
+        if rid != "r2":
+            plan["set_at"] = {"rejoin": 4}
+            plan["wait_for"] = {"joined": 6}
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    result = ec.replay(reports, "ring", every, outer_every=outer_every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 11)] == [4] * 2 + [3] * 4 + [4] * 4
+    assert result["steps"]["r2"][7]["healed_from"] in ("r1", "r3")
+
+
+@pytest.mark.slow  # the survivors wait out timeout_s for the member that died
+def test_a_member_that_dies_inside_a_quorum_is_dropped_and_the_others_go_on() -> None:
+    """r2 joins the quorum of step 5 and dies before it takes part in it.
+
+    The others wait for it on the quorum's store for timeout_s, then ask again:
+    the lighthouse, no longer hearing r2, forms a quorum of three.
+    """
+    every = 4
+    plans = _plans(8, every, die_in_quorum_at=4)
+    for plan in plans.values():
+        plan["timeout_s"] = 3.0
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    assert reports["r2"][-1][0] == "died"
+    reports["r2"] = [m for m in reports["r2"] if m[0] != "died"]
+    result = ec.replay(reports, "ring", every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 9)] == [4] * 4 + [3] * 4

@@ -1,17 +1,16 @@
-"""Elastic gossip on real processes: replicas that train, leave (cleanly or killed) and rejoin.
+"""Elastic runs on real processes: replicas that train, leave (cleanly or killed) and rejoin.
 
-Each replica is its own process (a host, as torchft launches them) with an
-:class:`decent_dp.elastic.ElasticGossip` on an in-process lighthouse of the
-test. Each reports every step (members, rank, the peers it mixed with, its
-parameters) so that :func:`replay` can recompute the whole run in one process.
+Each replica is its own process (a host, as torchft launches them) running
+:func:`tests.support.elastic_wrapper_cases.replica` on a lighthouse of the test.
+Each reports every step (members, rank, the peers it mixed with, its
+parameters) so that :func:`replay`, the single-process float64 reference of
+the mathematics, can recompute the whole run.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import os
-import signal
 import socket
 import threading
 import time
@@ -29,6 +28,11 @@ OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
 # the data position of a step's second micro-batch (accumulated gradients): cursor + MICRO
 MICRO = 100_000
+
+
+def outer_sgd(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The outer optimizer of plans with ``outer_every`` (the replay's)."""
+    return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
 
 
 def free_port() -> int:
@@ -108,35 +112,24 @@ def _flat(m: nn.Linear) -> list[float]:
     return torch.cat([m.weight.detach().reshape(-1), m.bias.detach()]).tolist()
 
 
-class _Died(Exception):
+class Died(Exception):
     """A replica that stops in the middle of a quorum (the test's crash)."""
 
 
-def _die_inside_quorum(gossip: Any) -> None:
+def die_inside_quorum(edp: Any) -> None:
     """Make the next quorum stop this replica once torchft has formed it, before it takes part.
 
     The replica's membership is closed (its heartbeats stop, its servers and
     group go) where it would read the quorum's store: what the others see of a
     host that crashed there.
     """
-    membership = gossip.membership
+    membership = edp.membership
 
     def crash(qid: int) -> Any:
         membership.close()
-        raise _Died(f"died inside quorum {qid}")
+        raise Died(f"died inside quorum {qid}")
 
     membership._quorum_store = crash
-
-
-def _die_in_the_quorums_allreduce(gossip: Any) -> None:
-    """Make this replica stop at the all-reduce of its next quorum, after it took part in it."""
-    membership = gossip.membership
-
-    def crash(tensor: torch.Tensor) -> None:
-        membership.close()
-        raise _Died("died in the quorum's all-reduce")
-
-    membership.allreduce_sum = crash
 
 
 def gate(plan: dict[str, Any], events: dict[str, Any], step: int) -> None:
@@ -152,124 +145,18 @@ def gate(plan: dict[str, Any], events: dict[str, Any], step: int) -> None:
             events[name].set()
 
 
-def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
-    """Train ``plan['steps']`` steps; leave, die or rejoin as the plan says; report each step.
-
-    Plan keys: ``steps``, ``every`` (quorum), ``topology``, ``device`` (``"cuda"``:
-    the model and data there), ``leave_after`` (close
-    cleanly after that step, then rejoin from the state saved then),
-    ``kill_after`` (SIGKILL itself after that step), ``resume`` (a state file
-    to start from: a restarted host's stale checkpoint), ``save_at`` and
-    ``save_to`` (write that checkpoint), ``wait_for``/``set_at`` (events that
-    gate a step, so that a quorum sees the membership the test wants).
-    """
-    from decent_dp.elastic import ElasticGossip
-
-    torch.set_num_threads(1)
-    try:
-        dev = torch.device(plan.get("device", "cpu"))
-        model = _model(rid).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-        data = {"cursor": 0}
-
-        def make() -> ElasticGossip:
-            return ElasticGossip(
-                model,
-                opt,
-                topology=plan["topology"],
-                lighthouse=lh,
-                replica_id=rid,
-                min_replicas=plan.get("min_replicas", 1),
-                timeout_s=plan.get("timeout_s", 10.0),
-                quorum_every=plan["every"],
-                host="127.0.0.1",
-                state_fn=lambda: dict(data),
-                load_state_fn=lambda s: data.update(s),
-                log=lambda line: None,
-                outer_optim_fn=outer_fn if plan.get("outer_every") else None,
-                outer_every=plan.get("outer_every"),
-            )
-
-        def outer_fn(params: list[torch.Tensor]) -> torch.optim.Optimizer:
-            return torch.optim.SGD(params, lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
-
-        gossip = make()
-        if "start" in events and not plan.get("restarted"):
-            events["start"].wait(60)  # every first replica heartbeats before the first quorum
-            # its Manager's first heartbeat is sent on its own thread: let every one arrive, or
-            # a first quorum would form without a replica the lighthouse has not heard yet
-            time.sleep(0.5)
-        if plan.get("resume"):
-            gossip.load_state_dict(torch.load(plan["resume"], weights_only=False))
-            out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
-        while gossip.step_count < plan["steps"]:
-            s = gossip.step_count
-            gate(plan, events, s)
-            params_before = _flat(model)
-            if plan.get("die_in_quorum_at") == s:
-                _die_inside_quorum(gossip)
-            if plan.get("die_in_allreduce_at") == s:
-                _die_in_the_quorums_allreduce(gossip)
-            gossip.zero_grad()  # a quorum (and healing) may happen here
-            cursor = data["cursor"]
-            x, y = (t.to(dev) for t in batch(rid, cursor))
-            nn.functional.mse_loss(model(x), y).backward()
-            gossip.step()
-            t = gossip.step_count
-            edge = gossip.edge(t)
-            mixed = [gossip.members[r] for r in sorted(edge.ranks) if r != gossip.rank]
-            mixed = [m for m in mixed if gossip.members.index(m) not in gossip.lost]
-            out.put(
-                (
-                    rid,
-                    "step",
-                    t,
-                    {
-                        "members": list(gossip.members),
-                        "quorum_id": gossip.view.quorum_id if gossip.view else None,
-                        "mixed": mixed,
-                        "healed_from": gossip.healed_from
-                        if gossip.last_quorum_step == t - 1
-                        else None,
-                        "cursor": cursor,
-                        "before": params_before,
-                        "params": _flat(model),
-                        "consensus": gossip.last_consensus_distance,
-                    },
-                )
-            )
-            data["cursor"] += 1
-            if plan.get("save_at") == t:
-                torch.save(gossip.state_dict(), plan["save_to"])
-            if plan.get("kill_after") == t:
-                out.close()
-                out.join_thread()  # the reports so far reach the parent; then die outright
-                os.kill(os.getpid(), signal.SIGKILL)
-            if plan.get("leave_after") == t:
-                stale = gossip.state_dict()
-                gossip.close()
-                events[plan["rejoin_when"]].wait(60)
-                gossip = make()
-                gossip.load_state_dict(stale)
-                out.put((rid, "resumed", gossip.step_count, _flat(model), dict(data)))
-        out.put((rid, "done", gossip.step_count))
-        gossip.close()
-    except _Died as exc:
-        out.put((rid, "died", str(exc)))
-    except BaseException as exc:  # every failure goes to the parent, as one line
-        out.put((rid, "error", f"{type(exc).__name__}: {exc}"))
-
-
 def run(
     plans: dict[str, dict[str, Any]],
     restarts: dict[str, dict[str, Any]],
     timeout: float = 90,
-    target: Callable[..., None] | None = None,
+    *,
+    target: Callable[..., None],
 ):
     """Run the replicas (and restarted ones after their first process died); gather reports.
 
-    ``target`` is the replica's function (:func:`replica` by default), run in
-    a spawned process with ``(rid, lighthouse, plan, queue, events)``.
+    ``target`` is the replica's function
+    (:func:`tests.support.elastic_wrapper_cases.replica`), run in a spawned
+    process with ``(rid, lighthouse, plan, queue, events)``.
 
     Returns:
         ``{rid: [report, ...]}`` in arrival order.
@@ -282,7 +169,6 @@ def run(
     events["start"] = ctx.Barrier(len(plans))
     server = _LighthouseProcess(ctx)
     lh = server.url
-    target = target or replica
     procs = {
         rid: ctx.Process(target=target, args=(rid, lh, p, out, events)) for rid, p in plans.items()
     }
@@ -318,13 +204,18 @@ def run(
         if running:
             raise TimeoutError(f"replicas {sorted(running)} did not finish: {reports}")
     finally:
-        for p in procs.values():
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        server.shutdown()
+        stop_all(procs.values(), server)
     return reports
+
+
+def stop_all(procs: Any, server: Any, timeout: float = 5) -> None:
+    """Join the processes (killing those still alive after ``timeout``), then stop the lighthouse."""
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    server.shutdown()
 
 
 def _grad(x: torch.Tensor, rid: str, cursor: int) -> torch.Tensor:
@@ -501,45 +392,3 @@ def isolated(test: Callable[..., Any]) -> Callable[..., Any]:
 
 def _call(module: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return getattr(importlib.import_module(module), name).__wrapped__(*args, **kwargs)
-
-
-def run_threads(
-    plans: dict[str, dict[str, Any]], timeout: float = 60, join_timeout_ms: int = 5000
-) -> dict[str, list[Any]]:
-    """Run the replicas as threads of one process (each its own Manager, store and group).
-
-    Quicker than a process per replica (one torch import); for plans where
-    nobody is killed. They run in :func:`_pool`'s process, with its lighthouse.
-    """
-    return _pool().apply(_run_threads_here, (plans, timeout, join_timeout_ms))
-
-
-def _run_threads_here(
-    plans: dict[str, dict[str, Any]], timeout: float, join_timeout_ms: int
-) -> dict[str, list[Any]]:
-    import queue
-
-    out: queue.Queue[Any] = queue.Queue()
-    events: dict[str, Any] = {name: threading.Event() for name in ("rejoin", "restart", "joined")}
-    events["start"] = threading.Barrier(len(plans))
-    server = lighthouse(join_timeout_ms=join_timeout_ms)
-    lh = loopback_address(server)
-    threads = [
-        threading.Thread(target=replica, args=(rid, lh, p, out, events), daemon=True)
-        for rid, p in plans.items()
-    ]
-    reports: dict[str, list[Any]] = {rid: [] for rid in plans}
-    try:
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            t.join(timeout=max(0.1, deadline - time.monotonic()))
-        while not out.empty():
-            msg = out.get()
-            reports[msg[0]].append(msg[1:])
-        if any(t.is_alive() for t in threads):
-            raise TimeoutError(f"replicas did not finish: {reports}")
-    finally:
-        server.shutdown()
-    return reports

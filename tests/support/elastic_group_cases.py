@@ -66,6 +66,7 @@ def member(
     rid: str, group_rank: int, size: int, lh: str, rdzv_port: int, env: bool, out: Any, bar: Any
 ) -> None:
     """One process of replica group ``rid`` (of ``size``): quorum, flat all-reduce, healing, leaving."""
+    import torch.distributed as dist
     from torch.distributed import TCPStore
 
     from decent_dp._elastic_quorum import Membership
@@ -99,7 +100,9 @@ def member(
         flat, total = _flat_allreduce(m, view, "flat")
         # the quorum's own group spans one group rank of every member
         mine = torch.tensor([float(flat)], dtype=torch.float64)
-        m.allreduce_sum(mine)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.SUM
+        m.pg.allreduce([mine], opts).wait()
         out.put((rid, group_rank, "sums", flat, total, mine.item()))
         m.serve_state(STEPS[rid], {"w": staged_state(rid, group_rank)})
         bar.wait(30)
@@ -166,10 +169,5 @@ def run(
                 running.discard(key)
         assert not running, f"processes {sorted(running)} did not finish: {reports}"
     finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        server.shutdown()
+        ec.stop_all(procs, server)
     return reports

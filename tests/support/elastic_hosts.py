@@ -60,12 +60,7 @@ def run_hosts(run_dir: Path, *overrides: str, hosts: tuple[str, ...] = ("h0", "h
                 break
             out[rid] = result
     finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        server.shutdown()
+        ec.stop_all(procs, server, timeout=10)
     for rid in hosts:
         out.setdefault(rid, RuntimeError(f"host {rid} did not finish"))
     return out

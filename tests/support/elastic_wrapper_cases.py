@@ -43,7 +43,9 @@ def _healed(edp: Any, size: int, g: int) -> str | None:
 def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str, Any]) -> None:
     """Train with the elastic wrapper; plan keys as :func:`tests.support.elastic_cases.replica`.
 
-    Also ``compression`` (the wrapper's option), ``accumulate`` (a second
+    Also ``die_in_quorum_at`` (stop inside the quorum before that step, once
+    torchft formed it), ``compression`` (the wrapper's option), ``outer_every`` (outer rounds),
+    ``accumulate`` (a second
     micro-batch under ``no_sync()`` each step) and ``device`` (``"cuda"``: the
     model and data there, every replica on the one GPU, gloo moving CUDA tensors). With ``group`` ``(replica id,
     group rank, group size, rendezvous port)`` the process is one of its host's
@@ -69,6 +71,9 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
         extra: dict[str, Any] = {}
         if plan.get("compression"):
             extra["compression"] = plan["compression"]
+        if plan.get("outer_every"):  # DiLoCo's Nesterov SGD, as the replay's
+            extra["outer_every"] = plan["outer_every"]
+            extra["outer_optim_fn"] = ec.outer_sgd
 
         def make() -> ElasticDataParallel:
             return ElasticDataParallel(
@@ -105,6 +110,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
             s = edp.step_count
             ec.gate(plan, events, s)
             params_before = ec._flat(model)
+            if plan.get("die_in_quorum_at") == s:
+                ec.die_inside_quorum(edp)
             edp.quorum()  # before the batch is read: healing brings the data position
             cursor = data["cursor"]
             x, y = (t.to(dev) for t in ec.batch(rid, cursor))
@@ -156,6 +163,8 @@ def replica(rid: str, lh: str, plan: dict[str, Any], out: Any, events: dict[str,
                 out.put((rid, "resumed", edp.step_count, ec._flat(model), dict(data)))
         out.put((rid, "done", edp.step_count))
         edp.close()
+    except ec.Died as exc:
+        out.put((rid, "died", str(exc)))
     except BaseException as exc:  # every failure goes to the parent, as one line
         import traceback
 
