@@ -92,7 +92,7 @@ def test_single_process_without_world_size() -> None:
             assert env["MASTER_PORT"] == preset
 
 
-def _spawned_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(
         {
             "RANK": str(rank),
@@ -123,13 +123,16 @@ def _spawned_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
             dist.destroy_process_group()
 
 
-def test_two_spawned_processes(tmp_path: Path) -> None:
+def test_two_processes(tmp_path: Path) -> None:
+    # forked, not spawned: initialize_dist reads only the environment, and a spawned child
+    # would import torch and decent_dp again (seconds); test_gpu_defects spawns its ranks
     world_size = 2
-    mp.spawn(
-        _spawned_worker,
+    mp.start_processes(
+        _worker,
         args=(world_size, _free_port(), str(tmp_path)),
         nprocs=world_size,
         join=True,
+        start_method="fork",
     )
     for rank in range(world_size):
         out = json.loads((tmp_path / f"{rank}.json").read_text())
