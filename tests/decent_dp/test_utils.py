@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from decent_dp.utils import get_backend_for, get_device, initialize_dist
+from tests.support.dist_harness import ok_values, run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -44,15 +45,11 @@ def _run_script(script: str, env_extra: dict[str, str]) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_SINGLE = """
-    import json, os
-    import torch, torch.distributed as dist
-    from decent_dp.utils import initialize_dist, get_device
-
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+def _single(rank: int, world: int, preset_port: str) -> list[dict[str, Any]]:
+    """Two one-process groups set up from an environment without launcher variables."""
     runs = []
-    for preset in (None, os.environ["PRESET_PORT"]):
-        for k in names:
+    for preset in (None, preset_port):
+        for k in _DIST_VARS:
             os.environ.pop(k, None)
         if preset is not None:
             os.environ["MASTER_PORT"] = preset
@@ -60,22 +57,25 @@ _SINGLE = """
         second = initialize_dist()
         x = torch.full((2,), 3.0, device=get_device())
         dist.all_reduce(x)
-        runs.append({
-            "first": list(first),
-            "second": list(second),
-            "backend": dist.get_backend(),
-            "sum": x.tolist(),
-            "device": str(get_device()),
-            "env": {k: os.environ.get(k) for k in names},
-        })
+        runs.append(
+            {
+                "first": list(first),
+                "second": list(second),
+                "backend": dist.get_backend(),
+                "sum": x.tolist(),
+                "device": str(get_device()),
+                "env": {k: os.environ.get(k) for k in _DIST_VARS},
+            }
+        )
         dist.destroy_process_group()
-    print(json.dumps(runs))
-"""
+    return runs
 
 
 def test_single_process_without_world_size() -> None:
+    # in a forked process (a fresh interpreter would import torch again): it clears the
+    # launcher variables the harness sets before each of its two set-ups
     preset = str(_free_port())
-    runs = _run_script(_SINGLE, {"CUDA_VISIBLE_DEVICES": "", "PRESET_PORT": preset})
+    (runs,) = ok_values(run_distributed(_single, 1, preset, init=False, timeout=120))
     assert len(runs) == 2
     for i, out in enumerate(runs):
         assert out["first"] == [0, 1]
