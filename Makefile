@@ -3,6 +3,9 @@ PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 NPROC   ?= 4
 ARGS    ?=
+# pytest-xdist processes for `make test` (0: one process); whole files go to one worker,
+# so a module's fixtures are built once
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-packed train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
@@ -15,9 +18,9 @@ install: ## Create .venv and install the package with the experiments, ft (torch
 	$(PIP) install --upgrade pip
 	$(PIP) install -e ".[experiments,ft,dev]"
 
-test: ## check-docs, then the fast test suite (no `slow` tests)
+test: ## check-docs, then the fast test suite (no `slow` tests) on TEST_WORKERS=2 processes
 	$(PY) -m experiments.report.check_docs
-	$(PY) -m pytest -m "not slow" -q $(ARGS)
+	$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 check-docs: ## Every measured figure in README.md and docs/ against its committed data file (--write: ARGS=--write)
 	$(PY) -m experiments.report.check_docs $(ARGS)

@@ -6,6 +6,12 @@ gloo on ``cpu`` as on a machine without one, and its bit-exact comparisons
 keep their meaning. CUDA availability is read through NVML so that checking it
 does not initialise CUDA in this process, and ``gpu`` tests run last, after
 which nothing here hides the GPU any more.
+
+The tests run torch on one thread, as the ranks they fork and launch do
+(``dist_harness``, ``launch.clean_env``): their models are tiny, so more threads gain
+nothing, and on a busy machine OpenMP threads waiting for each other make every tiny
+kernel take milliseconds (an in-process resume test took 3 to 27 s on two threads
+against 4 to 5 s on one, on the same shared 2 cores).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from tests.support.launch import DIST_ENV
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

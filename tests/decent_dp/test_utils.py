@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from decent_dp.utils import get_backend_for, get_device, initialize_dist
+from tests.support.dist_harness import ok_values, run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -44,15 +45,11 @@ def _run_script(script: str, env_extra: dict[str, str]) -> Any:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-_SINGLE = """
-    import json, os
-    import torch, torch.distributed as dist
-    from decent_dp.utils import initialize_dist, get_device
-
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+def _single(rank: int, world: int, preset_port: str) -> list[dict[str, Any]]:
+    """Two one-process groups set up from an environment without launcher variables."""
     runs = []
-    for preset in (None, os.environ["PRESET_PORT"]):
-        for k in names:
+    for preset in (None, preset_port):
+        for k in _DIST_VARS:
             os.environ.pop(k, None)
         if preset is not None:
             os.environ["MASTER_PORT"] = preset
@@ -60,22 +57,25 @@ _SINGLE = """
         second = initialize_dist()
         x = torch.full((2,), 3.0, device=get_device())
         dist.all_reduce(x)
-        runs.append({
-            "first": list(first),
-            "second": list(second),
-            "backend": dist.get_backend(),
-            "sum": x.tolist(),
-            "device": str(get_device()),
-            "env": {k: os.environ.get(k) for k in names},
-        })
+        runs.append(
+            {
+                "first": list(first),
+                "second": list(second),
+                "backend": dist.get_backend(),
+                "sum": x.tolist(),
+                "device": str(get_device()),
+                "env": {k: os.environ.get(k) for k in _DIST_VARS},
+            }
+        )
         dist.destroy_process_group()
-    print(json.dumps(runs))
-"""
+    return runs
 
 
 def test_single_process_without_world_size() -> None:
+    # in a forked process (a fresh interpreter would import torch again): it clears the
+    # launcher variables the harness sets before each of its two set-ups
     preset = str(_free_port())
-    runs = _run_script(_SINGLE, {"CUDA_VISIBLE_DEVICES": "", "PRESET_PORT": preset})
+    (runs,) = ok_values(run_distributed(_single, 1, preset, init=False, timeout=120))
     assert len(runs) == 2
     for i, out in enumerate(runs):
         assert out["first"] == [0, 1]
@@ -92,7 +92,7 @@ def test_single_process_without_world_size() -> None:
             assert env["MASTER_PORT"] == preset
 
 
-def _spawned_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os.environ.update(
         {
             "RANK": str(rank),
@@ -123,13 +123,16 @@ def _spawned_worker(rank: int, world_size: int, port: int, out_dir: str) -> None
             dist.destroy_process_group()
 
 
-def test_two_spawned_processes(tmp_path: Path) -> None:
+def test_two_processes(tmp_path: Path) -> None:
+    # forked, not spawned: initialize_dist reads only the environment, and a spawned child
+    # would import torch and decent_dp again (seconds); test_gpu_defects spawns its ranks
     world_size = 2
-    mp.spawn(
-        _spawned_worker,
+    mp.start_processes(
+        _worker,
         args=(world_size, _free_port(), str(tmp_path)),
         nprocs=world_size,
         join=True,
+        start_method="fork",
     )
     for rank in range(world_size):
         out = json.loads((tmp_path / f"{rank}.json").read_text())

@@ -331,7 +331,13 @@ def _two_rank_worker(rank: int, world_size: int, store: str, root: str) -> None:
 
 def test_two_ranks_save_load_prune_and_average(tmp_path: Path) -> None:
     root = tmp_path / "ck"
-    mp.spawn(_two_rank_worker, args=(2, str(tmp_path / "store"), str(root)), nprocs=2)
+    # forked: spawned ranks would import torch and the framework again (seconds)
+    mp.start_processes(
+        _two_rank_worker,
+        args=(2, str(tmp_path / "store"), str(root)),
+        nprocs=2,
+        start_method="fork",
+    )
 
     assert _steps(root) == [2, 3]
     assert not (root / "step_000000001").exists()

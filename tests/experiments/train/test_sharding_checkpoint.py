@@ -39,8 +39,7 @@ BASE = (
 )
 
 
-def _build(rank: int, world: int, shards: int, root: Path, *overrides: str) -> Checkpointer:
-    cfg = compose_config(*BASE, f"train.shard_size={shards}", *overrides)
+def _build(rank: int, world: int, shards: int, root: Path, cfg: Any) -> Checkpointer:
     mesh = build_mesh(shards, world, "cpu")
     # the shard ranks of a replica start alike (FSDP needs it); replicas differ
     model = shard_model(small_model(seed=rank // shards).double(), mesh)
@@ -83,7 +82,7 @@ def _full(saver: Checkpointer) -> list[torch.Tensor]:
 
 
 def _worker(rank: int, world: int, plan: dict[str, Any]) -> dict[str, Any]:
-    saver = _build(rank, world, plan["shards"], Path(plan["root"]), *plan.get("overrides", ()))
+    saver = _build(rank, world, plan["shards"], Path(plan["root"]), plan["cfg"])
     try:
         start = saver.resume() if plan.get("resume") else 0
         loaded = _full(saver)
@@ -96,8 +95,14 @@ def _worker(rank: int, world: int, plan: dict[str, Any]) -> dict[str, Any]:
         saver.train_step.close()
 
 
+def _composed(plan: dict[str, Any]) -> dict[str, Any]:
+    """``plan`` with its config, composed here once instead of by every rank."""
+    cfg = compose_config(*BASE, f"train.shard_size={plan['shards']}", *plan.get("overrides", ()))
+    return {**plan, "cfg": cfg}
+
+
 def _run(world: int, **plan: Any) -> list[dict[str, Any]]:
-    results = run_distributed(_worker, world, plan, timeout=120)
+    results = run_distributed(_worker, world, _composed(plan), timeout=120)
     return ok_values(results)
 
 
@@ -127,7 +132,7 @@ def test_a_save_without_its_replicas_is_not_complete(tmp_path: Path) -> None:
 def test_a_sharded_checkpoint_reshards_into_another_shard_count(tmp_path: Path) -> None:
     saved = _run(4, shards=2, root=str(tmp_path), last=SAVE_AT)
     refused = run_distributed(
-        _worker, 4, {"shards": 4, "root": str(tmp_path), "last": SAVE_AT, "resume": True}
+        _worker, 4, _composed({"shards": 4, "root": str(tmp_path), "last": SAVE_AT, "resume": True})
     )
     message = refused[0][1].splitlines()[0]
     assert "was written by 2 replicas x 2 shards topology=ring; this run has 1 x 4" in message
