@@ -188,6 +188,9 @@ def test_the_wrapper_refuses_a_process_group_it_did_not_make() -> None:
 
 @ec.isolated  # torchft's threads stay out of the test process
 def test_the_wrappers_unreachable_lighthouse_fails_within_the_timeout() -> None:
+    # the constructor's own checks build a trial optimizer, whose first construction in a
+    # process imports torch._dynamo (seconds on a loaded machine): paid before the clock starts
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     start = time.monotonic()
     with pytest.raises(
         TimeoutError, match=r"lighthouse='http://127.0.0.1:\d+' cannot be reached"
