@@ -77,11 +77,21 @@ def _cpu_unless_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run ``gpu`` tests last; mark them skipped when ``torch.cuda.is_available()`` is False."""
+    """Run ``gpu`` tests last; mark them skipped when ``torch.cuda.is_available()`` is False.
+
+    Under pytest-xdist (``make test``) they are skipped on a GPU machine too: it hands
+    whole files to its processes, so a file's ``gpu`` tests would run before another
+    file's CPU tests, whose forked ranks must not inherit an initialised CUDA. One
+    process runs them last: ``make test-gpu``, or ``make test TEST_WORKERS=0``.
+    """
     items.sort(key=lambda item: "gpu" in item.keywords)  # stable: the rest keep their order
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        reason = "needs CUDA; torch.cuda.is_available() is False"
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        reason = "not under pytest-xdist, where it could run before CPU tests: make test-gpu"
+    else:
         return
-    skip_gpu = pytest.mark.skip(reason="needs CUDA; torch.cuda.is_available() is False")
+    skip_gpu = pytest.mark.skip(reason=reason)
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
