@@ -24,50 +24,51 @@ every ``log.every`` steps; the trainer times training steps only, not evaluation
 the first window, which holds the warm-up; ``summary_samples_per_s`` (``summary.json``'s
 mean over every window) is kept beside it. ``tokens_per_s`` likewise, for the GPT.
 
-Memory. Each run is watched from outside, without touching the training code: every
-``--poll-s`` seconds (0.05 by default) the bench walks the launched process's tree
-(``/proc/<pid>/task/*/children``, recursively) and reads each process's ``VmRSS`` and
-``VmHWM`` from ``/proc/<pid>/status``. ``peak_mb`` is the sum over the tree's processes of
-the last ``VmHWM`` seen of each (the kernel's own high-water mark of resident memory, so
-sampling misses only growth in a process's last ``poll_s`` before it exits): for packed the
-one process's peak, for processes every worker's peak plus torchrun's agent
-(``agent_mb``). ``rss_peak_mb`` is the largest sum of ``VmRSS`` seen at one poll, the
-peak the tree held at once. Both count the pages of shared libraries (torch's, hundreds of
-MB) once per process, although the processes share them; ``anon_peak_mb``, the largest sum
-of ``RssAnon`` seen at one poll (anonymous memory: the heap, tensors, the interpreter's
-objects), leaves them out.
+Memory. Each run is watched from outside, without touching the training code
+(:mod:`experiments.bench.proc_watch`): every ``--poll-s`` seconds (0.05 by default) the
+bench walks the launched process's tree and reads each process's ``/proc/<pid>/status``.
+``peak_mb`` is the sum over the tree's processes of the last ``VmHWM`` seen of each (the
+kernel's own high-water mark of resident memory, so sampling misses only growth in a
+process's last ``poll_s`` before it exits): for packed the one process's peak, for
+processes every worker's peak plus torchrun's agent (``agent_mb``). ``rss_peak_mb`` is the
+largest sum of ``VmRSS`` seen at one poll, the peak the tree held at once. Both count the
+pages of shared libraries (torch's, hundreds of MB) once per process, although the
+processes share them; ``anon_peak_mb``, the largest sum of ``RssAnon`` seen at one poll
+(anonymous memory: the heap, tensors, the interpreter's objects), leaves them out.
 Wall time is from the launch to the exit of the command, start-up and evaluation included.
 
 Threads: torchrun sets ``OMP_NUM_THREADS=1`` in each worker when unset; the packed process
-keeps torch's default (one thread per core). Both arms use every core of the machine.
+keeps torch's default (one thread per core; ``--packed-threads`` sets its
+``OMP_NUM_THREADS``). Both arms use every core of the machine. Intra-op threads wait for
+each other in every operation, so a packed run slows down much more than the processes do
+when something else takes a core: measure on a quiet machine (``load_avg`` in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from experiments.bench.proc_watch import watch
 from experiments.report.doc_views_packed import rows_table
 from experiments.train.metrics import host_tag
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("docs/results/packed/bench.json")
 ARMS = ("packed", "processes")
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 COMMON = ["topology=one-peer-exp", "logger=none", "log.progress=false", "log.consensus_every=0"]
 
 
@@ -113,81 +114,6 @@ def shown(cmd: list[str]) -> str:
     return shlex.join(words)
 
 
-# ---------------------------------------------------------------- memory from /proc
-def _status_kb(pid: int) -> dict[str, int]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon"):
-            out[key] = int(value.split()[0])
-    return out
-
-
-def _tree(root: int) -> list[int]:
-    """``root`` and every process below it now (children of any of their threads)."""
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        try:
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:  # exited meanwhile
-            continue
-    return found
-
-
-@dataclass
-class Watched:
-    """What :func:`watch` saw of one command: exit status, seconds, memory in kB."""
-
-    returncode: int
-    wall_s: float
-    hwm_kb: dict[int, int]
-    rss_peak_kb: int
-    anon_peak_kb: int
-    root: int
-
-
-def watch(cmd: list[str], log: Path, poll_s: float, timeout_s: float) -> Watched:
-    """Run ``cmd`` from the repository root, output into ``log``, polling its memory.
-
-    Raises:
-        subprocess.TimeoutExpired: If it runs past ``timeout_s`` (the tree is killed).
-    """
-    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    hwm: dict[int, int] = {}
-    rss_peak = anon_peak = 0
-    with log.open("w") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            if time.perf_counter() - start > timeout_s:
-                for pid in reversed(_tree(proc.pid)):
-                    _kill(pid)
-                proc.wait()
-                raise subprocess.TimeoutExpired(cmd, timeout_s)
-            rss = anon = 0
-            for pid in _tree(proc.pid):
-                try:
-                    kb = _status_kb(pid)
-                except OSError:
-                    continue
-                rss += kb.get("VmRSS", 0)
-                anon += kb.get("RssAnon", 0)
-                hwm[pid] = max(hwm.get(pid, 0), kb.get("VmHWM", 0))
-            rss_peak, anon_peak = max(rss_peak, rss), max(anon_peak, anon)
-            time.sleep(poll_s)
-        wall = time.perf_counter() - start
-    return Watched(proc.returncode, wall, hwm, rss_peak, anon_peak, proc.pid)
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-        os.kill(pid, 9)
-
-
 # ---------------------------------------------------------------- one run
 def throughput(run_dir: Path) -> dict[str, Any]:
     """Samples/s (and tokens/s) of a finished run: the mean of its windows after the first."""
@@ -223,7 +149,11 @@ def run_one(task: str, workers: int, arm: str, repeat: int, args: argparse.Names
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = command(arm, workers, task_overrides(task, args), run_dir)
     log = run_dir / "bench.log"
-    seen = watch(cmd, log, args.poll_s, args.timeout_s)
+    load = os.getloadavg()[0]  # what else ran: the noise this run saw
+    env = {}
+    if arm == "packed" and args.packed_threads:
+        env["OMP_NUM_THREADS"] = str(args.packed_threads)
+    seen = watch(cmd, ROOT, log, args.poll_s, args.timeout_s, env)
     if seen.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"{shown(cmd)} exited with {seen.returncode}:\n{tail}")
@@ -241,6 +171,7 @@ def run_one(task: str, workers: int, arm: str, repeat: int, args: argparse.Names
         "rss_peak_mb": seen.rss_peak_kb / mb,
         "anon_peak_mb": seen.anon_peak_kb / mb,
         "processes": len(seen.hwm_kb),
+        "load_avg_1m": load,
         "warnings": warnings_of(log),
     }
 
@@ -367,6 +298,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gpt-block", type=int, default=64)
     p.add_argument("--gpt-log-every", type=int, default=5)
     p.add_argument("--lm-data", type=Path, default=Path("data/stdlib-bpe"))
+    p.add_argument(
+        "--packed-threads", type=int, default=0, help="OMP_NUM_THREADS of packed (0: as is)"
+    )
     p.add_argument("--poll-s", type=float, default=0.05, help="seconds between memory polls")
     p.add_argument("--timeout-s", type=float, default=1200.0, help="per run")
     p.add_argument("--runs-dir", type=Path, default=None, help="run directories (outputs/...)")
@@ -386,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     args = parse(argv)
+    # SIGTERM ends the bench through its finally blocks, so the running job is killed too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.from_json:
         data = json.loads(args.out.read_text())
         plot(data, args.plot)
