@@ -147,8 +147,10 @@ def run_one(task: str, workers: int, arm: str, repeat: int, args: argparse.Names
     """Run one job and return its row (see the module docstring for each key)."""
     run_dir = args.runs_dir / f"{task}-n{workers}-{arm}-r{repeat}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.is_relative_to(ROOT):  # the command runs from the root: show it short
+        run_dir = run_dir.relative_to(ROOT)
     cmd = command(arm, workers, task_overrides(task, args), run_dir)
-    log = run_dir / "bench.log"
+    log = ROOT / run_dir / "bench.log"
     load = os.getloadavg()[0]  # what else ran: the noise this run saw
     env = {}
     if arm == "packed" and args.packed_threads:
@@ -165,7 +167,7 @@ def run_one(task: str, workers: int, arm: str, repeat: int, args: argparse.Names
         "repeat": repeat,
         "command": shown(cmd),
         "wall_s": seen.wall_s,
-        **throughput(run_dir),
+        **throughput(ROOT / run_dir),
         "peak_mb": sum(seen.hwm_kb.values()) / mb,
         "agent_mb": seen.hwm_kb.get(seen.root, 0) / mb if arm == "processes" else 0.0,
         "rss_peak_mb": seen.rss_peak_kb / mb,
@@ -250,22 +252,25 @@ def plot(data: dict[str, Any], png: Path) -> None:
     fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         ns = sorted({r["workers"] for r in rows if r["task"] == task})
+        values = []
         for i, arm in enumerate(ARMS):
             xs, ys = [], []
             for j, n in enumerate(ns):
-                row = next(
-                    (r for r in rows if (r["task"], r["workers"], r["arm"]) == (task, n, arm)), None
-                )
+                key = (task, n, arm)
+                row = next((r for r in rows if (r["task"], r["workers"], r["arm"]) == key), None)
                 if row is not None:
                     xs.append(j + (i - 0.5) * 0.38)
                     ys.append(row["samples_per_s"])
             bars = ax.bar(xs, ys, width=0.36, label=arm)
             ax.bar_label(bars, fmt="%.0f", fontsize=7)
+            values += ys
         ax.set_xticks(range(len(ns)), [f"N={n}" for n in ns])
         ax.set_yscale("log")
+        # room above the bars for the legend, and bars that start well below the smallest
+        ax.set_ylim(min(values) / 3, max(values) * 8)
         ax.set_ylabel("samples/s (all workers)")
         ax.set_title(task)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, ncol=2, loc="upper center")
     fig.suptitle(f"{data['machine']['cores']} cores, torch {data['machine']['torch']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

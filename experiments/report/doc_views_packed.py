@@ -3,7 +3,9 @@
 - ``packed-bench``: ``python -m experiments.bench.packed_throughput``'s rows
   (``docs/results/packed/bench.json``, one row per task, worker count and arm, medians over
   the repeats): samples/s, tokens/s, peak memory (the sum of the processes' ``VmHWM``, and
-  of their anonymous memory), wall time and the ratios of the pairs measured back to back.
+  of their anonymous memory), wall time and the ratios of the pairs measured back to back,
+  then a line on the machine and the load;
+- ``packed-commands``: the exact command lines of one worker count's first repeat.
 
 :func:`rows_table` is also what the bench prints, so the terminal and the page agree.
 """
@@ -61,8 +63,7 @@ def rows_table(rows: list[dict[str, Any]]) -> str:
     return md_table(header, ["---", "---:", "---", *["---:"] * 7], out)
 
 
-def packed_bench(src: Source, file: str = PACKED) -> str:
-    """The bench's rows from ``file`` as :func:`rows_table` formats them."""
+def _data(src: Source, file: str) -> dict[str, Any]:
     data = src.json(file)
     rows = data.get("rows") if isinstance(data, dict) else None
     if not rows:
@@ -71,7 +72,42 @@ def packed_bench(src: Source, file: str = PACKED) -> str:
         missing = [k for k in _KEYS if k not in row]
         if missing:
             raise DataError(file, f"rows.{i} has no {', '.join(missing)}")
-    return rows_table(rows)
+    return data
 
 
-VIEWS: dict[str, Callable[..., str]] = {"packed-bench": packed_bench}
+def machine_line(data: dict[str, Any]) -> str:
+    """Where and when the bench ran: cores, CPU, torch, threads, the load at its start."""
+    m = data.get("machine", {})
+    load = m.get("load_avg") or [float("nan")]
+    loads = [r["load_avg_1m"] for r in data.get("runs", []) if "load_avg_1m" in r]
+    span = f", {min(loads):.1f} to {max(loads):.1f} as the runs started" if loads else ""
+    return (
+        f"> {m.get('cores', '?')} cores ({m.get('cpu', '?')}), torch {m.get('torch', '?')}, "
+        f"{m.get('torch_threads', '?')} intra-op threads in the packed process; 1-minute load "
+        f"average {load[0]:.1f} at the start{span}; {data.get('started', '?')} to "
+        f"{data.get('finished', '?')}"
+    )
+
+
+def packed_bench(src: Source, file: str = PACKED) -> str:
+    """The bench's rows from ``file`` as :func:`rows_table` formats them, then the machine."""
+    data = _data(src, file)
+    return f"{rows_table(data['rows'])}\n\n{machine_line(data)}"
+
+
+def packed_commands(src: Source, file: str = PACKED, workers: str = "4") -> str:
+    """The exact command lines of the first repeat at ``workers`` workers, a line per run."""
+    runs = [
+        r
+        for r in _data(src, file).get("runs", [])
+        if r.get("repeat") == 0 and str(r.get("workers")) == workers
+    ]
+    if not runs:
+        raise DataError(file, f"no run of repeat 0 with workers={workers}")
+    return "\n".join(["```", *(r["command"] for r in runs), "```"])
+
+
+VIEWS: dict[str, Callable[..., str]] = {
+    "packed-bench": packed_bench,
+    "packed-commands": packed_commands,
+}

@@ -81,16 +81,27 @@ def test_the_runs_go_in_pairs_with_packed_alone_at_its_counts() -> None:
     ]
 
 
-def test_the_docs_view_renders_a_bench_file(tmp_path: Path) -> None:
-    rows = bench.summarize([_run("packed", 0, 95.0, 1200.0), _run("processes", 0, 1900.0, 4800.0)])
-    rows.append({**rows[0], "task": "gpt", "workers": 64, "tokens_per_s": 1234.5})
+def test_the_docs_views_render_a_bench_file(tmp_path: Path) -> None:
+    runs = [_run("packed", 0, 95.0, 1200.0), _run("processes", 0, 1900.0, 4800.0)]
+    for run in runs:
+        run["command"] = f"{run['arm']} command"
+        run["load_avg_1m"] = 0.5 if run["arm"] == "packed" else 1.25
+    rows = bench.summarize(runs)
+    rows.append({**rows[0], "task": "gpt", "workers": 64, "tokens_per_s": 1234.4})
     del rows[-1]["ratio"], rows[-1]["memory_ratio"]
+    machine = {"cores": 2, "cpu": "a CPU", "torch": "2.0", "torch_threads": 2, "load_avg": [0.25]}
+    data = {"machine": machine, "started": "t0", "finished": "t1", "runs": runs, "rows": rows}
     (tmp_path / PACKED).parent.mkdir(parents=True)
-    (tmp_path / PACKED).write_text(json.dumps({"rows": rows}))
+    (tmp_path / PACKED).write_text(json.dumps(data))
     lines = render("packed-bench", {}, Source(tmp_path)).splitlines()
     assert lines[0].startswith("| task | N | arm | samples/s | tokens/s | peak MB (VmHWM) |")
     assert lines[2:] == [
         "| digits | 4 | packed | 95.0 | – | 1,200 | 600 | 10.0 | 0.05x | 0.25x |",
         "| digits | 4 | processes | 1,900 | – | 4,800 | 2,400 | 10.0 | – | – |",
         "| gpt | 64 | packed | 95.0 | 1,234 | 1,200 | 600 | 10.0 | – | – |",
+        "",
+        "> 2 cores (a CPU), torch 2.0, 2 intra-op threads in the packed process; 1-minute load "
+        "average 0.2 at the start, 0.5 to 1.2 as the runs started; t0 to t1",
     ]
+    commands = render("packed-commands", {"workers": "4"}, Source(tmp_path))
+    assert commands == "```\npacked command\nprocesses command\n```"
