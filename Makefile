@@ -6,6 +6,7 @@ ARGS    ?=
 # pytest-xdist processes for `make test` (0: one process); whole files go to one worker,
 # so a module's fixtures are built once
 TEST_WORKERS ?= 2
+PACKED_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-packed train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
@@ -79,9 +80,10 @@ train-lm: ## Tiny GPT on the stdlib's own sources (made once in data/stdlib-bpe)
 sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)
 
-bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 processes), then bench-sharded
+bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 processes), then bench-sharded, then packed workers vs processes (PACKED_ARGS=...)
 	$(PY) -m experiments.bench.step_time $(ARGS)
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
+	$(PY) -m experiments.bench.packed_throughput $(PACKED_ARGS)
 
 bench-sharded: ## Peak memory per rank: FSDP2 shards (device_mesh), HSDP and the unsharded wrapper -> docs/results/sharded/bench.json; SHARDED_ARGS=...
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)

@@ -5,7 +5,8 @@ strings) and returns the markdown between a page's ``<!-- data: VIEW ... -->`` a
 ``<!-- /data -->``. ``python -m experiments.report.check_docs --write`` puts it there; the check
 compares it with what is written. :data:`VIEWS` maps the marker's name to the function, this
 module's and those of :mod:`~experiments.report.doc_views_hosts` (sharded replicas, elastic
-hosts) and :mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator).
+hosts), :mod:`~experiments.report.doc_views_packed` (packed workers against processes) and
+:mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from experiments.report import doc_views_hosts as hosts
+from experiments.report import doc_views_packed as packed
 from experiments.report import doc_views_wire as wire
 from experiments.report.doc_data import DataError, Source, md_table
 
@@ -471,5 +473,6 @@ VIEWS: dict[str, Callable[..., str]] = {
     "profile": profile,
     "mutate": mutate,
     **hosts.VIEWS,
+    **packed.VIEWS,
     **wire.VIEWS,
 }
