@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments.bench import packed_throughput as bench
 from experiments.report.check_docs import render
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_packed import PACKED
 
 
+@pytest.mark.slow  # two real launches, one under torchrun: about 18 s
 def test_both_arms_run_and_are_measured(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     args = ["--tasks", "digits", "--workers", "2", "--packed-only", "", "--repeats", "1"]
