@@ -416,8 +416,7 @@ class PackedWorkers:
         self.optimizer.step()  # x(t-1) + d(t)
         if self.scheduler is not None:
             self.scheduler.step()
-        for p in self.params:
-            p.grad = None
+        self.zero_grad()
         for p, dp in zip(self.params, delta):
             p.add_(dp)
         self.step_count = t

@@ -40,7 +40,7 @@ from experiments.schema import ConfigError, is_int, require
 from experiments.train.engine import is_packed
 from experiments.train.metrics import TrainWindow
 from experiments.train.optim import build_optim_fn
-from experiments.train.step import NanPolicy, amp_setup
+from experiments.train.step import NanPolicy, amp_setup, autocast_to
 from experiments.train.targets import build_topology
 from experiments.train.task import LanguageModeling, Task
 
@@ -282,9 +282,7 @@ class PackedStep:
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the AMP dtype, or nothing when AMP is off."""
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return autocast_to(self.amp_dtype, self.device)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """The input as it is (no memory format: check_engine refuses channels_last)."""
@@ -374,25 +372,20 @@ def packed_eval_sums(step: PackedStep, tests: list[Any]) -> tuple[list[float], l
     own: torch.Tensor | None = None
     if step.sync_buffers:
         module.load_state_dict(packed.averaged_state_dict())
-    for i, test in enumerate(tests):
-        if not step.sync_buffers:
-            module.load_state_dict(packed.averaged_state_dict(buffers_of=i))
-        for x, y in test:
-            with step.autocast():
-                a = task.eval_sums(module(x), y)
-                o = task.eval_sums(_own(step, i, x), y)
-            avg = a if avg is None else avg + a
-            own = o if own is None else own + o
+    was = step.module.training
+    step.module.eval()  # the own models run through the template module: its mode is theirs
+    try:
+        for i, test in enumerate(tests):
+            if not step.sync_buffers:
+                module.load_state_dict(packed.averaged_state_dict(buffers_of=i))
+            for x, y in test:
+                with step.autocast():
+                    a = task.eval_sums(module(x), y)
+                    o = task.eval_sums(packed.call(i, x), y)
+                avg = a if avg is None else avg + a
+                own = o if own is None else own + o
+    finally:
+        step.module.train(was)
     if avg is None or own is None:
         return [0.0] * task.eval_width, [0.0] * task.eval_width
     return avg.tolist(), own.tolist()
-
-
-def _own(step: PackedStep, worker: int, x: torch.Tensor) -> torch.Tensor:
-    """Worker ``worker``'s own model on ``x``, in eval mode."""
-    was = step.module.training
-    step.module.eval()
-    try:
-        return step.packed.call(worker, x)
-    finally:
-        step.module.train(was)

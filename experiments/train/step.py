@@ -55,7 +55,7 @@ from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.targets import build_topology
 from experiments.train.task import ImageClassification, Task
 
-__all__ = ["TrainStep", "NanPolicy", "amp_setup"]
+__all__ = ["TrainStep", "NanPolicy", "amp_setup", "autocast_to"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,15 @@ def amp_setup(amp: str, device: torch.device) -> tuple[torch.dtype | None, Any]:
     if amp == "bf16":
         return torch.bfloat16, None
     return torch.float16, torch.amp.GradScaler("cuda")
+
+
+def autocast_to(
+    dtype: torch.dtype | None, device: torch.device
+) -> contextlib.AbstractContextManager[Any]:
+    """Autocast to ``dtype`` on ``device``, or nothing when ``dtype`` is ``None`` (AMP off)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 class NanPolicy:
@@ -316,9 +325,7 @@ class TrainStep:
     # ------------------------------------------------------------ the step
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Autocast to the AMP dtype, or nothing when AMP is off."""
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return autocast_to(self.amp_dtype, self.device)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """The input in the memory format the model wants."""
