@@ -269,6 +269,12 @@ class PackedWorkers:
         self._names = [f"inner.{n}" for n in self.names]
         self._frozen = {f"inner.{n}": t for n, t in self.frozen.items()}
         self._buffers = {f"inner.{n}": t for n, t in self.buffers.items()}
+        # every state-dict key -> the first name of its tensor: a tied weight (a GPT's
+        # embedding and head) is one stacked tensor, written under each of its names
+        first: dict[int, str] = {}
+        self._alias = {
+            key: first.setdefault(id(t), key) for key, t in model.state_dict(keep_vars=True).items()
+        }
 
         build, trial = resolve_optim_fn(optim_fn, named)
         _check_elementwise(trial)
@@ -351,10 +357,10 @@ class PackedWorkers:
         buffers = {n: b[worker] for n, b in self.buffers.items()}
         return functional_call(self.module, (own, self.frozen, buffers), args, kwargs)
 
-    def _check_worker(self, worker: int) -> None:
+    def _check_worker(self, worker: int, what: str = "worker") -> None:
         if not 0 <= worker < self.workers:
             raise ValueError(
-                f"worker={worker} is out of range; it must be in 0..{self.workers - 1}"
+                f"{what}={worker} is out of range; it must be in 0..{self.workers - 1}"
             )
 
     # ---------------------------------------------------------------- the step
@@ -486,30 +492,40 @@ class PackedWorkers:
     @torch.no_grad()
     def worker_state_dict(self, worker: int) -> dict[str, torch.Tensor]:
         """Worker ``worker``'s model as ``model.state_dict()`` keys (copies)."""
-        if not 0 <= worker < self.workers:
-            raise ValueError(
-                f"worker={worker} is out of range; it must be in 0..{self.workers - 1}"
-            )
+        self._check_worker(worker)
         return self._state(lambda s: s[worker].clone())
 
     @torch.no_grad()
-    def averaged_state_dict(self) -> dict[str, torch.Tensor]:
+    def averaged_state_dict(self, buffers_of: int | None = None) -> dict[str, torch.Tensor]:
         """The workers' average model as ``model.state_dict()`` keys.
 
-        Floating-point buffers are averaged too; other buffers (counters) are worker 0's.
+        Args:
+            buffers_of: Take the buffers (BatchNorm statistics) of this worker instead of
+                averaging them, as an evaluation on that worker's data would see them.
+
+        Floating-point buffers are averaged unless ``buffers_of`` is given; other buffers
+        (counters) are worker 0's.
         """
 
         def mean(s: torch.Tensor) -> torch.Tensor:
             return s.mean(0) if s.is_floating_point() else s[0].clone()
 
-        return self._state(mean)
+        if buffers_of is None:
+            return self._state(mean)
+        self._check_worker(buffers_of, "buffers_of")
+        return self._state(mean, lambda b: b[buffers_of].clone())
 
-    def _state(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-        for name, p in zip(self.names, self.params):
-            state[name] = pick(p.detach())
-        for name, b in self.buffers.items():
-            state[name] = pick(b)
+    def _state(
+        self,
+        pick: Callable[[torch.Tensor], torch.Tensor],
+        pick_buffer: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        own = {name: pick(p.detach()) for name, p in zip(self.names, self.params)}
+        own.update({name: (pick_buffer or pick)(b) for name, b in self.buffers.items()})
+        state = {}
+        for key, value in self.module.state_dict().items():
+            name = self._alias.get(key, key)
+            state[key] = own[name] if name in own else value.detach().clone()
         return state
 
     def averaged_module(self) -> nn.Module:

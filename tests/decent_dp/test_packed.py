@@ -238,11 +238,11 @@ def test_bytes_per_step_follow_the_schedule() -> None:
     )
 
 
-def test_buffers_frozen_and_tied_parameters_stay_per_worker() -> None:
+def test_buffers_frozen_and_shared_parameters_stay_per_worker() -> None:
     torch.manual_seed(0)
     emb = nn.Embedding(5, 3)
     model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Linear(3, 5))
-    model[2].weight = emb.weight  # tied: one parameter under two names
+    model[2].weight = emb.weight  # a parameter from outside the model
     model[0].bias.requires_grad_(False)
     reference = [_clone(model) for _ in range(3)]
     opts = [
@@ -264,6 +264,53 @@ def test_buffers_frozen_and_tied_parameters_stay_per_worker() -> None:
         opt.step()
         for name, value in m.state_dict().items():
             torch.testing.assert_close(packed.worker_state_dict(i)[name], value, msg=name)
+
+
+class _TiedLM(nn.Module):
+    """An embedding and a head that share one weight, as a GPT's do, and a BatchNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.emb(x)))
+
+
+def test_tied_weights_and_own_buffers_in_the_average_and_the_workers() -> None:
+    torch.manual_seed(0)
+    packed = PackedWorkers(
+        _TiedLM(),
+        3,
+        lambda ps: torch.optim.SGD([p for p, _ in ps], lr=0.5),
+        None,
+        "local-sgd",
+        topology_kwargs={"period": 100},  # no mixing: the workers stay apart
+    )
+    x = torch.randint(0, 7, (3, 5))
+    packed(x).square().sum().backward()
+    packed.step()
+    (weight,) = [p for n, p in zip(packed.names, packed.params) if n == "emb.weight"]
+    mean = weight.detach().mean(0)
+    assert not torch.allclose(weight[0], weight[1])
+    model = copy.deepcopy(packed.module)
+    model.load_state_dict(packed.averaged_state_dict())
+    # both names of the tied weight hold the average (the head's must not keep the start)
+    torch.testing.assert_close(model.emb.weight, mean)
+    torch.testing.assert_close(model.head.weight, mean)
+    for i in range(3):
+        state = packed.worker_state_dict(i)
+        torch.testing.assert_close(state["head.weight"], weight[i].detach())
+        own = packed.averaged_state_dict(buffers_of=i)
+        torch.testing.assert_close(own["head.weight"], mean)
+        torch.testing.assert_close(own["norm.running_mean"], packed.buffers["norm.running_mean"][i])
+    averaged = packed.averaged_state_dict()["norm.running_mean"]
+    torch.testing.assert_close(averaged, packed.buffers["norm.running_mean"].mean(0))
+    with pytest.raises(ValueError, match=r"buffers_of=3 is out of range; it must be in 0\.\.2"):
+        packed.averaged_state_dict(buffers_of=3)
 
 
 def _clone(model: nn.Module) -> nn.Module:

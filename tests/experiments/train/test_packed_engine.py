@@ -49,9 +49,11 @@ def _rank_job(rank: int, world: int, overrides: list[str], run_dir: str) -> dict
     "case",
     [
         ["topology=ring", "optim=adamw", "optim.lr=0.01"],
+        # each worker's BatchNorm statistics in the averaged model, on its own test shard
+        ["topology=ring", "topology.sync_buffer_in_global_avg=false"],
         pytest.param(["topology=allreduce"], marks=pytest.mark.slow),
     ],
-    ids=["ring-adamw", "allreduce-sgd"],
+    ids=["ring-adamw", "ring-own-buffers", "allreduce-sgd"],
 )
 def test_packed_job_logs_what_the_ranks_log(case, tmp_path, world_of_one):
     ranks_dir = tmp_path / "ranks"
@@ -113,6 +115,16 @@ def test_packed_language_model_counts_every_workers_tokens(tmp_path, world_of_on
     # 6 steps x 3 workers x 8 windows x 16 tokens
     assert summary["tokens"] == 6 * 3 * 8 * 16
     assert summary["eval/loss"] < 3.6 and summary["perf/tokens_per_s"] > 0
+
+
+def test_packed_averaged_language_model_is_the_trained_one(tmp_path, world_of_one):
+    # the GPT ties its embedding and head: the average must fill both names (identical
+    # workers under allreduce, so the averaged model is each worker's own)
+    root = write_corpus(tmp_path / "corpus")
+    overrides = [*lm_overrides(root), "logger=none", "log.progress=false", "train.max_steps=6"]
+    packed = ["engine=packed", "engine.workers=2", "topology=allreduce"]
+    summary = run(compose_config(*overrides, *packed), tmp_path / "r")
+    assert summary["eval/loss"] == pytest.approx(summary["eval/loss_local"], rel=1e-6)
 
 
 def test_make_report_reads_packed_runs_by_their_worker_count(tmp_path, world_of_one):
