@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 PACKED_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-packed train-lm sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
+.PHONY: help install test check-docs test-all test-gpu test-slurm mutate slurm-up slurm-down gpu-check lint format train train-packed train-lm study-workers sweep bench bench-sharded bench-upstream report simulate topo testbed-up testbed-down testbed-run lighthouse clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-15s\033[0m %s\n", $$1, $$2}'
@@ -76,6 +76,11 @@ LM_DATA := data/stdlib-bpe
 train-lm: ## Tiny GPT on the stdlib's own sources (made once in data/stdlib-bpe), 4 CPU workers (< 2 min)
 	@test -f $(LM_DATA)/train.bin || $(PY) -m experiments.data.prepare_tokens --stdlib --out $(LM_DATA) --max-bytes 2000000 --vocab-size 1024
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py experiment=lm_quick topology=one-peer-exp $(ARGS)
+
+study-workers: ## The optimizer gap at 4 to 64 packed workers (resumable, hours on a CPU), then its page's data -> docs/results/workers/; ARGS=--lanes 2 ...
+	@test -f data/py-bpe-40m/train.bin || $(PY) -m experiments.data.prepare_tokens --input $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("stdlib"))') $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') --out data/py-bpe-40m --max-bytes 40000000 --vocab-size 1024
+	$(PY) -m experiments.sweeps.workers $(ARGS)
+	$(PY) -m experiments.report.workers
 
 sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)

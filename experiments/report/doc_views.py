@@ -5,8 +5,9 @@ strings) and returns the markdown between a page's ``<!-- data: VIEW ... -->`` a
 ``<!-- /data -->``. ``python -m experiments.report.check_docs --write`` puts it there; the check
 compares it with what is written. :data:`VIEWS` maps the marker's name to the function, this
 module's and those of :mod:`~experiments.report.doc_views_hosts` (sharded replicas, elastic
-hosts), :mod:`~experiments.report.doc_views_packed` (packed workers against processes) and
-:mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator).
+hosts), :mod:`~experiments.report.doc_views_packed` (packed workers against processes),
+:mod:`~experiments.report.doc_views_wire` (pair exchange, emulator, simulator) and
+:mod:`~experiments.report.doc_views_workers` (the optimizer gap at 4 to 64 workers).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from experiments.report import doc_views_hosts as hosts
 from experiments.report import doc_views_packed as packed
 from experiments.report import doc_views_wire as wire
+from experiments.report import doc_views_workers as workers
 from experiments.report.doc_data import DataError, Source, md_table
 
 WIRE = "docs/results/network/table.json"
@@ -475,4 +477,5 @@ VIEWS: dict[str, Callable[..., str]] = {
     **hosts.VIEWS,
     **packed.VIEWS,
     **wire.VIEWS,
+    **workers.VIEWS,
 }

@@ -1,0 +1,201 @@
+"""The workers study: its plan of runs, its reading of them, and the page's views.
+
+The plan is checked on run folders this test writes (a ``summary.json`` each), the reading on
+a ``runs.json`` whose losses are a known function of the learning rate, beta1 and seed, so
+that the tuned points, the paired gaps and the fit are known beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from experiments.report.doc_data import Source
+from experiments.report.doc_views_workers import (
+    workers_closing,
+    workers_findings,
+    workers_fit,
+    workers_gap,
+    workers_status,
+    workers_tuned,
+)
+from experiments.report.workers import Study, collect, fit
+from experiments.sweeps import workers as sweep
+
+SMALL = sweep.BUDGETS["small"]
+
+
+def _arm(name: str) -> sweep.Arm:
+    return next(a for a in sweep.ARMS if a.name == name)
+
+
+def _finish(out: Path, arm: sweep.Arm, lr: float, beta1: float, seed: int, loss: float) -> None:
+    folder = sweep.Run(SMALL, arm, lr, beta1, seed).folder(out)
+    folder.mkdir(parents=True)
+    diverged = not math.isfinite(loss)
+    summary = {"eval/loss": None if diverged else loss, "diverged": diverged}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 103, "eval/loss": loss}) + "\n")
+
+
+def _grid(out: Path, arm: sweep.Arm, loss: Any) -> None:
+    for lr in sweep.LRS:
+        for b1 in sweep.BETA1S:
+            _finish(out, arm, lr, b1, 0, loss(lr, b1))
+
+
+def test_the_plan_runs_the_grid_then_past_an_edge_then_the_seeds(tmp_path):
+    arm = _arm("one-peer-exp-4")
+    state = sweep.arm_state(tmp_path, SMALL, arm)
+    assert sorted(state.todo) == sorted((lr, b1, 0) for lr in sweep.LRS for b1 in sweep.BETA1S)
+    # best at the largest lr and the largest beta1: one value past each edge
+    _grid(tmp_path, arm, lambda lr, b1: 5 - lr - b1)
+    assert sweep.arm_state(tmp_path, SMALL, arm).todo == [(0.032, 0.974, 0), (0.016, 0.987, 0)]
+    _finish(tmp_path, arm, 0.032, 0.974, 0, 9.0)  # worse: the lr edge is settled
+    _finish(tmp_path, arm, 0.016, 0.987, 0, 1.0)  # better: past beta1's new edge next
+    assert sweep.arm_state(tmp_path, SMALL, arm).todo == [(0.016, 0.994, 0)]
+    _finish(tmp_path, arm, 0.016, 0.994, 0, 2.0)
+    state = sweep.arm_state(tmp_path, SMALL, arm)
+    assert state.best == (0.016, 0.987) and state.todo == [(0.016, 0.987, 1), (0.016, 0.987, 2)]
+    for seed in (1, 2):
+        _finish(tmp_path, arm, 0.016, 0.987, seed, 1.0)
+    assert sweep.arm_state(tmp_path, SMALL, arm).done
+
+
+def test_the_plan_adds_beta1_09_seeds_at_32_workers_and_no_edge_past_a_divergence(tmp_path):
+    arm = _arm("one-peer-exp-32")
+    # the largest lr diverges at beta1 = 0.9; the best overall is inside the grid
+    loss = {0.004: 3.0, 0.008: 2.0, 0.016: 2.5}
+    _grid(tmp_path, arm, lambda lr, b1: math.inf if (lr, b1) == (0.016, 0.9) else loss[lr] - b1)
+    state = sweep.arm_state(tmp_path, SMALL, arm)
+    # beta1 = 0.974 is the best's edge: 0.987 first; beta1 = 0.9's best lr is inside
+    assert state.todo == [(0.008, 0.987, 0)]
+    _finish(tmp_path, arm, 0.008, 0.987, 0, 5.0)
+    state = sweep.arm_state(tmp_path, SMALL, arm)
+    assert state.todo == [(0.008, 0.974, s) for s in (1, 2)] + [(0.008, 0.9, s) for s in (1, 2)]
+
+
+def _runs_json(losses: dict[str, Any]) -> dict[str, Any]:
+    """Seed 0's grid and seeds 0-2 at the best of every arm, loss = f(arm, lr, beta1) + seed."""
+    arms = [
+        {"name": "allreduce", "topology": "allreduce", "workers": 4, "extra": []},
+        *(
+            {"name": f"one-peer-exp-{n}", "topology": "one-peer-exp", "workers": n, "extra": []}
+            for n in (4, 8, 16)
+        ),
+    ]
+    runs = []
+    for budget in ("small", "large"):
+        for arm in arms:
+            f = losses[arm["name"]]
+            points = [(lr, b1) for lr in sweep.LRS for b1 in sweep.BETA1S]
+            best = min(points, key=lambda p: f(budget, *p))
+            for lr, b1 in points:
+                seeds = (0, 1, 2) if (lr, b1) == best else (0,)
+                for seed in seeds:
+                    runs.append(
+                        {
+                            "budget": budget,
+                            "arm": arm["name"],
+                            "lr": lr,
+                            "beta1": b1,
+                            "seed": seed,
+                            "eval_loss": f(budget, lr, b1) + 0.01 * seed,
+                            "diverged": False,
+                            "curve": [[103, f(budget, lr, b1)]],
+                        }
+                    )
+    study = {
+        "params": 168256,
+        "tokens_per_step": 8192,
+        "budgets": {"small": {"steps": 103, "warmup": 10}, "large": {"steps": 411, "warmup": 41}},
+        "lrs": list(sweep.LRS),
+        "beta1s": list(sweep.BETA1S),
+        "arms": arms,
+    }
+    return {"study": study, "runs": runs}
+
+
+def _loss(gap_at_4: float, lr_best: float, b1_best: float) -> Any:
+    def f(budget: str, lr: float, b1: float) -> float:
+        scale = 0.5 if budget == "large" else 1.0
+        return 4 + scale * gap_at_4 + abs(math.log2(lr / lr_best)) * 0.1 + abs(b1 - b1_best)
+
+    return f
+
+
+def _study() -> dict[str, Any]:
+    return _runs_json(
+        {
+            "allreduce": _loss(0.0, 0.008, 0.9),
+            "one-peer-exp-4": _loss(0.02, 0.008, 0.95),
+            "one-peer-exp-8": _loss(0.05, 0.016, 0.95),
+            "one-peer-exp-16": _loss(0.08, 0.016, 0.95),
+        }
+    )
+
+
+def test_the_reading_tunes_each_arm_and_pairs_the_gap_by_seed():
+    study = Study(_study())
+    assert study.tuned("small", "allreduce") == (0.008, 0.9)
+    assert study.tuned("small", "one-peer-exp-8") == (0.016, 0.95)
+    assert study.tuned("small", "one-peer-exp-8", beta1=0.9) == (0.016, 0.9)
+    assert study.on_edge("small", "allreduce") == ["beta1"]
+    assert study.on_edge("small", "one-peer-exp-8") == ["lr"]
+    gaps = study.gaps("small", "one-peer-exp-8")
+    assert gaps == pytest.approx({0: 0.05, 1: 0.05, 2: 0.05})
+    assert study.gaps("large", "one-peer-exp-16") == pytest.approx({0: 0.04, 1: 0.04, 2: 0.04})
+    assert study.done("small", "one-peer-exp-4") and study.tokens_per_param("large") == (
+        pytest.approx(411 * 8192 / 168256)
+    )
+
+
+def test_the_fit_is_least_squares_in_log2_of_the_workers():
+    rng = np.random.default_rng(0)
+    ns = [4, 4, 8, 8, 16, 16, 64]
+    gaps = [0.01 + 0.02 * math.log2(n) + float(rng.normal(0, 0.003)) for n in ns]
+    got = fit(list(zip(ns, gaps)))
+    slope, intercept = np.polyfit(np.log2(ns), gaps, 1)
+    residuals = np.asarray(gaps) - (intercept + slope * np.log2(ns))
+    assert (got.a, got.b) == pytest.approx((intercept, slope))
+    assert got.sd == pytest.approx(float(np.std(residuals, ddof=2)))
+    assert got.at(32) == pytest.approx(intercept + 5 * slope)
+    with pytest.raises(ValueError, match="two worker counts"):
+        fit([(4, 0.1), (4, 0.2)])
+
+
+def test_the_views_read_the_committed_file(tmp_path):
+    rel = "docs/results/workers/runs.json"
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(json.dumps(_study()))
+    src = Source(tmp_path)
+    assert "4 of 4 arms" in workers_status(src, rel)
+    gap = workers_gap(src, rel, "small")
+    assert "| `one-peer-exp-8` | 8 | 0.016 | 0.95 | lr | 4.060 ± 0.010 | +0.050 ± 0.000 |" in gap
+    fitted = workers_fit(src, rel)
+    # gaps 0.02, 0.05, 0.08 at 4, 8, 16: +0.03 per doubling, on the line exactly
+    assert "| small | 5.0 | `one-peer-exp` | +0.0300 | 0.0000 | +0.020 | +0.140 | 9 |" in fitted
+    assert "| large | 20.0 | `complete` | – |" in fitted
+    assert "| small | `one-peer-exp-8` | 0.95 | 0.016 | 2.00x |" in workers_tuned(src, rel)
+    assert "| small | 32 | one-peer-exp, β1 tuned | – | – |" in workers_closing(src, rel)
+    findings = workers_findings(src, rel)
+    assert "At 4 workers the gap of `one-peer-exp` shrinks with the budget: +0.020" in findings
+    assert "3 want a larger β1 and 2 a larger lr" in findings
+    assert src.read == [rel]
+
+
+def test_collect_gathers_the_finished_runs(tmp_path):
+    arm = _arm("complete-8")
+    _finish(tmp_path, arm, 0.004, 0.95, 0, 4.5)
+    (sweep.Run(SMALL, arm, 0.008, 0.95, 0).folder(tmp_path)).mkdir(parents=True)  # running
+    data = collect(tmp_path)
+    assert [(r["arm"], r["lr"], r["beta1"], r["seed"]) for r in data["runs"]] == [
+        ("complete-8", 0.004, 0.95, 0)
+    ]
+    assert data["runs"][0]["curve"] == [[103, 4.5]]
+    assert data["study"]["params"] == sweep.PARAMS
