@@ -32,7 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BASE", "Fit", "Study", "best", "collect", "fit", "main"]
+__all__ = [
+    "BASE",
+    "Fit",
+    "Study",
+    "best",
+    "collect",
+    "fit",
+    "main",
+    "run_key",
+    "same_setting",
+    "settings",
+]
 
 BASE = "allreduce"
 Point = tuple[float, float]  # (lr, beta1)
@@ -107,7 +118,9 @@ class Study:
 
     def seed0(self, budget: str, arm: str) -> dict[Point, float]:
         """``{(lr, beta1): final eval/loss}`` of seed 0 (diverged: ``inf``)."""
-        return {(r["lr"], r["beta1"]): _loss(r) for r in self._runs(budget, arm) if r["seed"] == 0}
+        return {
+            (r["lr"], r["beta1"]): run_loss(r) for r in self._runs(budget, arm) if r["seed"] == 0
+        }
 
     def tuned(self, budget: str, arm: str, beta1: float | None = None) -> Point | None:
         """The arm's best point on seed 0 (at ``beta1`` when given), ``None`` before its grid."""
@@ -141,7 +154,9 @@ class Study:
         if point is None:
             return {}
         return {
-            r["seed"]: _loss(r) for r in self._runs(budget, arm) if (r["lr"], r["beta1"]) == point
+            r["seed"]: run_loss(r)
+            for r in self._runs(budget, arm)
+            if (r["lr"], r["beta1"]) == point
         }
 
     def done(self, budget: str, arm: str, seeds: int = 3) -> bool:
@@ -177,7 +192,8 @@ class Study:
         return []
 
 
-def _loss(run: dict[str, Any]) -> float:
+def run_loss(run: dict[str, Any]) -> float:
+    """A run's final ``eval/loss`` from its ``runs.json`` entry (``inf`` if it diverged)."""
     value = run.get("eval_loss")
     if run.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value):
         return math.inf
@@ -214,20 +230,13 @@ def _run_entry(folder: Path, budget: str, arm: str) -> dict[str, Any] | None:
     }
 
 
-def collect(runs_dir: Path) -> dict[str, Any]:
-    """Every finished run under ``runs_dir`` and the study's settings, as ``runs.json`` holds."""
+def settings() -> dict[str, Any]:
+    """The study's settings as the driver has them (``runs.json``'s ``study``)."""
     from experiments.sweeps import workers as sweep
 
-    runs = []
-    for budget in sweep.BUDGETS:
-        for arm in sweep.ARMS:
-            for folder in sorted((runs_dir / budget / arm.name).glob("lr*_b*_s*")):
-                entry = _run_entry(folder, budget, arm.name)
-                if entry is not None:
-                    runs.append(entry)
     meta_path = Path(sweep.CORPUS) / "meta.json"
     corpus = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    settings = {
+    return {
         "params": sweep.PARAMS,
         "tokens_per_step": sweep.TOKENS_PER_STEP,
         "budgets": {b.name: {"steps": b.steps, "warmup": b.warmup} for b in sweep.BUDGETS.values()},
@@ -243,7 +252,62 @@ def collect(runs_dir: Path) -> dict[str, Any]:
             k: corpus.get(k) for k in ("source", "train_tokens", "val_tokens", "vocab_size")
         },
     }
-    return {"study": settings, "runs": runs}
+
+
+_SAME = ("params", "tokens_per_step", "budgets", "beta2", "arms")
+
+
+def same_setting(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two ``study`` blocks ran the same training (the grids may differ)."""
+    return all(a.get(k) == b.get(k) for k in _SAME)
+
+
+def run_key(run: dict[str, Any]) -> tuple[str, str, float, float, int]:
+    """A run's identity: budget, arm, lr, beta1, seed."""
+    return (run["budget"], run["arm"], run["lr"], run["beta1"], run["seed"])
+
+
+def collect(runs_dir: Path, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every finished run under ``runs_dir`` and the study's settings, as ``runs.json`` holds.
+
+    Args:
+        runs_dir: The driver's output folder.
+        previous: A committed ``runs.json``: its runs are kept (a run folder of the same
+            identity replaces one) when it ran the same setting, so that a study resumed on
+            another machine loses nothing.
+
+    Raises:
+        ValueError: ``previous`` ran another setting.
+    """
+    from experiments.sweeps import workers as sweep
+
+    study = settings()
+    runs: dict[tuple[str, str, float, float, int], dict[str, Any]] = {}
+    if previous is not None:
+        if not same_setting(previous["study"], study):
+            raise ValueError(
+                "the committed runs.json ran another setting (params, tokens per step, "
+                "budgets, beta2 or arms differ); pass --fresh to start it over"
+            )
+        runs = {run_key(r): r for r in previous["runs"]}
+    for budget in sweep.BUDGETS:
+        for arm in sweep.ARMS:
+            for folder in sorted((runs_dir / budget / arm.name).glob("lr*_b*_s*")):
+                entry = _run_entry(folder, budget, arm.name)
+                if entry is not None:
+                    runs[run_key(entry)] = entry
+    budgets, arms = list(sweep.BUDGETS), [a.name for a in sweep.ARMS]
+    ordered = sorted(
+        runs.values(),
+        key=lambda r: (
+            budgets.index(r["budget"]),
+            arms.index(r["arm"]),
+            r["lr"],
+            r["beta1"],
+            r["seed"],
+        ),
+    )
+    return {"study": study, "runs": ordered}
 
 
 def plot(study: Study, path: Path) -> None:
@@ -286,11 +350,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, default=Path("multirun/workers"))
     p.add_argument("--out", type=Path, default=Path("docs/results/workers"))
+    p.add_argument("--fresh", action="store_true", help="keep none of OUT/runs.json's runs")
     args = p.parse_args(argv)
     if not args.runs.is_dir():
         print(f"--runs {args.runs}: no such folder; run python -m experiments.sweeps.workers")
         return 2
-    data = collect(args.runs)
+    committed = args.out / "runs.json"
+    previous = None if args.fresh or not committed.exists() else json.loads(committed.read_text())
+    try:
+        data = collect(args.runs, previous)
+    except ValueError as exc:
+        print(f"{committed}: {exc}")
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runs.json").write_text(json.dumps(data, indent=1) + "\n")
     study = Study(data)

@@ -4,8 +4,9 @@ Every arm is tuned over the learning rate x beta1 on seed 0, a value past any ed
 lands on is added, and seeds 1 and 2 then run at the best; at 32 and 64 workers
 ``one-peer-exp`` also runs its seeds at the best learning rate of beta1 = 0.9, so that the
 tuned beta1's share of the gap can be told apart. Each run is one ``train.py
-experiment=workers_gap`` process; a run whose ``summary.json`` exists is never run again, so
-the study resumes where a stop left it::
+experiment=workers_gap`` process; a run whose ``summary.json`` exists, or that the committed
+``docs/results/workers/runs.json`` holds (``--committed``), is never run again, so the study
+resumes where a stop left it, on this machine or a fresh clone::
 
     python -m experiments.sweeps.workers [--out multirun/workers] [--lanes 2] [--threads 1]
         [--budgets small,large] [--only ARM,...] [--dry-run]
@@ -28,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.report.workers import best
+from experiments.report.workers import best, run_key, run_loss, same_setting, settings
 
 __all__ = ["ARMS", "BUDGETS", "Arm", "Budget", "Run", "plan", "runs_of"]
 
@@ -132,9 +133,32 @@ def final_loss(folder: Path) -> float | None:
     return float(value)
 
 
-def runs_of(out: Path, budget: Budget, arm: Arm) -> dict[tuple[float, float, int], float]:
-    """``{(lr, beta1, seed): final eval/loss}`` of an arm's finished runs."""
-    found: dict[tuple[float, float, int], float] = {}
+Known = dict[tuple[str, str, float, float, int], float]
+
+
+def committed(path: Path) -> Known:
+    """The final losses of the runs a committed ``runs.json`` holds, keyed by run.
+
+    A file of another setting (another batch, budgets or arms) holds none of this study's runs.
+    """
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    if not same_setting(data["study"], settings()):
+        print(f"{path} ran another setting: none of its runs counts as run", flush=True)
+        return {}
+    return {run_key(r): run_loss(r) for r in data["runs"]}
+
+
+def runs_of(
+    out: Path, budget: Budget, arm: Arm, known: Known | None = None
+) -> dict[tuple[float, float, int], float]:
+    """``{(lr, beta1, seed): final eval/loss}`` of an arm's finished runs (folders or ``known``)."""
+    found: dict[tuple[float, float, int], float] = {
+        (lr, b1, seed): loss
+        for (b, a, lr, b1, seed), loss in (known or {}).items()
+        if (b, a) == (budget.name, arm.name)
+    }
     root = out / budget.name / arm.name
     for summary in sorted(root.glob("*/summary.json")):
         tag = summary.parent.name
@@ -191,9 +215,9 @@ class ArmState:
     done: bool = False
 
 
-def arm_state(out: Path, budget: Budget, arm: Arm) -> ArmState:
+def arm_state(out: Path, budget: Budget, arm: Arm, known: Known | None = None) -> ArmState:
     """The arm's next runs: the grid on seed 0, then edges, then the seeds at the best."""
-    runs = runs_of(out, budget, arm)
+    runs = runs_of(out, budget, arm, known)
     seed0 = {(lr, b1): v for (lr, b1, s), v in runs.items() if s == 0}
     grid = [(lr, b1) for lr in LRS for b1 in BETA1S]
     missing = [p for p in grid if p not in seed0]
@@ -212,12 +236,16 @@ def arm_state(out: Path, budget: Budget, arm: Arm) -> ArmState:
 
 
 def plan(
-    out: Path, budgets: Sequence[Budget], arms: Sequence[Arm], busy: set[Path]
+    out: Path,
+    budgets: Sequence[Budget],
+    arms: Sequence[Arm],
+    busy: set[Path],
+    known: Known | None = None,
 ) -> Iterator[Run]:
     """The runs that can start now, in order: each budget's arms, grid before seeds."""
     for budget in budgets:
         for arm in arms:
-            for lr, b1, seed in arm_state(out, budget, arm).todo:
+            for lr, b1, seed in arm_state(out, budget, arm, known).todo:
                 run = Run(budget, arm, lr, b1, seed)
                 if run.folder(out) not in busy:
                     yield run
@@ -241,6 +269,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--budgets", default="small,large", help=f"of {','.join(BUDGETS)}")
     p.add_argument("--only", default="", help="these arms only (comma-separated names)")
     p.add_argument("--dry-run", action="store_true", help="print the runs that can start now")
+    p.add_argument(
+        "--committed",
+        type=Path,
+        default=Path("docs/results/workers/runs.json"),
+        help="runs this file holds count as run (a study resumed on another machine)",
+    )
     args = p.parse_args(argv)
     try:
         budgets = [BUDGETS[b] for b in args.budgets.split(",")]
@@ -254,14 +288,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.lanes < 1 or args.threads < 1:
         p.error(f"--lanes {args.lanes} and --threads {args.threads} must be at least 1")
     arms = [a for a in ARMS if not wanted or a.name in wanted]
+    known = committed(args.committed)
     if args.dry_run:
-        for run in plan(args.out, budgets, arms, set()):
+        for run in plan(args.out, budgets, arms, set(), known):
             print(run.budget.name, run.arm.name, run.tag)
         return 0
     running: dict[Path, tuple[Run, subprocess.Popen[bytes], float]] = {}
     finished = 0
     while True:
-        for run in plan(args.out, budgets, arms, set(running)):
+        for run in plan(args.out, budgets, arms, set(running), known):
             if len(running) >= args.lanes:
                 break
             running[run.folder(args.out)] = (run, _launch(run, args.out, args.threads), time.time())

@@ -202,3 +202,27 @@ def test_collect_gathers_the_finished_runs(tmp_path):
     ]
     assert data["runs"][0]["curve"] == [[103, 4.5]]
     assert data["study"]["params"] == sweep.PARAMS
+
+
+def test_a_committed_runs_json_counts_as_run_and_is_kept(tmp_path):
+    arm = _arm("complete-8")
+    _grid(tmp_path / "elsewhere", arm, lambda lr, b1: 5 - b1 + abs(lr - 0.008))
+    first = collect(tmp_path / "elsewhere")
+    # on another machine: no run folder, but the committed file holds the grid
+    committed_file = tmp_path / "runs.json"
+    committed_file.write_text(json.dumps(first))
+    known = sweep.committed(committed_file)
+    state = sweep.arm_state(tmp_path / "here", SMALL, arm, known)
+    assert state.todo == [(0.008, 0.987, 0)]  # past beta1's edge, not the grid again
+    _finish(tmp_path / "here", arm, 0.008, 0.987, 0, 9.0)
+    merged = collect(tmp_path / "here", first)
+    assert len(merged["runs"]) == 10 and any(r["beta1"] == 0.987 for r in merged["runs"])
+    _finish(tmp_path / "here", arm, 0.004, 0.9, 0, 1.0)  # a folder replaces its entry
+    again = collect(tmp_path / "here", merged)
+    assert len(again["runs"]) == 10
+    assert [r["eval_loss"] for r in again["runs"] if (r["lr"], r["beta1"]) == (0.004, 0.9)] == [1.0]
+    other = dict(first, study=dict(first["study"], tokens_per_step=8192))
+    with pytest.raises(ValueError, match="ran another setting"):
+        collect(tmp_path / "here", other)
+    committed_file.write_text(json.dumps(other))
+    assert sweep.committed(committed_file) == {}
