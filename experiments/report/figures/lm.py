@@ -18,6 +18,7 @@ from experiments.report.figures.sources import (
     diff,
     gap_mean,
     gap_sd,
+    gpt_tiny_params,
     link_arm,
     mean,
     paired,
@@ -29,6 +30,10 @@ from experiments.report.figures.sources import (
 )
 
 FIGURES: dict[str, Figure] = {
+    "lm.gpt-tiny-params": Figure(gpt_tiny_params, "{:,}"),
+    "gap.reruns-n": Figure(rerun_stat("n")),
+    "gap.reruns-differ": Figure(rerun_stat("differ")),
+    "gap.reruns-largest": Figure(rerun_stat("largest")),
     "lm.learning-rate-ends-at": Figure(
         lambda s: s.run(f"{LM}/one-peer-exp-accum8/stage1/0"), "{:.3f}"
     ),

@@ -19,8 +19,10 @@ from experiments.report.figures.sources import (
     calibrated,
     cells,
     diff,
+    drops,
     gap_mean,
     gap_sd,
+    gpt_tiny_params,
     kb,
     link_speedup,
     mean,
@@ -35,6 +37,8 @@ from experiments.report.figures.sources import (
 )
 
 FIGURES: dict[str, Figure] = {
+    "res.gpt-tiny-params": Figure(gpt_tiny_params, "{:,}"),
+    "net.drops-one-peer-exp-4x2": Figure(drops("4x2", "10mbit", "one-peer-exp"), "{:.0f}"),
     "readme.this-is-decent-dp": Figure(version),
     "res.run-network-custom-predicts": Figure(within_20("calibrated_ratio")),
     "res.custom-predicts-of-these": Figure(cells("calibrated_ratio")),

@@ -8,6 +8,7 @@ a prediction puts within 20%). :class:`Figure` pairs one with its format.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -295,13 +296,16 @@ WORDS = {
 
 
 def rerun_stat(stat: str) -> Callable[[Source], object]:
-    """Of the reruns (``rerun.json``): ``n``, ``largest`` difference (as ``7e-5``), or how many
-    agree to the 6 printed decimals (``same``, as a word)."""
+    """Of the reruns (``rerun.json``): ``n``, ``largest`` difference (as ``7e-5``), how many
+    differ at all (``differ``), or how many agree to the 6 printed decimals (``same``, as a
+    word)."""
 
     def value(s: Source) -> object:
         rows = s.json(RERUN)
         if stat == "n":
             return len(rows)
+        if stat == "differ":
+            return sum(r["committed"] != r["rerun"] for r in rows)
         if stat == "largest":
             mantissa, _, exponent = (
                 f"{max(abs(r['committed'] - r['rerun']) for r in rows):.0e}".partition("e")
@@ -445,3 +449,19 @@ A40 = ("a40_ethernet_25g", "allreduce"), ("a40_ethernet_25g", "alternating-exp-r
 
 # the CPU sweep's run report (its runs are not committed)
 DIGITS = "docs/results/digits/report.md"
+
+
+OUTER_SUMMARY = "docs/results/outer/summary.md"
+
+
+def gpt_tiny_params(s: Source) -> int:
+    """The tiny GPT's parameter count, as the outer study's summary states it."""
+    found = re.search(r"tiny GPT \(lm_quick\): ([\d,]+) parameters", s.text(OUTER_SUMMARY))
+    if found is None:
+        raise DataError(OUTER_SUMMARY, "no 'tiny GPT (lm_quick): N parameters'")
+    return int(found[1].replace(",", ""))
+
+
+def drops(shape: str, rate: str, arm: str) -> Fn:
+    """The drops the wire study's ``tc -s`` counted in one run of its table."""
+    return lambda s: s.wire(WIRE, shape, rate, arm, "drops")
