@@ -1,4 +1,8 @@
-"""The figures of the language-model pages: lm, lm_gap, streaming and outer (see :mod:`experiments.report.figures`)."""
+"""The figures of the language-model pages: lm, lm_gap, streaming and outer (see :mod:`experiments.report.figures`).
+
+A table more than a module: one entry per figure or table of the pages, so its length follows
+the pages' figures and it stays one room per group of pages.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The figures of compression, non-IID, performance, cluster and network-and-simulation (see :mod:`experiments.report.figures`)."""
+"""The figures of compression, non-IID, performance, cluster and network-and-simulation (see :mod:`experiments.report.figures`).
+
+A table more than a module: one entry per figure or table of the pages, so its length follows
+the pages' figures and it stays one room per group of pages.
+"""
 
 from __future__ import annotations
 

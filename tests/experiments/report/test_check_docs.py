@@ -279,3 +279,8 @@ def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
     assert len(problems) == 1, problems
     assert "column '`comm/bytes_per_step`'" in problems[0]
     assert problems[0].endswith(f"but {run}/summary.json gives '{mb}'")
+
+
+def test_a_span_shown_as_code_is_not_a_figure(tmp_path: Path) -> None:
+    _page(tmp_path, "Write a figure as `<!-- v:ID --><!-- /v -->`, then run `--write`.")
+    assert check(tmp_path, claims=[]) == []
