@@ -323,6 +323,7 @@ def glance(src: Source) -> str:
             "[performance](docs/performance.md#side-by-side-with-decent-dp-023-make-bench-upstream)",
         ],
         *hosts.glance_rows(src),
+        workers.glance_row(src),
     ]
     return _table(["result", "measured", "page"], ["---", "---", "---"], rows)
 

@@ -225,6 +225,27 @@ def workers_findings(src: Source, file: str = RUNS) -> str:
     return "\n".join(lines) if lines else "- No arm has every seed yet."
 
 
+def glance_row(src: Source, file: str = RUNS) -> list[str]:
+    """The README's results-at-a-glance row: ``one-peer-exp``'s gap from 4 to 64 workers."""
+    study = _study(src, file)
+    parts = []
+    for budget in study.budgets():
+        at = {n: _mean(list(study.gaps(budget, f"one-peer-exp-{n}").values())) for n in (4, 64)}
+        f = study.fit(budget, "one-peer-exp", SEEDS)
+        if at[4] is None or at[64] is None or f is None:
+            continue
+        parts.append(
+            f"{study.tokens_per_param(budget):.0f} tokens/param: **{at[4]:+.3f}** at 4 workers, "
+            f"**{at[64]:+.3f}** at 64 ({f.b:+.3f} per doubling)"
+        )
+    measured = "; ".join(parts) if parts else f"running: {workers_status(src, file)}"
+    return [
+        "the gap of tuned `one-peer-exp` AdamW to `allreduce` at 4 to 64 packed workers",
+        measured,
+        "[workers](docs/results/workers/README.md)",
+    ]
+
+
 VIEWS: dict[str, Callable[..., str]] = {
     "workers-status": workers_status,
     "workers-corpus": workers_corpus,

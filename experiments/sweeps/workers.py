@@ -38,7 +38,7 @@ SEEDS = (1, 2)
 BETA2 = 0.99
 AVERAGE_EVERY = 8
 PARAMS = 168_256  # the 2-block GPT of width 64 on a 1,024-token vocabulary
-TOKENS_PER_STEP = 128 * 64  # train.global_batch_size windows of dataset.block_size tokens
+TOKENS_PER_STEP = 64 * 64  # train.global_batch_size windows of dataset.block_size tokens
 CORPUS = "data/py-bpe-40m"
 
 
@@ -51,8 +51,8 @@ class Budget:
     warmup: int
 
 
-# 168,256 parameters, 8,192 tokens a step: 5.0 and 20.0 tokens per parameter
-BUDGETS = {"small": Budget("small", 103, 10), "large": Budget("large", 411, 41)}
+# 168,256 parameters, 4,096 tokens a step: 5.0 and 20.0 tokens per parameter
+BUDGETS = {"small": Budget("small", 206, 20), "large": Budget("large", 822, 82)}
 
 
 @dataclass(frozen=True)

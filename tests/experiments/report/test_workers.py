@@ -17,6 +17,7 @@ import pytest
 
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_workers import (
+    glance_row,
     workers_closing,
     workers_findings,
     workers_fit,
@@ -186,6 +187,8 @@ def test_the_views_read_the_committed_file(tmp_path):
     findings = workers_findings(src, rel)
     assert "At 4 workers the gap of `one-peer-exp` shrinks with the budget: +0.020" in findings
     assert "3 want a larger β1 and 2 a larger lr" in findings
+    # no 64 workers in this study: the glance row says what is there
+    assert glance_row(src, rel)[1].startswith("running: 88 runs; arms tuned with 3 seeds")
     assert src.read == [rel]
 
 
