@@ -12,7 +12,7 @@ Three kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
   files and returns the block's text. ``--write`` rewrites every block from its data; the check
   regenerates each one in memory and reports every cell that differs. The view ``figures``
   (``<!-- data: figures id=gap.batch -->``) is a table of :data:`~experiments.report.figures.TABLES`.
-- **Spans.** A figure in prose is a span, ``<!-- v:gap.w32-mean -->+0.194<!-- /v -->``, whose id
+- **Spans.** A figure in prose is a span, ``<!-- v:gap.w32.gap.mean -->+0.194<!-- /v -->``, whose id
   names a :class:`~experiments.report.figures.Figure` of :data:`~experiments.report.figures.FIGURES`
   (its source and format). ``--write`` fills every span; the check regenerates and diffs them. An
   unknown id, a figure whose data is missing and a data file that does not parse each fail.

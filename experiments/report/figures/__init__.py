@@ -1,6 +1,6 @@
 """The docs' figures: one table naming where each comes from and how it is written.
 
-A figure in prose is a span on its page, ``<!-- v:gap.w32-mean -->+0.194<!-- /v -->``; a table
+A figure in prose is a span on its page, ``<!-- v:gap.w32.gap.mean -->+0.194<!-- /v -->``; a table
 of figures is a generated block, ``<!-- data: figures id=gap.batch -->`` ... ``<!-- /data -->``.
 :data:`FIGURES` maps each span's id to a :class:`Figure`: a function of a
 :class:`~experiments.report.doc_data.Source` (which records the files it read) and a format.
@@ -8,13 +8,18 @@ of figures is a generated block, ``<!-- data: figures id=gap.batch -->`` ... ``<
 :data:`FIGURES`. ``python -m experiments.report.check_docs --write`` fills every span and
 table from the data; the check (``make check-docs``) regenerates them and diffs.
 
-The figures are declared by page, in ``results`` (the README, the results page, the wire and
-hierarchical pages), ``lm`` (lm, lm_gap, streaming, outer), ``other`` (compression, non-IID,
-performance, cluster, network and simulation), ``wire`` (pair exchange, emulator with hosts,
-simulator) and ``hosts`` (sharded replicas, recovery); the functions they call are in
-:mod:`~experiments.report.figures.sources`. To add a figure: give it an id and a
-:class:`Figure` in its page's module, then write ``<!-- v:ID --><!-- /v -->`` where it goes
-and run ``--write``.
+An id says what the figure is without opening Python: study, arm or setting, statistic, as in
+``gap.complete.seed1`` (the lm_gap study's ``complete`` arm, seed 1's final loss),
+``gap.w8.gap.mean`` (the 8-window gap paired by seed, its mean) or ``wire.4x1.5mbit.ring.sps``.
+One quantity has one id, whichever pages quote it. The figures are declared by study, in
+``results`` (the wire and hierarchical studies, the CPU sweeps, the README), ``lm`` (lm, lm_gap,
+streaming, outer), ``other`` (compression, non-IID, performance, cluster, network and
+simulation), ``wire`` (pair exchange, emulator with hosts, simulator) and ``hosts`` (sharded
+replicas, recovery); the functions they call are in :mod:`~experiments.report.figures.sources`,
+and :mod:`~experiments.report.figures.families` builds the repeated ones (an arm's seeds, mean
+and sd; an lr grid; a gap paired by seed) and the table rows of them. To add a figure: give it
+an id and a :class:`Figure` in its study's module, then write ``<!-- v:ID --><!-- /v -->`` where
+it goes and run ``--write``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The figures of sharded replicas, and the recovery guide's comparison under one kill (see :mod:`experiments.report.figures`)."""
+"""The figures of sharded replicas, and the recovery guide's comparison under one kill (see
+:mod:`experiments.report.figures`).
+
+Ids: ``sharded.*`` (the sharded replicas' benchmark and testbed study), ``recovery.*`` (the
+elastic studies, as the recovery guide quotes them).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from experiments.report.claims.hosts import (
 )
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_hosts import HSDP, STUDY, elastic_worst, params_m, peak_mb, study
+from experiments.report.figures.families import each
 from experiments.report.figures.sources import Figure, Fn, diff, ratio
 
 RUNS = "docs/results/sharded/runs"
@@ -34,99 +40,94 @@ def _mb(shape: str, arm: str, key: str = "tx_bytes_per_host_per_step") -> Fn:
     return lambda s: fn(s) / 1e6
 
 
+GLIBC = "docs/results/sharded/bench_glibc.json"
+KILL_AT = (
+    "testbed-ring-kill-at-quorum",
+    "testbed-one-peer-exp-kill-at-quorum",
+    "testbed-ring-kill-mid-interval",
+)
+
 FIGURES: dict[str, Figure] = {
-    "res.torch-s-hsdp-a": Figure(params_m, "{:.1f}"),
-    "sharded.on-one-gpt-of": Figure(params_m, "{:.1f}"),
-    "sharded.the-peak-falls-from": Figure(peak_mb("unsharded", 1), "{:,.0f}"),
-    "sharded.peak-falls-from-to": Figure(peak_mb("gossip", 2), "{:,.0f}"),
-    "sharded.falls-from-to-to": Figure(peak_mb("gossip", 4), "{:,.0f}"),
-    "sharded.by-about-that-buffer": Figure(
-        diff(peak_mb("gossip", 2), peak_mb("hsdp", 2)), "{:,.0f}"
-    ),
-    "sharded.buffer-mb-with-shards": Figure(
-        diff(peak_mb("gossip", 4), peak_mb("hsdp", 4)), "{:,.0f}"
-    ),
-    "sharded.it-at-this-size": Figure(
-        peak_mb("unsharded", 1, "docs/results/sharded/bench_glibc.json"), "{:.1f}"
-    ),
-    "sharded.it-at-this-size-2": Figure(
-        peak_mb("gossip", 2, "docs/results/sharded/bench_glibc.json"), "{:.1f}"
-    ),
-    "sharded.at-this-size-and": Figure(
-        peak_mb("gossip", 4, "docs/results/sharded/bench_glibc.json"), "{:.1f}"
-    ),
-    "sharded.tokens-in-every-arm": Figure(_same_tokens, "{:,}"),
-    "sharded.tokens-in-every-arm-2": Figure(
-        lambda s: s.run(f"{RUNS}/2x2/ring/seed0", "train/steps"), "{:,.0f}"
-    ),
-    "sharded.arm-steps-on-hosts": Figure(
-        lambda s: s.run(f"{RUNS}/4x2/ring/seed0", "train/steps"), "{:,.0f}"
-    ),
-    "sharded.half-the-model-here": Figure(
+    "sharded.gpt.params-m": Figure(params_m, "{:.1f}"),
+    **{
+        f"sharded.{arm}.p{n}.peak-mb": Figure(peak_mb(arm, n), "{:,.0f}")
+        for arm, n in (("unsharded", 1), ("gossip", 2), ("gossip", 4))
+    },
+    **{
+        f"sharded.gossip-over-hsdp.p{n}.peak-mb": Figure(
+            diff(peak_mb("gossip", n), peak_mb("hsdp", n)), "{:,.0f}"
+        )
+        for n in (2, 4)
+    },
+    **{
+        f"sharded.glibc.{arm}.p{n}.peak-mb": Figure(peak_mb(arm, n, GLIBC), "{:.1f}")
+        for arm, n in (("unsharded", 1), ("gossip", 2), ("gossip", 4))
+    },
+    "sharded.tokens": Figure(_same_tokens, "{:,}"),
+    **{
+        f"sharded.{shape}.steps": Figure(
+            lambda s, sh=shape: s.run(f"{RUNS}/{sh}/ring/seed0", "train/steps"), "{:,.0f}"
+        )
+        for shape in ("2x2", "4x2")
+    },
+    "sharded.2x2.ring.rank-mb": Figure(
         _mb("2x2", "ring", "comm_bytes_per_step_per_rank"), "{:.2f}"
     ),
-    "sharded.two-ranks-send-about": Figure(_mb("2x2", "ring"), "{:,.0f}"),
-    "sharded.twice-gossip-is-faster": Figure(
+    "sharded.2x2.ring.host-mb": Figure(_mb("2x2", "ring"), "{:,.0f}"),
+    "sharded.2x2.ring-vs-hsdp.tokens-s": Figure(
         ratio(study("2x2", "ring", "tokens_per_s"), study("2x2", "allreduce", "tokens_per_s")),
         "{:.1f}",
     ),
-    "sharded.bytes-per-link-about": Figure(
+    "sharded.4x2.ring-vs-hsdp.tokens-s": Figure(
         ratio(study("4x2", "ring", "tokens_per_s"), study("4x2", "allreduce", "tokens_per_s")),
         "{:,.0f}",
     ),
-    "sharded.sends-more-per-host": Figure(_mb("4x2", HSDP), "{:.1f}"),
-    "sharded.per-host-mb-against": Figure(_mb("4x2", "ring"), "{:.1f}"),
-    "sharded.lower-at-equal-tokens": Figure(study("2x2", "allreduce", "eval_loss"), "{:.2f}"),
-    "sharded.at-equal-tokens-against": Figure(study("2x2", "ring", "eval_loss"), "{:.2f}"),
-    "sharded.tokens-against-on-hosts": Figure(study("4x2", "allreduce", "eval_loss"), "{:.2f}"),
-    "sharded.against-on-hosts-against": Figure(
-        lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")), "{:.2f}"
+    **{
+        f"sharded.4x2.{name}.host-mb": Figure(_mb("4x2", arm), "{:.1f}")
+        for name, arm in (("hsdp", HSDP), ("ring", "ring"))
+    },
+    **{
+        f"sharded.{shape}.{name}.loss": Figure(study(shape, arm, "eval_loss"), "{:.2f}")
+        for shape, name, arm in (
+            ("2x2", "hsdp", "allreduce"),
+            ("2x2", "ring", "ring"),
+            ("4x2", "hsdp", "allreduce"),
+        )
+    },
+    **each(
+        "sharded.4x2.gossip.loss",
+        "{:.2f}",
+        min=lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
+        max=lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
     ),
-    "sharded.against-on-hosts-against-2": Figure(
-        lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")), "{:.2f}"
+    "recovery.testbed.survivors-lost": Figure(_none_lost),
+    "recovery.testbed.pause-between-quorums-s": Figure(
+        elastic_worst("survivor_gap_s", False), "{:,.0f}"
     ),
-    "recovery.s-mb-s-links": Figure(_none_lost),
-    "recovery.the-survivors-for-about": Figure(elastic_worst("survivor_gap_s", False), "{:,.0f}"),
-    "recovery.them-for-timeout-s": Figure(elastic_worst("survivor_gap_s", True), "{:,.0f}"),
-    "recovery.restarted-host-took-part": Figure(
-        _rejoin(
-            min,
-            (
-                "testbed-ring-kill-at-quorum",
-                "testbed-one-peer-exp-kill-at-quorum",
-                "testbed-ring-kill-mid-interval",
-            ),
-        ),
+    "recovery.testbed.pause-inside-quorum-s": Figure(
+        elastic_worst("survivor_gap_s", True), "{:,.0f}"
+    ),
+    **each(
+        "recovery.testbed.rejoin-s", "{:,.0f}", min=_rejoin(min, KILL_AT), max=_rejoin(max, KILL_AT)
+    ),
+    **each(
+        "recovery.restart.pause-s",
         "{:,.0f}",
+        min=_cmp("restart", "survivor_gap_s", min),
+        max=_cmp("restart", "survivor_gap_s", max),
     ),
-    "recovery.host-took-part-to": Figure(
-        _rejoin(
-            max,
-            (
-                "testbed-ring-kill-at-quorum",
-                "testbed-one-peer-exp-kill-at-quorum",
-                "testbed-ring-kill-mid-interval",
-            ),
-        ),
-        "{:,.0f}",
-    ),
-    "recovery.started-again-they-paused": Figure(_cmp("restart", "survivor_gap_s", min), "{:,.0f}"),
-    "recovery.again-they-paused-to": Figure(_cmp("restart", "survivor_gap_s", max), "{:,.0f}"),
-    "recovery.every-host-computed-the": Figure(
+    "recovery.restart.steps-recomputed": Figure(
         _one_value("restart", "survivor_steps_lost"), "{:,.0f}"
     ),
-    "recovery.and-the-run-took": Figure(_restart_extra(min), "{:,.0f}"),
-    "recovery.the-run-took-to": Figure(_restart_extra(max), "{:,.0f}"),
-    "recovery.paused-the-survivors-about": Figure(_between("survivor_gap_s", max), "{:,.0f}"),
-    "recovery.all-reduce-s-timeout": Figure(
+    **each("recovery.restart.extra-s", "{:,.0f}", min=_restart_extra(min), max=_restart_extra(max)),
+    "recovery.elastic.pause-between-quorums-s": Figure(_between("survivor_gap_s", max), "{:,.0f}"),
+    "recovery.torchft-allreduce.pause-s": Figure(
         _cmp("torchft-allreduce", "survivor_gap_s", max), "{:,.0f}"
     ),
-    "recovery.s-diloco-paused-about": Figure(
+    "recovery.torchft-diloco.pause-s": Figure(
         _cmp("torchft-diloco", "survivor_gap_s", max), "{:,.0f}"
     ),
-    "recovery.on-this-small-task": Figure(
-        lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"
-    ),
+    "recovery.lowest-acc": Figure(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
 }
 
 TABLES: dict[str, str] = {}

@@ -1,11 +1,17 @@
-"""The figures of the language-model pages: lm, lm_gap, streaming and outer (see :mod:`experiments.report.figures`).
+"""The figures of the language-model pages: lm, lm_gap, streaming and outer (see
+:mod:`experiments.report.figures`).
 
-A table more than a module: one entry per figure or table of the pages, so its length follows
-the pages' figures and it stays one room per group of pages.
+An id names its study, arm and statistic: ``gap.complete.seed1`` is seed 1's final
+``eval/loss`` of the lm_gap study's ``complete`` arm, ``gap.w8.gap.mean`` the mean of the
+8-window gap paired by seed, ``gap.w8.allreduce.lr5e-4`` one run of an lr grid.
 """
 
 from __future__ import annotations
 
+import statistics
+
+from experiments.report.doc_data import Source
+from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
 from experiments.report.figures.sources import (
     DILOCO,
     DILOCO_T,
@@ -17,769 +23,642 @@ from experiments.report.figures.sources import (
     OUTER,
     STREAM,
     Figure,
-    at,
-    calibration,
+    Fn,
     diff,
-    gap_mean,
-    gap_sd,
     gpt_tiny_params,
     link_arm,
+    logged,
     mean,
-    paired,
     ratio,
     rerun_stat,
     run,
-    sd,
-    seed,
 )
 
+MB = "comm/bytes_per_step"
+ARMS = ("allreduce", "complete")
+W8_LRS = "5e-4 1e-3 2e-3 4e-3 8e-3 1.6e-2"
+W128_LRS = "1e-3 2e-3 4e-3 8e-3"
+SGD_LRS = "0.125 0.25 0.5 1.0 2.0"
+PEAK = "comm/peak_bytes_per_step"
+STALL = "docs/results/lm_gap/stall"
+F4 = f"{STREAM}/streaming-f4/final"
+SLOWMO = f"{STREAM}/slowmo-ope-f4/final"
+SCALED = f"{STREAM}/slowmo-ope-f4-scaled/final"
+
+
+def _mb(rel_dir: str, key: str = MB) -> Fn:
+    """One run's bytes per step, in MB."""
+    return lambda s: s.run(rel_dir, key) / 1e6
+
+
+def _mean_mb(runs: str, key: str = MB) -> Fn:
+    """The mean over seeds of bytes per step, in MB."""
+    return lambda s: s.mean(runs, key) / 1e6
+
+
+def _seed0(prefix: str, rel_dir: str) -> dict[str, Figure]:
+    """Seed 0's final loss (``prefix.seed0``) and bytes (``prefix.mb``) of one run."""
+    return {
+        f"{prefix}.seed0": Figure(run(rel_dir), L3),
+        f"{prefix}.mb": Figure(_mb(rel_dir), "{:.3g}"),
+    }
+
+
+def _lagged(prefix: str, arm: str, lrs: str) -> dict[str, Figure]:
+    """A LaggedVAdamW arm's seed-0 runs, one per lr (``prefix.lr4e-3`` and ``.lr4e-3.mb``)."""
+    out: dict[str, Figure] = {}
+    for lr, folder in zip(lrs.split(), ("0", "lr2e-3", "lr0.001"), strict=False):
+        out.update(_seed0(f"{prefix}.lr{lr}", f"{GAP}/{arm}/stage1/{folder}"))
+    return out
+
+
+def _k_moves(s: Source) -> float:
+    """The largest move, at seed 0, that sharing ``exp_avg_sq`` (any K) gives either topology."""
+    pairs = [("complete-adamw-lr0.004/final/seed0", f"complete-v/stage1/{i}") for i in (0, 1)]
+    pairs.append(("complete-adamw-lr0.004/final/seed0", "complete-v/final/seed0"))
+    pairs += [
+        ("one-peer-exp-adamw-lr0.004/final/seed0", f"one-peer-exp-v/stage1/{i}") for i in (0, 1, 2)
+    ]
+    return max(abs(s.run(f"{GAP}/{b}") - s.run(f"{GAP}/{a}")) for a, b in pairs)
+
+
+def _train_loss(run_name: str, step: int) -> Fn:
+    return logged(f"{STALL}/{run_name}/metrics.jsonl", step, "train/loss")
+
+
+def _peaks(s: Source) -> list[float]:
+    """The consensus distance just before each average after warm-up (steps 30, 46, 62), of
+    ``local-sgd`` seeds 0 and 1."""
+    return [
+        logged(f"{STALL}/local-seed{i}/metrics.jsonl", step, "consensus/distance_sketch")(s)
+        for i in (0, 1)
+        for step in (30, 46, 62)
+    ]
+
+
+def _outer(arm: str) -> dict[str, Figure]:
+    """An arm of the outer study (``outer.local-sgd-h16``...): its seeds, its gap to
+    ``allreduce`` and its mean and peak MB per step."""
+    runs, prefix = f"{OUTER}/{arm}/final", f"outer.{arm.lower()}"
+    return {
+        **stats(prefix, runs),
+        f"{prefix}.vs-allreduce": Figure(
+            diff(mean(runs), mean(f"{OUTER}/allreduce-adamw/final")), "{:+.3f}"
+        ),
+        f"{prefix}.mb": Figure(_mean_mb(runs), "{:.2f}"),
+        f"{prefix}.peak-mb": Figure(_mean_mb(runs, PEAK), "{:.2f}"),
+    }
+
+
+def _norms(s: Source, averaging: bool) -> list[float]:
+    """``train/update_norm`` of ``local-sgd`` seeds 0 and 1 from step 18 to 64: at the averaging
+    steps (every 16th), or at the local ones."""
+    return [
+        logged(f"{STALL}/local-seed{i}/metrics.jsonl", step, "train/update_norm")(s)
+        for i in (0, 1)
+        for step in range(18, 65, 2)
+        if (step % 16 == 0) == averaging
+    ]
+
+
+DILOCO_ARMS = ("diloco-H16", "streaming-f4", "streaming-f4-int8")
+
+
+def _end_s(arm: str) -> Fn:
+    """When an arm's 512 steps end on the slow link: 512 of its median steps."""
+    return lambda s: 512 * link_arm(arm, "step_s")(s)
+
+
+def _ahead(base: str, other: str) -> Fn:
+    """On how many seeds ``other`` ends below ``base``."""
+    return lambda s: sum(g < 0 for g in s.paired_gap(base, other))
+
+
 FIGURES: dict[str, Figure] = {
-    "lm.gpt-tiny-params": Figure(gpt_tiny_params, "{:,}"),
-    "gap.reruns-n": Figure(rerun_stat("n")),
-    "gap.reruns-differ": Figure(rerun_stat("differ")),
-    "gap.reruns-largest": Figure(rerun_stat("largest")),
-    "lm.learning-rate-ends-at": Figure(
-        lambda s: s.run(f"{LM}/one-peer-exp-accum8/stage1/0"), "{:.3f}"
-    ),
-    "lm.at-with-seed-against": Figure(
-        lambda s: s.run(f"{LM}/one-peer-exp-accum/stage1/0"), "{:.3f}"
-    ),
-    "lm.with-accum-iter-and": Figure(
-        lambda s: s.run(f"{LM}/one-peer-exp-accum/stage1/1"), "{:.3f}"
-    ),
-    "lm.learning-rate-it-is": Figure(
+    # lm: the tiny GPT, the AccumAdamW recipe, the single-seed lr pick
+    "lm-quick.gpt-tiny.params": Figure(gpt_tiny_params, "{:,}"),
+    **{
+        f"lm.accum-adamw.accum{n}.seed0": Figure(run(f"{LM}/{rel}"), L3)
+        for n, rel in (
+            (8, "one-peer-exp-accum8/stage1/0"),
+            (1, "one-peer-exp-accum/stage1/0"),
+            (4, "one-peer-exp-accum/stage1/1"),
+        )
+    },
+    "lm.accum-adamw.behind-adamw": Figure(
         diff(
             mean(f"{LM}/one-peer-exp-accum/final"), mean(f"{LM}/one-peer-exp-adamw-lr0.004/final")
         ),
         "{:.2f}",
     ),
-    "lm.peer-exp-from-seed": Figure(lambda s: s.run(f"{LM}/complete-adamw/stage1/3"), "{:.3f}"),
-    "lm.exp-from-seed-and": Figure(lambda s: s.run(f"{LM}/one-peer-exp-adamw/stage1/3"), "{:.3f}"),
-    "gap.table1.allreduce.seed-0": Figure(seed(f"{GAP}/allreduce-adamw/final", 0), "{:.3f}"),
-    "gap.table1.allreduce.seed-1": Figure(seed(f"{GAP}/allreduce-adamw/final", 1), "{:.3f}"),
-    "gap.table1.allreduce.seed-2": Figure(seed(f"{GAP}/allreduce-adamw/final", 2), "{:.3f}"),
-    "gap.table1.allreduce.mean": Figure(mean(f"{GAP}/allreduce-adamw/final"), "{:.3f}"),
-    "gap.table1.complete.seed-0": Figure(seed(f"{GAP}/complete-adamw-lr0.004/final", 0), "{:.3f}"),
-    "gap.table1.complete.seed-1": Figure(seed(f"{GAP}/complete-adamw-lr0.004/final", 1), "{:.3f}"),
-    "gap.table1.complete.seed-2": Figure(seed(f"{GAP}/complete-adamw-lr0.004/final", 2), "{:.3f}"),
-    "gap.table1.complete.mean": Figure(mean(f"{GAP}/complete-adamw-lr0.004/final"), "{:.3f}"),
-    "gap.table1.complete-v-shared.seed-0": Figure(run(f"{GAP}/complete-v/stage1/0"), "{:.3f}"),
-    "gap.table1.complete-v-shared.seed-0-2": Figure(run(f"{GAP}/complete-v/stage1/1"), "{:.3f}"),
-    "gap.table1.complete-v-shared.seed-0-3": Figure(seed(f"{GAP}/complete-v/final", 0), "{:.3f}"),
-    "gap.table1.complete-v-shared.seed-1": Figure(seed(f"{GAP}/complete-v/final", 1), "{:.3f}"),
-    "gap.table1.complete-v-shared.seed-2": Figure(seed(f"{GAP}/complete-v/final", 2), "{:.3f}"),
-    "gap.table1.complete-v-shared.mean": Figure(mean(f"{GAP}/complete-v/final"), "{:.3f}"),
-    "gap.table1.one-peer-exp.seed-0": Figure(
-        seed(f"{GAP}/one-peer-exp-adamw-lr0.004/final", 0), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp.seed-1": Figure(
-        seed(f"{GAP}/one-peer-exp-adamw-lr0.004/final", 1), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp.seed-2": Figure(
-        seed(f"{GAP}/one-peer-exp-adamw-lr0.004/final", 2), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp.mean": Figure(
-        mean(f"{GAP}/one-peer-exp-adamw-lr0.004/final"), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp-v-shared.seed-0": Figure(
-        run(f"{GAP}/one-peer-exp-v/stage1/0"), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp-v-shared.seed-0-2": Figure(
-        run(f"{GAP}/one-peer-exp-v/stage1/1"), "{:.3f}"
-    ),
-    "gap.table1.one-peer-exp-v-shared.seed-0-3": Figure(
-        run(f"{GAP}/one-peer-exp-v/stage1/2"), "{:.3f}"
-    ),
-    "gap.table2.allreduce.seed-0": Figure(run(f"{GAP}/allreduce-adamw/final/seed0"), "{:.3f}"),
-    "gap.table2.complete.seed-0": Figure(
-        run(f"{GAP}/complete-adamw-lr0.004/final/seed0"), "{:.3f}"
-    ),
-    "gap.table2.complete.comm-bytes-per-step": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-adamw-lr0.004/final/seed0'}", "comm/bytes_per_step")
-            / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table2.complete.seed-0-2": Figure(run(f"{GAP}/complete-v/stage1/0"), "{:.3f}"),
-    "gap.table2.complete.comm-bytes-per-step-2": Figure(
-        lambda s: s.run(f"{GAP}/{'complete-v/stage1/0'}", "comm/bytes_per_step") / 1000000.0,
-        "{:.3g}",
-    ),
-    "gap.table2.complete.seed-0-3": Figure(run(f"{GAP}/complete-m/stage1/0"), "{:.3f}"),
-    "gap.table2.complete.comm-bytes-per-step-3": Figure(
-        lambda s: s.run(f"{GAP}/{'complete-m/stage1/0'}", "comm/bytes_per_step") / 1000000.0,
-        "{:.3g}",
-    ),
-    "gap.table2.complete.seed-0-4": Figure(run(f"{GAP}/complete-mv/stage1/0"), "{:.3f}"),
-    "gap.table2.complete.comm-bytes-per-step-4": Figure(
-        lambda s: s.run(f"{GAP}/{'complete-mv/stage1/0'}", "comm/bytes_per_step") / 1000000.0,
-        "{:.3g}",
-    ),
-    "gap.table3.adamw-the-baseline.seed-0": Figure(
-        run(f"{GAP}/complete-adamw-lr0.004/final/seed0"), "{:.3f}"
-    ),
-    "gap.table3.adamw-the-baseline.comm-bytes-per-step": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-adamw-lr0.004/final/seed0'}", "comm/bytes_per_step")
-            / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-nothing-shared-the.seed-0": Figure(
-        run(f"{GAP}/complete-lagged-v0/stage1/0"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-nothing-shared-the.comm-bytes-per-step": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-v0/stage1/0'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0": Figure(
-        run(f"{GAP}/complete-lagged-v1/stage1/0"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-v1/stage1/0'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-2": Figure(
-        run(f"{GAP}/complete-lagged-v1/stage1/lr2e-3"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-2": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-v1/stage1/lr2e-3'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-3": Figure(
-        run(f"{GAP}/complete-lagged-v1/stage1/lr0.001"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-3": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-v1/stage1/lr0.001'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-4": Figure(
-        run(f"{GAP}/complete-lagged-m1/stage1/0"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-4": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-m1/stage1/0'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-5": Figure(
-        run(f"{GAP}/complete-lagged-m1/stage1/lr2e-3"), "{:.3f}"
-    ),
-    "gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-5": Figure(
-        lambda s: (
-            s.run(f"{GAP}/{'complete-lagged-m1/stage1/lr2e-3'}", "comm/bytes_per_step") / 1000000.0
-        ),
-        "{:.3g}",
-    ),
-    "gap.table4.8.allreduce-best-lr": Figure(mean(f"{GAP}/allreduce-w8/final"), "{:.3f}"),
-    "gap.table4.8.allreduce-best-lr-2": Figure(sd(f"{GAP}/allreduce-w8/final"), "{:.3f}"),
-    "gap.table4.8.complete-best-lr": Figure(mean(f"{GAP}/complete-w8/final"), "{:.3f}"),
-    "gap.table4.8.complete-best-lr-2": Figure(sd(f"{GAP}/complete-w8/final"), "{:.3f}"),
-    "gap.table4.32-lm-small.allreduce-best-lr": Figure(
-        mean(f"{GAP}/allreduce-adamw/final"), "{:.3f}"
-    ),
-    "gap.table4.32-lm-small.allreduce-best-lr-2": Figure(
-        sd(f"{GAP}/allreduce-adamw/final"), "{:.3f}"
-    ),
-    "gap.table4.32-lm-small.complete-best-lr": Figure(
-        mean(f"{GAP}/complete-adamw-lr0.004/final"), "{:.3f}"
-    ),
-    "gap.table4.32-lm-small.complete-best-lr-2": Figure(
-        sd(f"{GAP}/complete-adamw-lr0.004/final"), "{:.3f}"
-    ),
-    "gap.table4.128.allreduce-best-lr": Figure(mean(f"{GAP}/allreduce-w128/final"), "{:.3f}"),
-    "gap.table4.128.allreduce-best-lr-2": Figure(sd(f"{GAP}/allreduce-w128/final"), "{:.3f}"),
-    "gap.table4.128.complete-best-lr": Figure(mean(f"{GAP}/complete-w128/final"), "{:.3f}"),
-    "gap.table4.128.complete-best-lr-2": Figure(sd(f"{GAP}/complete-w128/final"), "{:.3f}"),
-    "gap.table5.allreduce-8-windows.5e-4": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.0005), "{:.3f}"
-    ),
-    "gap.table5.allreduce-8-windows.1e-3": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.001), "{:.3f}"
-    ),
-    "gap.table5.allreduce-8-windows.2e-3": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.002), "{:.3f}"
-    ),
-    "gap.table5.allreduce-8-windows.4e-3": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table5.allreduce-8-windows.8e-3": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.008), "{:.3f}"
-    ),
-    "gap.table5.allreduce-8-windows.1-6e-2": Figure(
-        at(f"{GAP}/allreduce-w8/stage1", 0.016), "{:.3f}"
-    ),
-    "gap.table5.complete-8-windows.5e-4": Figure(at(f"{GAP}/complete-w8/stage1", 0.0005), "{:.3f}"),
-    "gap.table5.complete-8-windows.1e-3": Figure(at(f"{GAP}/complete-w8/stage1", 0.001), "{:.3f}"),
-    "gap.table5.complete-8-windows.2e-3": Figure(at(f"{GAP}/complete-w8/stage1", 0.002), "{:.3f}"),
-    "gap.table5.complete-8-windows.4e-3": Figure(at(f"{GAP}/complete-w8/stage1", 0.004), "{:.3f}"),
-    "gap.table5.complete-8-windows.8e-3": Figure(at(f"{GAP}/complete-w8/stage1", 0.008), "{:.3f}"),
-    "gap.table5.complete-8-windows.1-6e-2": Figure(
-        at(f"{GAP}/complete-w8/stage1", 0.016), "{:.3f}"
-    ),
-    "gap.table5.allreduce-128-windows.1e-3": Figure(
-        at(f"{GAP}/allreduce-w128/stage1", 0.001), "{:.3f}"
-    ),
-    "gap.table5.allreduce-128-windows.2e-3": Figure(
-        at(f"{GAP}/allreduce-w128/stage1", 0.002), "{:.3f}"
-    ),
-    "gap.table5.allreduce-128-windows.4e-3": Figure(
-        at(f"{GAP}/allreduce-w128/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table5.allreduce-128-windows.8e-3": Figure(
-        at(f"{GAP}/allreduce-w128/stage1", 0.008), "{:.3f}"
-    ),
-    "gap.table5.complete-128-windows.1e-3": Figure(
-        at(f"{GAP}/complete-w128/stage1", 0.001), "{:.3f}"
-    ),
-    "gap.table5.complete-128-windows.2e-3": Figure(
-        at(f"{GAP}/complete-w128/stage1", 0.002), "{:.3f}"
-    ),
-    "gap.table5.complete-128-windows.4e-3": Figure(
-        at(f"{GAP}/complete-w128/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table5.complete-128-windows.8e-3": Figure(
-        at(f"{GAP}/complete-w128/stage1", 0.008), "{:.3f}"
-    ),
-    "gap.table6.8-windows-2048-steps.seed-0": Figure(
-        paired(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final", 0), "{:+.3f}"
-    ),
-    "gap.table6.8-windows-2048-steps.seed-1": Figure(
-        paired(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final", 1), "{:+.3f}"
-    ),
-    "gap.table6.8-windows-2048-steps.seed-2": Figure(
-        paired(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final", 2), "{:+.3f}"
-    ),
-    "gap.table6.8-windows-2048-steps.mean-sd": Figure(
-        gap_mean(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final"), "{:+.3f}"
-    ),
-    "gap.table6.8-windows-2048-steps.mean-sd-2": Figure(
-        gap_sd(f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final"), "{:.3f}"
-    ),
-    "gap.table6.32-windows-512-steps.seed-0": Figure(
-        paired(f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final", 0), "{:+.3f}"
-    ),
-    "gap.table6.32-windows-512-steps.seed-1": Figure(
-        paired(f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final", 1), "{:+.3f}"
-    ),
-    "gap.table6.32-windows-512-steps.seed-2": Figure(
-        paired(f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final", 2), "{:+.3f}"
-    ),
-    "gap.table6.32-windows-512-steps.mean-sd": Figure(
-        gap_mean(f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final"), "{:+.3f}"
-    ),
-    "gap.table6.32-windows-512-steps.mean-sd-2": Figure(
-        gap_sd(f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final"), "{:.3f}"
-    ),
-    "gap.table6.128-windows-128-steps.seed-0": Figure(
-        paired(f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final", 0), "{:+.3f}"
-    ),
-    "gap.table6.128-windows-128-steps.seed-1": Figure(
-        paired(f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final", 1), "{:+.3f}"
-    ),
-    "gap.table6.128-windows-128-steps.seed-2": Figure(
-        paired(f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final", 2), "{:+.3f}"
-    ),
-    "gap.table6.128-windows-128-steps.mean-sd": Figure(
-        gap_mean(f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final"), "{:+.3f}"
-    ),
-    "gap.table6.128-windows-128-steps.mean-sd-2": Figure(
-        gap_sd(f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final"), "{:.3f}"
-    ),
-    "gap.table7.allreduce-adamw-one-step-late.5e-4": Figure(
-        at(f"{GAP}/allreduce-delayed/stage1", 0.0005), "{:.3f}"
-    ),
-    "gap.table7.allreduce-adamw-one-step-late.1e-3": Figure(
-        at(f"{GAP}/allreduce-delayed/stage1", 0.001), "{:.3f}"
-    ),
-    "gap.table7.allreduce-adamw-one-step-late.2e-3": Figure(
-        at(f"{GAP}/allreduce-delayed/stage1", 0.002), "{:.3f}"
-    ),
-    "gap.table7.allreduce-adamw-one-step-late.4e-3": Figure(
-        at(f"{GAP}/allreduce-delayed/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table7.allreduce-adamw-one-step-late.8e-3": Figure(
-        at(f"{GAP}/allreduce-delayed/stage1", 0.008), "{:.3f}"
-    ),
-    "gap.table7.allreduce-lm-lm-readme-md.1e-3": Figure(
-        at(f"{LM}/allreduce-adamw/stage1", 0.001), "{:.3f}"
-    ),
-    "gap.table7.allreduce-lm-lm-readme-md.2e-3": Figure(
-        at(f"{LM}/allreduce-adamw/stage1", 0.002), "{:.3f}"
-    ),
-    "gap.table7.allreduce-lm-lm-readme-md.4e-3": Figure(
-        at(f"{LM}/allreduce-adamw/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table7.allreduce-lm-lm-readme-md.8e-3": Figure(
-        at(f"{LM}/allreduce-adamw/stage1", 0.008), "{:.3f}"
-    ),
-    "gap.table8.5e-4.seed-0": Figure(at(f"{GAP}/local-sgd-H16-lr/stage1", 0.0005), "{:.3f}"),
-    "gap.table8.1e-3.seed-0": Figure(at(f"{GAP}/local-sgd-H16-lr/stage1", 0.001), "{:.3f}"),
-    "gap.table8.2e-3.seed-0": Figure(seed(LOCAL_T, 0), "{:.3f}"),
-    "gap.table8.2e-3.seed-1": Figure(seed(LOCAL_T, 1), "{:.3f}"),
-    "gap.table8.2e-3.seed-2": Figure(seed(LOCAL_T, 2), "{:.3f}"),
-    "gap.table8.2e-3.mean-sd": Figure(mean(LOCAL_T), "{:.3f}"),
-    "gap.table8.2e-3.mean-sd-2": Figure(sd(LOCAL_T), "{:.3f}"),
-    "gap.table8.4e-3-allreduce-s-committed.seed-0": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 0), "{:.3f}"
-    ),
-    "gap.table8.4e-3-allreduce-s-committed.seed-1": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 1), "{:.3f}"
-    ),
-    "gap.table8.4e-3-allreduce-s-committed.seed-2": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 2), "{:.3f}"
-    ),
-    "gap.table8.4e-3-allreduce-s-committed.mean-sd": Figure(
-        mean(f"{OUTER}/local-sgd-H16/final"), "{:.3f}"
-    ),
-    "gap.table8.4e-3-allreduce-s-committed.mean-sd-2": Figure(
-        sd(f"{OUTER}/local-sgd-H16/final"), "{:.3f}"
-    ),
-    "gap.table8.8e-3.seed-0": Figure(at(f"{GAP}/local-sgd-H16-lr/stage1", 0.008), "{:.3f}"),
-    "gap.table9.1e-3.seed-0": Figure(at(f"{GAP}/diloco-H16-lr/stage1", 0.001), "{:.3f}"),
-    "gap.table9.2e-3-best-of-seed-0.seed-0": Figure(seed(DILOCO_T, 0), "{:.3f}"),
-    "gap.table9.2e-3-best-of-seed-0.seed-1": Figure(seed(DILOCO_T, 1), "{:.3f}"),
-    "gap.table9.2e-3-best-of-seed-0.seed-2": Figure(seed(DILOCO_T, 2), "{:.3f}"),
-    "gap.table9.2e-3-best-of-seed-0.mean-sd": Figure(mean(DILOCO_T), "{:.3f}"),
-    "gap.table9.2e-3-best-of-seed-0.mean-sd-2": Figure(sd(DILOCO_T), "{:.3f}"),
-    "gap.table9.4e-3-allreduce-s-committed.seed-0": Figure(
-        at(f"{GAP}/diloco-H16-lr/stage1", 0.004), "{:.3f}"
-    ),
-    "gap.table9.8e-3.seed-0": Figure(at(f"{GAP}/diloco-H16-lr/stage1", 0.008), "{:.3f}"),
-    "gap.table10.allreduce.0-125": Figure(at(f"{GAP}/allreduce-sgd/stage1", 0.125), "{:.3f}"),
-    "gap.table10.allreduce.0-25": Figure(at(f"{GAP}/allreduce-sgd/stage1", 0.25), "{:.3f}"),
-    "gap.table10.allreduce.0-5": Figure(at(f"{GAP}/allreduce-sgd/stage1", 0.5), "{:.3f}"),
-    "gap.table10.allreduce.1-0": Figure(at(f"{GAP}/allreduce-sgd/stage1", 1.0), "{:.3f}"),
-    "gap.table10.allreduce.2-0": Figure(at(f"{GAP}/allreduce-sgd/stage1", 2.0), "{:.3f}"),
-    "gap.table10.complete.0-125": Figure(at(f"{GAP}/complete-sgd/stage1", 0.125), "{:.3f}"),
-    "gap.table10.complete.0-25": Figure(at(f"{GAP}/complete-sgd/stage1", 0.25), "{:.3f}"),
-    "gap.table10.complete.0-5": Figure(at(f"{GAP}/complete-sgd/stage1", 0.5), "{:.3f}"),
-    "gap.table10.complete.1-0": Figure(at(f"{GAP}/complete-sgd/stage1", 1.0), "{:.3f}"),
-    "gap.table10.complete.2-0": Figure(at(f"{GAP}/complete-sgd/stage1", 2.0), "{:.3f}"),
-    "gap.table11.allreduce.seed-0": Figure(seed(f"{GAP}/allreduce-sgd/final", 0), "{:.3f}"),
-    "gap.table11.allreduce.seed-1": Figure(seed(f"{GAP}/allreduce-sgd/final", 1), "{:.3f}"),
-    "gap.table11.allreduce.seed-2": Figure(seed(f"{GAP}/allreduce-sgd/final", 2), "{:.3f}"),
-    "gap.table11.allreduce.mean-sd": Figure(mean(f"{GAP}/allreduce-sgd/final"), "{:.3f}"),
-    "gap.table11.allreduce.mean-sd-2": Figure(sd(f"{GAP}/allreduce-sgd/final"), "{:.3f}"),
-    "gap.table11.complete.seed-0": Figure(seed(f"{GAP}/complete-sgd/final", 0), "{:.3f}"),
-    "gap.table11.complete.seed-1": Figure(seed(f"{GAP}/complete-sgd/final", 1), "{:.3f}"),
-    "gap.table11.complete.seed-2": Figure(seed(f"{GAP}/complete-sgd/final", 2), "{:.3f}"),
-    "gap.table11.complete.mean-sd": Figure(mean(f"{GAP}/complete-sgd/final"), "{:.3f}"),
-    "gap.table11.complete.mean-sd-2": Figure(sd(f"{GAP}/complete-sgd/final"), "{:.3f}"),
-    "gap.table11.gap-paired-by-seed.seed-0": Figure(
-        paired(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final", 0), "{:+.3f}"
-    ),
-    "gap.table11.gap-paired-by-seed.seed-1": Figure(
-        paired(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final", 1), "{:+.3f}", minus=True
-    ),
-    "gap.table11.gap-paired-by-seed.seed-2": Figure(
-        paired(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final", 2), "{:+.3f}", minus=True
-    ),
-    "gap.table11.gap-paired-by-seed.mean-sd": Figure(
-        gap_mean(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final"), "{:+.3f}", minus=True
-    ),
-    "gap.table11.gap-paired-by-seed.mean-sd-2": Figure(
-        gap_sd(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final"), "{:.3f}"
-    ),
-    "gap.h-seed-at-gave": Figure(seed(f"{GAP}/local-sgd-H16-lr/final", 1), "{!r}"),
-    "gap.its-best-lr-seeds": Figure(seed(f"{GAP}/allreduce-delayed/final", 0), "{:.3f}"),
-    "gap.its-best-lr-seeds-2": Figure(seed(f"{GAP}/allreduce-delayed/final", 1), "{:.3f}"),
-    "gap.its-best-lr-seeds-3": Figure(seed(f"{GAP}/allreduce-delayed/final", 2), "{:.3f}"),
-    "gap.its-best-lr-seeds-4": Figure(mean(f"{GAP}/allreduce-delayed/final"), "{:.3f}"),
-    "gap.its-best-lr-seeds-5": Figure(sd(f"{GAP}/allreduce-delayed/final"), "{:.3f}"),
-    "gap.seeds-a-gap-of": Figure(
-        gap_mean(f"{GAP}/allreduce-adamw/final", f"{GAP}/allreduce-delayed/final"), "{:.3f}"
-    ),
-    "gap.seeds-a-gap-of-2": Figure(
-        gap_sd(f"{GAP}/allreduce-adamw/final", f"{GAP}/allreduce-delayed/final"), "{:.3f}"
-    ),
-    "gap.inner-part-outer-seed": Figure(
-        at(f"{GAP}/diloco-H16-outer/stage1", 0.3, "outer.lr"), "{:.3f}"
-    ),
-    "gap.inner-part-outer-seed-2": Figure(
-        at(f"{GAP}/diloco-H16-outer/stage1", 0.5, "outer.lr"), "{:.3f}"
-    ),
-    "gap.inner-part-outer-seed-3": Figure(
-        at(f"{GAP}/diloco-H16-outer/stage1", 0.7, "outer.lr"), "{:.3f}"
-    ),
-    "gap.part-outer-seed": Figure(at(f"{GAP}/diloco-H16-outer/stage1", 1.0, "outer.lr"), "{:.3f}"),
-    "gap.python-m-experiments.report.rerun-all": Figure(rerun_stat("n")),
-    "gap.the-largest-difference-is": Figure(rerun_stat("largest")),
-    "gap.difference-is-local-sgd": Figure(rerun_stat("same")),
-    "stream.table1.allreduce.final-eval-loss-3-seeds": Figure(
-        mean(f"{STREAM}/allreduce-adamw/final"), "{:.3f}"
-    ),
-    "stream.table1.allreduce.final-eval-loss-3-seeds-2": Figure(
-        sd(f"{STREAM}/allreduce-adamw/final"), "{:.3f}"
-    ),
-    "stream.table1.allreduce.per-seed": Figure(
-        seed(f"{STREAM}/allreduce-adamw/final", 0), "{:.3f}"
-    ),
-    "stream.table1.allreduce.per-seed-2": Figure(
-        seed(f"{STREAM}/allreduce-adamw/final", 1), "{:.3f}"
-    ),
-    "stream.table1.allreduce.per-seed-3": Figure(
-        seed(f"{STREAM}/allreduce-adamw/final", 2), "{:.3f}"
-    ),
-    "stream.table1.diloco-f-1.final-eval-loss-3-seeds": Figure(mean(DILOCO), "{:.3f}"),
-    "stream.table1.diloco-f-1.final-eval-loss-3-seeds-2": Figure(sd(DILOCO), "{:.3f}"),
-    "stream.table1.diloco-f-1.per-seed": Figure(seed(DILOCO, 0), "{:.3f}"),
-    "stream.table1.diloco-f-1.per-seed-2": Figure(seed(DILOCO, 1), "{:.3f}"),
-    "stream.table1.diloco-f-1.per-seed-3": Figure(seed(DILOCO, 2), "{:.3f}"),
-    "stream.table1.streaming-diloco-f-4-float32.final-eval-loss-3-seeds": Figure(
-        mean(f"{STREAM}/streaming-f4/final"), "{:.3f}"
-    ),
-    "stream.table1.streaming-diloco-f-4-float32.final-eval-loss-3-seeds-2": Figure(
-        sd(f"{STREAM}/streaming-f4/final"), "{:.3f}"
-    ),
-    "stream.table1.streaming-diloco-f-4-float32.per-seed": Figure(
-        seed(f"{STREAM}/streaming-f4/final", 0), "{:.3f}"
-    ),
-    "stream.table1.streaming-diloco-f-4-float32.per-seed-2": Figure(
-        seed(f"{STREAM}/streaming-f4/final", 1), "{:.3f}"
-    ),
-    "stream.table1.streaming-diloco-f-4-float32.per-seed-3": Figure(
-        seed(f"{STREAM}/streaming-f4/final", 2), "{:.3f}"
-    ),
-    "stream.table1.streaming-diloco-f-4-int8.final-eval-loss-3-seeds": Figure(mean(INT8), "{:.3f}"),
-    "stream.table1.streaming-diloco-f-4-int8.final-eval-loss-3-seeds-2": Figure(sd(INT8), "{:.3f}"),
-    "stream.table1.streaming-diloco-f-4-int8.per-seed": Figure(seed(INT8, 0), "{:.3f}"),
-    "stream.table1.streaming-diloco-f-4-int8.per-seed-2": Figure(seed(INT8, 1), "{:.3f}"),
-    "stream.table1.streaming-diloco-f-4-int8.per-seed-3": Figure(seed(INT8, 2), "{:.3f}"),
-    "stream.table1.streaming-slowmo-over-one-peer-e.final-eval-loss-3-seeds": Figure(
-        mean(f"{STREAM}/slowmo-ope-f4/final"), "{:.3f}"
-    ),
-    "stream.table1.streaming-slowmo-over-one-peer-e.final-eval-loss-3-seeds-2": Figure(
-        sd(f"{STREAM}/slowmo-ope-f4/final"), "{:.3f}"
-    ),
-    "stream.table1.streaming-slowmo-over-one-peer-e.per-seed": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4/final", 0), "{:.3f}"
-    ),
-    "stream.table1.streaming-slowmo-over-one-peer-e.per-seed-2": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4/final", 1), "{:.3f}"
-    ),
-    "stream.table1.streaming-slowmo-over-one-peer-e.per-seed-3": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4/final", 2), "{:.3f}"
-    ),
-    "stream.table1.the-same-slowmo-s-own-update-sca.final-eval-loss-3-seeds": Figure(
-        mean(f"{STREAM}/slowmo-ope-f4-scaled/final"), "{:.3f}"
-    ),
-    "stream.table1.the-same-slowmo-s-own-update-sca.final-eval-loss-3-seeds-2": Figure(
-        sd(f"{STREAM}/slowmo-ope-f4-scaled/final"), "{:.3f}"
-    ),
-    "stream.table1.the-same-slowmo-s-own-update-sca.per-seed": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4-scaled/final", 0), "{:.3f}"
-    ),
-    "stream.table1.the-same-slowmo-s-own-update-sca.per-seed-2": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4-scaled/final", 1), "{:.3f}"
-    ),
-    "stream.table1.the-same-slowmo-s-own-update-sca.per-seed-3": Figure(
-        seed(f"{STREAM}/slowmo-ope-f4-scaled/final", 2), "{:.3f}"
-    ),
-    "stream.table2.head.time-to-diloco-s-final-mean": Figure(
-        lambda s: float(s.key(LINK, "target")), "{:.3f}"
-    ),
-    "stream.table2.allreduce.s-step-on-the-link": Figure(
-        link_arm("allreduce-adamw", "step_s"), "{:.3f}"
-    ),
-    "stream.table2.allreduce.tokens-s-on-the-link": Figure(
-        link_arm("allreduce-adamw", "tokens_per_s"), "{:,.0f}"
-    ),
-    "stream.table2.allreduce.time-to-diloco-s-final-mean": Figure(
-        link_arm("allreduce-adamw", "time_to_target", 1), "{:.0f}"
-    ),
-    "stream.table2.allreduce.time-to-diloco-s-final-mean-2": Figure(
-        link_arm("allreduce-adamw", "time_to_target", 0), "{:.0f}"
-    ),
-    "stream.table2.allreduce.vs-allreduce": Figure(
-        ratio(
-            link_arm("allreduce-adamw", "time_to_target", 1),
-            link_arm("allreduce-adamw", "time_to_target", 1),
-        ),
+    "lm.complete.tune.lr8e-3": Figure(run(f"{LM}/complete-adamw/stage1/3"), L3),
+    "lm.one-peer-exp.tune.lr8e-3": Figure(run(f"{LM}/one-peer-exp-adamw/stage1/3"), L3),
+    **stats("lm.complete.lr8e-3", f"{LM}/complete-adamw/final", "{:.2f}", names="seed1 seed2"),
+    **stats(
+        "lm.one-peer-exp.lr8e-3", f"{LM}/one-peer-exp-adamw/final", "{:.2f}", names="seed1 seed2"
+    ),
+    "lm.allreduce.sd": Figure(lambda s: s.sd(f"{LM}/allreduce-adamw/final"), L3),
+    **grid("lm.allreduce.lr", f"{LM}/allreduce-adamw/stage1", W128_LRS),
+    # lm_gap: the reruns
+    "gap.reruns.n": Figure(rerun_stat("n")),
+    "gap.reruns.differ": Figure(rerun_stat("differ")),
+    "gap.reruns.largest": Figure(rerun_stat("largest")),
+    "gap.reruns.exact": Figure(rerun_stat("same")),
+    "gap.local-h16.lr4e-3.seed1-all-digits": Figure(
+        run(f"{GAP}/local-sgd-H16-lr/final/seed1"), "{!r}"
+    ),
+    # lm_gap: the arms at 32 windows, Adam's state shared
+    **stats("gap.allreduce", f"{GAP}/allreduce-adamw/final"),
+    **stats("gap.complete", f"{GAP}/complete-adamw-lr0.004/final"),
+    **stats("gap.complete-v16", f"{GAP}/complete-v/final", names="seed0 seed1 seed2 mean"),
+    **stats(
+        "gap.one-peer-exp",
+        f"{GAP}/one-peer-exp-adamw-lr0.004/final",
+        names="seed0 seed1 seed2 mean",
+    ),
+    "gap.complete-v1.seed0": Figure(run(f"{GAP}/complete-v/stage1/0"), L3),
+    "gap.complete-v4.seed0": Figure(run(f"{GAP}/complete-v/stage1/1"), L3),
+    **{
+        f"gap.one-peer-exp-v{k}.seed0": Figure(run(f"{GAP}/one-peer-exp-v/stage1/{i}"), L3)
+        for i, k in enumerate((1, 4, 16))
+    },
+    "gap.k.largest-move": Figure(_k_moves, "{:.3f}"),
+    "gap.complete.mb": Figure(_mb(f"{GAP}/complete-adamw-lr0.004/final/seed0"), "{:.3g}"),
+    "gap.complete-v1.mb": Figure(_mb(f"{GAP}/complete-v/stage1/0"), "{:.3g}"),
+    **_seed0("gap.complete-m1", f"{GAP}/complete-m/stage1/0"),
+    **_seed0("gap.complete-mv1", f"{GAP}/complete-mv/stage1/0"),
+    **{
+        f"gap.{arm}.vs-complete": Figure(
+            lambda s, rel=rel: (
+                s.run(f"{GAP}/{rel}") - s.run(f"{GAP}/complete-adamw-lr0.004/final/seed0")
+            ),
+            "{:+.3f}",
+            minus=True,
+        )
+        for arm, rel in (
+            ("allreduce", "allreduce-adamw/final/seed0"),
+            ("complete-v1", "complete-v/stage1/0"),
+            ("complete-m1", "complete-m/stage1/0"),
+            ("complete-mv1", "complete-mv/stage1/0"),
+        )
+    },
+    **_seed0("gap.lagged-v0", f"{GAP}/complete-lagged-v0/stage1/0"),
+    **_lagged("gap.lagged-v1", "complete-lagged-v1", "4e-3 2e-3 1e-3"),
+    **_lagged("gap.lagged-m1", "complete-lagged-m1", "4e-3 2e-3"),
+    # lm_gap: the batch per worker
+    **stats("gap.w8.allreduce", f"{GAP}/allreduce-w8/final", names="mean sd"),
+    **stats("gap.w8.complete", f"{GAP}/complete-w8/final", names="mean sd"),
+    **stats("gap.w128.allreduce", f"{GAP}/allreduce-w128/final", names="mean sd"),
+    **stats("gap.w128.complete", f"{GAP}/complete-w128/final", names="mean sd"),
+    **{
+        k: v
+        for a in ARMS
+        for k, v in grid(f"gap.w8.{a}.lr", f"{GAP}/{a}-w8/stage1", W8_LRS).items()
+    },
+    **{
+        k: v
+        for a in ARMS
+        for k, v in grid(f"gap.w128.{a}.lr", f"{GAP}/{a}-w128/stage1", W128_LRS).items()
+    },
+    **gaps("gap.w8.gap", f"{GAP}/allreduce-w8/final", f"{GAP}/complete-w8/final"),
+    **gaps("gap.w32.gap", f"{GAP}/allreduce-adamw/final", f"{GAP}/complete-adamw-lr0.004/final"),
+    **gaps("gap.w128.gap", f"{GAP}/allreduce-w128/final", f"{GAP}/complete-w128/final"),
+    "gap.w8.complete.below-w32-allreduce": Figure(
+        diff(mean(f"{GAP}/allreduce-adamw/final"), mean(f"{GAP}/complete-w8/final")), L3
+    ),
+    # lm_gap: AdamW one step late
+    **grid("gap.delayed.lr", f"{GAP}/allreduce-delayed/stage1", "5e-4 1e-3 2e-3 4e-3 8e-3"),
+    **stats("gap.delayed", f"{GAP}/allreduce-delayed/final"),
+    **gaps(
+        "gap.delayed.gap",
+        f"{GAP}/allreduce-adamw/final",
+        f"{GAP}/allreduce-delayed/final",
+        names="mean sd",
+    ),
+    # lm_gap: the local arms' inner lr (H=16)
+    **grid("gap.local-h16.lr", f"{GAP}/local-sgd-H16-lr/stage1", "5e-4 1e-3 8e-3"),
+    **stats("gap.local-h16-lr2e-3", LOCAL_T),
+    **grid("gap.diloco-h16.lr", f"{GAP}/diloco-H16-lr/stage1", "1e-3 4e-3 8e-3"),
+    **stats("gap.diloco-h16-lr2e-3", DILOCO_T),
+    **grid(
+        "gap.diloco-h16-lr2e-3.outer-lr",
+        f"{GAP}/diloco-H16-outer/stage1",
+        "0.3 0.5 0.7 1.0",
+        "outer.lr",
+    ),
+    "gap.diloco-h16-lr2e-3.seed1-above-others": Figure(
+        lambda s: s.seeds(DILOCO_T)[1] - (s.seeds(DILOCO_T)[0] + s.seeds(DILOCO_T)[2]) / 2, "{:.2f}"
+    ),
+    **gaps("gap.diloco-vs-local-h16-lr2e-3", LOCAL_T, DILOCO_T, names="seed0 seed1 seed2 mean"),
+    # lm_gap: SGD
+    **{
+        k: v
+        for a in ARMS
+        for k, v in grid(f"gap.sgd.{a}.lr", f"{GAP}/{a}-sgd/stage1", SGD_LRS).items()
+    },
+    **stats("gap.sgd.allreduce", f"{GAP}/allreduce-sgd/final"),
+    **stats("gap.sgd.complete", f"{GAP}/complete-sgd/final"),
+    **gaps("gap.sgd.gap", f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final", minus=True),
+    "gap.sgd.complete.seeds-ahead": Figure(
+        _ahead(f"{GAP}/allreduce-sgd/final", f"{GAP}/complete-sgd/final"), "{}"
+    ),
+    # lm_gap: seed 1's stall (train/loss logged every 2 steps)
+    **{
+        f"gap.stall.{name}.step{step}": Figure(_train_loss(name, step), "{:.2f}")
+        for name, step in (
+            ("local-seed1", 22),
+            ("local-seed1", 26),
+            ("local-seed0", 22),
+            ("local-seed0", 26),
+            ("complete-seed1", 24),
+            ("allreduce-seed1", 22),
+        )
+    },
+    **each(
+        "gap.stall.lr-e-3",
+        "{:.1f}",
+        step22=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 22, "train/lr")(s),
+        step26=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 26, "train/lr")(s),
+    ),
+    **each(
+        "gap.stall.consensus-before-average",
+        "{:.0f}",
+        min=lambda s: min(_peaks(s)),
+        max=lambda s: max(_peaks(s)),
+    ),
+    "gap.stall.update-norm.local-mean": Figure(
+        lambda s: statistics.mean(_norms(s, False)), "{:.1f}"
+    ),
+    **each(
+        "gap.stall.update-norm.averaging",
+        "{:.1f}",
+        min=lambda s: min(_norms(s, True)),
+        max=lambda s: max(_norms(s, True)),
+    ),
+    "gap.unigram-entropy": Figure(
+        lambda s: s.run(f"{GAP}/allreduce-adamw/final/seed0", "unigram_entropy"), "{:.2f}"
+    ),
+    # streaming
+    **stats("stream.allreduce", f"{STREAM}/allreduce-adamw/final"),
+    **stats("stream.diloco", DILOCO),
+    **stats("stream.f4", F4),
+    **stats("stream.f4-int8", INT8),
+    **stats("stream.slowmo-f4", SLOWMO),
+    **stats("stream.slowmo-f4-scaled", SCALED),
+    **{
+        f"stream.{arm}.{name}": Figure(_mean_mb(runs, key), "{:.3g}")
+        for arm, runs in (
+            ("allreduce", f"{STREAM}/allreduce-adamw/final"),
+            ("diloco", DILOCO),
+            ("f4", F4),
+            ("f4-int8", INT8),
+            ("slowmo-f4", SLOWMO),
+            ("slowmo-f4-scaled", SCALED),
+        )
+        for name, key in (("mb", MB), ("peak-mb", PEAK))
+        if (arm, name) != ("allreduce", "peak-mb")  # all-reduce sends the same bytes every step
+    },
+    **gaps("stream.f4-vs-diloco", DILOCO, F4, minus=True, names="seed0 seed1 seed2 mean"),
+    **gaps("stream.f4-int8-vs-diloco", DILOCO, INT8, minus=True, names="seed0 seed1 seed2"),
+    **gaps("stream.f4-int8-vs-f4", F4, INT8, minus=True, names="seed0 seed1 seed2 mean"),
+    **gaps(
+        "stream.slowmo-scaled-vs-unscaled", SLOWMO, SCALED, minus=True, names="seed0 seed1 seed2"
+    ),
+    **grid(
+        "stream.slowmo-f4-scaled.outer-lr",
+        f"{STREAM}/slowmo-ope-f4-scaled/stage1",
+        "0.5 1.0 1.5",
+        "outer.lr",
+    ),
+    "stream.f4-int8.behind-diloco-h16-lr2e-3": Figure(diff(mean(INT8), mean(DILOCO_T)), "{:.2f}"),
+    "stream.f4-int8.ahead-of-diloco": Figure(diff(mean(DILOCO), mean(INT8)), "{:.2f}"),
+    **each(
+        "stream.f4-int8",
+        "{:.3f}",
+        peak_vs_diloco=ratio(mean(INT8, PEAK), mean(DILOCO, PEAK)),
+        mean_vs_diloco=ratio(mean(INT8, MB), mean(DILOCO, MB)),
+    ),
+    "stream.f4.peak-vs-diloco": Figure(ratio(mean(F4, PEAK), mean(DILOCO, PEAK)), "{:.3f}"),
+    "stream.link.target": Figure(lambda s: float(s.key(LINK, "target")), L3),
+    **{
+        f"stream.link.{arm}.{name}": Figure(fn, fmt)
+        for arm in (
+            "allreduce-adamw",
+            "diloco-H16",
+            "streaming-f4",
+            "streaming-f4-int8",
+            "slowmo-ope-f4",
+        )
+        for name, fn, fmt in (
+            ("step-s", link_arm(arm, "step_s"), L3),
+            ("tokens-s", link_arm(arm, "tokens_per_s"), "{:,.0f}"),
+            ("time-to-target-s", link_arm(arm, "time_to_target", 1), "{:.0f}"),
+            ("time-to-target-step", link_arm(arm, "time_to_target", 0), "{:.0f}"),
+            (
+                "speedup",
+                ratio(
+                    link_arm("allreduce-adamw", "time_to_target", 1),
+                    link_arm(arm, "time_to_target", 1),
+                ),
+                "{:.2f}",
+            ),
+        )
+    },
+    **{
+        f"stream.link.{arm}.end-s": Figure(_end_s(arm), "{:.0f}")
+        for arm in ("allreduce-adamw", "slowmo-ope-f4")
+    },
+    **each(
+        "stream.link.diloco-arms.end-s",
+        "{:.0f}",
+        min=lambda s: min(_end_s(a)(s) for a in DILOCO_ARMS),
+        max=lambda s: max(_end_s(a)(s) for a in DILOCO_ARMS),
+    ),
+    # outer
+    **stats("outer.allreduce", f"{OUTER}/allreduce-adamw/final", names="seed1 mean sd"),
+    **{
+        k: v
+        for arm in ("local-sgd-H16", "diloco-H16", "local-sgd-H64", "diloco-H64")
+        for k, v in _outer(arm).items()
+    },
+    "outer.allreduce.mb": Figure(_mean_mb(f"{OUTER}/allreduce-adamw/final"), "{:.2f}"),
+    **grid(
+        "outer.diloco-h16.outer-lr", f"{OUTER}/diloco-H16/stage1", "0.3 0.5 0.7 1.0", "outer.lr"
+    ),
+    **grid(
+        "outer.diloco-h64.outer-lr", f"{OUTER}/diloco-H64/stage1", "0.3 0.5 0.7 1.0", "outer.lr"
+    ),
+    **gaps(
+        "outer.diloco-vs-local.h16",
+        f"{OUTER}/local-sgd-H16/final",
+        f"{OUTER}/diloco-H16/final",
+        names="seed0 seed1 seed2",
+    ),
+    **gaps(
+        "outer.diloco-vs-local.h64",
+        f"{OUTER}/local-sgd-H64/final",
+        f"{OUTER}/diloco-H64/final",
+        names="seed0 seed1 seed2",
+    ),
+    **{
+        f"outer.{arm}.h64-minus-h16": Figure(
+            diff(mean(f"{OUTER}/{arm}-H64/final"), mean(f"{OUTER}/{arm}-H16/final")),
+            "{:.2f}",
+            minus=True,
+        )
+        for arm in ("local-sgd", "diloco")
+    },
+    **each(
+        "outer.diloco-behind-local",
         "{:.2f}",
-    ),
-    "stream.table2.diloco-f-1.s-step-on-the-link": Figure(
-        link_arm("diloco-H16", "step_s"), "{:.3f}"
-    ),
-    "stream.table2.diloco-f-1.tokens-s-on-the-link": Figure(
-        link_arm("diloco-H16", "tokens_per_s"), "{:,.0f}"
-    ),
-    "stream.table2.diloco-f-1.time-to-diloco-s-final-mean": Figure(
-        link_arm("diloco-H16", "time_to_target", 1), "{:.0f}"
-    ),
-    "stream.table2.diloco-f-1.time-to-diloco-s-final-mean-2": Figure(
-        link_arm("diloco-H16", "time_to_target", 0), "{:.0f}"
-    ),
-    "stream.table2.diloco-f-1.vs-allreduce": Figure(
-        ratio(
-            link_arm("allreduce-adamw", "time_to_target", 1),
-            link_arm("diloco-H16", "time_to_target", 1),
-        ),
-        "{:.2f}",
-    ),
-    "stream.table2.streaming-f-4-float32.s-step-on-the-link": Figure(
-        link_arm("streaming-f4", "step_s"), "{:.3f}"
-    ),
-    "stream.table2.streaming-f-4-float32.tokens-s-on-the-link": Figure(
-        link_arm("streaming-f4", "tokens_per_s"), "{:,.0f}"
-    ),
-    "stream.table2.streaming-f-4-float32.time-to-diloco-s-final-mean": Figure(
-        link_arm("streaming-f4", "time_to_target", 1), "{:.0f}"
-    ),
-    "stream.table2.streaming-f-4-float32.time-to-diloco-s-final-mean-2": Figure(
-        link_arm("streaming-f4", "time_to_target", 0), "{:.0f}"
-    ),
-    "stream.table2.streaming-f-4-float32.vs-allreduce": Figure(
-        ratio(
-            link_arm("allreduce-adamw", "time_to_target", 1),
-            link_arm("streaming-f4", "time_to_target", 1),
-        ),
-        "{:.2f}",
-    ),
-    "stream.table2.streaming-f-4-int8.s-step-on-the-link": Figure(
-        link_arm("streaming-f4-int8", "step_s"), "{:.3f}"
-    ),
-    "stream.table2.streaming-f-4-int8.tokens-s-on-the-link": Figure(
-        link_arm("streaming-f4-int8", "tokens_per_s"), "{:,.0f}"
-    ),
-    "stream.table2.streaming-f-4-int8.time-to-diloco-s-final-mean": Figure(
-        link_arm("streaming-f4-int8", "time_to_target", 1), "{:.0f}"
-    ),
-    "stream.table2.streaming-f-4-int8.time-to-diloco-s-final-mean-2": Figure(
-        link_arm("streaming-f4-int8", "time_to_target", 0), "{:.0f}"
-    ),
-    "stream.table2.streaming-f-4-int8.vs-allreduce": Figure(
-        ratio(
-            link_arm("allreduce-adamw", "time_to_target", 1),
-            link_arm("streaming-f4-int8", "time_to_target", 1),
-        ),
-        "{:.2f}",
-    ),
-    "stream.table2.slowmo-over-one-peer-exp-f-4.s-step-on-the-link": Figure(
-        link_arm("slowmo-ope-f4", "step_s"), "{:.3f}"
-    ),
-    "stream.table2.slowmo-over-one-peer-exp-f-4.tokens-s-on-the-link": Figure(
-        link_arm("slowmo-ope-f4", "tokens_per_s"), "{:,.0f}"
-    ),
-    "stream.table2.slowmo-over-one-peer-exp-f-4.time-to-diloco-s-final-mean": Figure(
-        link_arm("slowmo-ope-f4", "time_to_target", 1), "{:.0f}"
-    ),
-    "stream.table2.slowmo-over-one-peer-exp-f-4.time-to-diloco-s-final-mean-2": Figure(
-        link_arm("slowmo-ope-f4", "time_to_target", 0), "{:.0f}"
-    ),
-    "stream.table2.slowmo-over-one-peer-exp-f-4.vs-allreduce": Figure(
-        ratio(
-            link_arm("allreduce-adamw", "time_to_target", 1),
-            link_arm("slowmo-ope-f4", "time_to_target", 1),
-        ),
-        "{:.2f}",
-    ),
-    "stream.s-diloco-inner-lr": Figure(mean(DILOCO), "{:.3f}"),
-    "stream.on-each-seed-by": Figure(diff(mean(DILOCO), mean(INT8)), "{:.2f}"),
-    "stream.at-diloco-ends-at": Figure(mean(DILOCO_T), "{:.3f}"),
-    "stream.at-diloco-ends-at-2": Figure(sd(DILOCO_T), "{:.3f}"),
-    "stream.arms-inner-learning-rate": Figure(diff(mean(INT8), mean(DILOCO_T)), "{:.2f}"),
-    "stream.seeds-it-ends-at": Figure(mean(f"{STREAM}/slowmo-ope-f4-scaled/final"), "{:.3f}"),
-    "stream.seeds-it-ends-at-2": Figure(sd(f"{STREAM}/slowmo-ope-f4-scaled/final"), "{:.3f}"),
-    "outer.table1.local-sgd-h-16.final-eval-loss": Figure(
-        mean(f"{OUTER}/local-sgd-H16/final"), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-16.final-eval-loss-2": Figure(
-        sd(f"{OUTER}/local-sgd-H16/final"), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-16.final-eval-loss-3": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 0), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-16.final-eval-loss-4": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 1), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-16.final-eval-loss-5": Figure(
-        seed(f"{OUTER}/local-sgd-H16/final", 2), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss": Figure(
-        mean(f"{OUTER}/diloco-H16/final"), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-2": Figure(
-        sd(f"{OUTER}/diloco-H16/final"), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-3": Figure(
-        seed(f"{OUTER}/diloco-H16/final", 0), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-4": Figure(
-        seed(f"{OUTER}/diloco-H16/final", 1), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-5": Figure(
-        seed(f"{OUTER}/diloco-H16/final", 2), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-64.final-eval-loss": Figure(
-        mean(f"{OUTER}/local-sgd-H64/final"), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-64.final-eval-loss-2": Figure(
-        sd(f"{OUTER}/local-sgd-H64/final"), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-64.final-eval-loss-3": Figure(
-        seed(f"{OUTER}/local-sgd-H64/final", 0), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-64.final-eval-loss-4": Figure(
-        seed(f"{OUTER}/local-sgd-H64/final", 1), "{:.3f}"
-    ),
-    "outer.table1.local-sgd-h-64.final-eval-loss-5": Figure(
-        seed(f"{OUTER}/local-sgd-H64/final", 2), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss": Figure(
-        mean(f"{OUTER}/diloco-H64/final"), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-2": Figure(
-        sd(f"{OUTER}/diloco-H64/final"), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-3": Figure(
-        seed(f"{OUTER}/diloco-H64/final", 0), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-4": Figure(
-        seed(f"{OUTER}/diloco-H64/final", 1), "{:.3f}"
-    ),
-    "outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-5": Figure(
-        seed(f"{OUTER}/diloco-H64/final", 2), "{:.3f}"
-    ),
-    "outer.at-h-it-gave": Figure(at(f"{OUTER}/diloco-H16/stage1", 0.3, "outer.lr"), "{:.3f}"),
-    "outer.at-h-it-gave-2": Figure(at(f"{OUTER}/diloco-H16/stage1", 0.5, "outer.lr"), "{:.3f}"),
-    "outer.at-h-it-gave-3": Figure(at(f"{OUTER}/diloco-H16/stage1", 0.7, "outer.lr"), "{:.3f}"),
-    "outer.h-it-gave-and": Figure(at(f"{OUTER}/diloco-H16/stage1", 1.0, "outer.lr"), "{:.3f}"),
-    "outer.at-h-outer-rounds": Figure(at(f"{OUTER}/diloco-H64/stage1", 0.3, "outer.lr"), "{:.3f}"),
-    "outer.at-h-outer-rounds-2": Figure(
-        at(f"{OUTER}/diloco-H64/stage1", 0.5, "outer.lr"), "{:.3f}"
-    ),
-    "outer.at-h-outer-rounds-3": Figure(
-        at(f"{OUTER}/diloco-H64/stage1", 0.7, "outer.lr"), "{:.3f}"
-    ),
-    "outer.h-outer-rounds-and": Figure(at(f"{OUTER}/diloco-H64/stage1", 1.0, "outer.lr"), "{:.3f}"),
-    "outer.local-sgd-ends-at": Figure(mean(LOCAL_T), "{:.3f}"),
-    "outer.local-sgd-ends-at-2": Figure(sd(LOCAL_T), "{:.3f}"),
-    "outer.at-and-diloco-at": Figure(mean(DILOCO_T), "{:.3f}"),
-    "outer.at-and-diloco-at-2": Figure(sd(DILOCO_T), "{:.3f}"),
-    "cluster.s-measured-steps-gossip": Figure(
-        lambda s: 100 * calibration("a40_ethernet_25g", "alternating-exp-ring", "error")(s),
-        "{:+.1f}",
-    ),
-    "cluster.steps-gossip-on-gbe": Figure(
-        lambda s: 100 * calibration("a100_infiniband_hdr", "alternating-exp-ring", "error")(s),
-        "{:+.1f}",
+        h16=diff(mean(f"{OUTER}/diloco-H16/final"), mean(f"{OUTER}/local-sgd-H16/final")),
+        h64=diff(mean(f"{OUTER}/diloco-H64/final"), mean(f"{OUTER}/local-sgd-H64/final")),
     ),
 }
 
+
+def _row(label: str, prefix: str, names: str, *rest: str) -> str:
+    """A table row: ``label``, then ``prefix``'s figures ``names``, then the cells ``rest``."""
+    return "| " + " | ".join([label, slots(prefix, names), *rest]) + " |"
+
+
+def _lrs(label: str, prefix: str, lrs: str, best: str, before: int = 0, after: int = 0) -> str:
+    """A row of an lr grid: ``prefix.lrLR`` for each of ``lrs``, ``best`` in bold, with empty
+    cells for the grid's values the row did not run."""
+    cells = [
+        f"**{{{{{prefix}.lr{lr}}}}}**" if lr == best else f"{{{{{prefix}.lr{lr}}}}}"
+        for lr in lrs.split()
+    ]
+    return row(label, *[""] * before, *cells, *[""] * after)
+
+
+def _seeds(label: str, prefix: str, bold: bool = False) -> str:
+    """A row of an arm's seeds 0 to 2 and their mean ± sd."""
+    return row(label, slots(prefix), mean_sd(prefix, bold))
+
+
+def _batch(label: str, prefix: str, lr: str) -> str:
+    """A row of the batch table: both arms' mean ± sd at their best lr."""
+    cells = (f"{mean_sd(f'{prefix}.{arm}')} ({lr})" for arm in ("allreduce", "complete"))
+    return row(label, "4.19M", *cells)
+
+
 TABLES: dict[str, str] = {
-    "gap.table1": """\
-| arm | K | seed 0 | seed 1 | seed 2 | mean |
-|---|---:|---:|---:|---:|---:|
-| `allreduce` | – | {{gap.table1.allreduce.seed-0}} | {{gap.table1.allreduce.seed-1}} | {{gap.table1.allreduce.seed-2}} | {{gap.table1.allreduce.mean}} |
-| `complete` | off | {{gap.table1.complete.seed-0}} | {{gap.table1.complete.seed-1}} | {{gap.table1.complete.seed-2}} | {{gap.table1.complete.mean}} |
-| `complete`, v shared | 1 | {{gap.table1.complete-v-shared.seed-0}} | | | |
-| `complete`, v shared | 4 | {{gap.table1.complete-v-shared.seed-0-2}} | | | |
-| `complete`, v shared | 16 (best of seed 0) | {{gap.table1.complete-v-shared.seed-0-3}} | {{gap.table1.complete-v-shared.seed-1}} | {{gap.table1.complete-v-shared.seed-2}} | {{gap.table1.complete-v-shared.mean}} |
-| `one-peer-exp` | off | {{gap.table1.one-peer-exp.seed-0}} | {{gap.table1.one-peer-exp.seed-1}} | {{gap.table1.one-peer-exp.seed-2}} | {{gap.table1.one-peer-exp.mean}} |
-| `one-peer-exp`, v shared | 1 | {{gap.table1.one-peer-exp-v-shared.seed-0}} | | | |
-| `one-peer-exp`, v shared | 4 | {{gap.table1.one-peer-exp-v-shared.seed-0-2}} | | | |
-| `one-peer-exp`, v shared | 16 | {{gap.table1.one-peer-exp-v-shared.seed-0-3}} | | | |""",
-    "gap.table2": """\
-| arm | state averaged every step | seed 0 | vs `complete` | `comm/bytes_per_step` |
-|---|---|---:|---:|---:|
-| `allreduce` | – | {{gap.table2.allreduce.seed-0}} | −0.165 | |
-| `complete` | none | {{gap.table2.complete.seed-0}} | 0 | {{gap.table2.complete.comm-bytes-per-step}} MB |
-| `complete` | `exp_avg_sq` | {{gap.table2.complete.seed-0-2}} | +0.016 | {{gap.table2.complete.comm-bytes-per-step-2}} MB |
-| `complete` | `exp_avg` | {{gap.table2.complete.seed-0-3}} | +0.040 | {{gap.table2.complete.comm-bytes-per-step-3}} MB |
-| `complete` | `exp_avg` and `exp_avg_sq` | {{gap.table2.complete.seed-0-4}} | +0.037 | {{gap.table2.complete.comm-bytes-per-step-4}} MB |""",
-    "gap.table3": """\
-| arm (`complete`) | lr | seed 0 | `comm/bytes_per_step` |
-|---|---:|---:|---:|
-| AdamW (the baseline) | 4e-3 | {{gap.table3.adamw-the-baseline.seed-0}} | {{gap.table3.adamw-the-baseline.comm-bytes-per-step}} MB |
-| LaggedVAdamW, nothing shared (the lag and clip alone) | 4e-3 | {{gap.table3.laggedvadamw-nothing-shared-the.seed-0}} | {{gap.table3.laggedvadamw-nothing-shared-the.comm-bytes-per-step}} MB |
-| LaggedVAdamW, `v` from the mean gradient | 4e-3 | {{gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0}} | {{gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step}} MB |
-| LaggedVAdamW, `v` from the mean gradient | 2e-3 | {{gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-2}} | {{gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-2}} MB |
-| LaggedVAdamW, `v` from the mean gradient | 1e-3 | {{gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-3}} | {{gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-3}} MB |
-| LaggedVAdamW, `v` from the mean gradient, `m` shared | 4e-3 | {{gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-4}} | {{gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-4}} MB |
-| LaggedVAdamW, `v` from the mean gradient, `m` shared | 2e-3 | {{gap.table3.laggedvadamw-v-from-the-mean-gra.seed-0-5}} | {{gap.table3.laggedvadamw-v-from-the-mean-gra.comm-bytes-per-step-5}} MB |""",
-    "gap.table4": """\
-| windows per worker | global batch | steps | warm-up | tokens | `allreduce` (best lr) | `complete` (best lr) |
-|---:|---:|---:|---:|---:|---:|---:|
-| 8 | 32 | 2048 | 128 | 4.19M | {{gap.table4.8.allreduce-best-lr}} ± {{gap.table4.8.allreduce-best-lr-2}} (8e-3) | {{gap.table4.8.complete-best-lr}} ± {{gap.table4.8.complete-best-lr-2}} (8e-3) |
-| 32 (`lm_small`) | 128 | 512 | 32 | 4.19M | {{gap.table4.32-lm-small.allreduce-best-lr}} ± {{gap.table4.32-lm-small.allreduce-best-lr-2}} (4e-3) | {{gap.table4.32-lm-small.complete-best-lr}} ± {{gap.table4.32-lm-small.complete-best-lr-2}} (4e-3) |
-| 128 | 512 | 128 | 8 | 4.19M | {{gap.table4.128.allreduce-best-lr}} ± {{gap.table4.128.allreduce-best-lr-2}} (2e-3) | {{gap.table4.128.complete-best-lr}} ± {{gap.table4.128.complete-best-lr-2}} (2e-3) |""",
-    "gap.table5": """\
-| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 | 1.6e-2 |
-|---|---:|---:|---:|---:|---:|---:|
-| `allreduce`, 8 windows | {{gap.table5.allreduce-8-windows.5e-4}} | {{gap.table5.allreduce-8-windows.1e-3}} | {{gap.table5.allreduce-8-windows.2e-3}} | {{gap.table5.allreduce-8-windows.4e-3}} | **{{gap.table5.allreduce-8-windows.8e-3}}** | {{gap.table5.allreduce-8-windows.1-6e-2}} |
-| `complete`, 8 windows | {{gap.table5.complete-8-windows.5e-4}} | {{gap.table5.complete-8-windows.1e-3}} | {{gap.table5.complete-8-windows.2e-3}} | {{gap.table5.complete-8-windows.4e-3}} | **{{gap.table5.complete-8-windows.8e-3}}** | {{gap.table5.complete-8-windows.1-6e-2}} |
-| `allreduce`, 128 windows | | {{gap.table5.allreduce-128-windows.1e-3}} | **{{gap.table5.allreduce-128-windows.2e-3}}** | {{gap.table5.allreduce-128-windows.4e-3}} | {{gap.table5.allreduce-128-windows.8e-3}} | |
-| `complete`, 128 windows | | {{gap.table5.complete-128-windows.1e-3}} | **{{gap.table5.complete-128-windows.2e-3}}** | {{gap.table5.complete-128-windows.4e-3}} | {{gap.table5.complete-128-windows.8e-3}} | |""",
-    "gap.table6": """\
-| gap, paired by seed ([gap/](gap/gap.md)) | seed 0 | seed 1 | seed 2 | mean ± sd |
-|---|---:|---:|---:|---:|
-| 8 windows, 2048 steps | {{gap.table6.8-windows-2048-steps.seed-0}} | {{gap.table6.8-windows-2048-steps.seed-1}} | {{gap.table6.8-windows-2048-steps.seed-2}} | **{{gap.table6.8-windows-2048-steps.mean-sd}} ± {{gap.table6.8-windows-2048-steps.mean-sd-2}}** |
-| 32 windows, 512 steps | {{gap.table6.32-windows-512-steps.seed-0}} | {{gap.table6.32-windows-512-steps.seed-1}} | {{gap.table6.32-windows-512-steps.seed-2}} | {{gap.table6.32-windows-512-steps.mean-sd}} ± {{gap.table6.32-windows-512-steps.mean-sd-2}} |
-| 128 windows, 128 steps | {{gap.table6.128-windows-128-steps.seed-0}} | {{gap.table6.128-windows-128-steps.seed-1}} | {{gap.table6.128-windows-128-steps.seed-2}} | {{gap.table6.128-windows-128-steps.mean-sd}} ± {{gap.table6.128-windows-128-steps.mean-sd-2}} |""",
-    "gap.table7": """\
-| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 |
-|---|---:|---:|---:|---:|---:|
-| `allreduce`, AdamW one step late | {{gap.table7.allreduce-adamw-one-step-late.5e-4}} | **{{gap.table7.allreduce-adamw-one-step-late.1e-3}}** | {{gap.table7.allreduce-adamw-one-step-late.2e-3}} | {{gap.table7.allreduce-adamw-one-step-late.4e-3}} | {{gap.table7.allreduce-adamw-one-step-late.8e-3}} |
-| `allreduce` ([../lm](../lm/README.md)) | | {{gap.table7.allreduce-lm-lm-readme-md.1e-3}} | {{gap.table7.allreduce-lm-lm-readme-md.2e-3}} | **{{gap.table7.allreduce-lm-lm-readme-md.4e-3}}** | {{gap.table7.allreduce-lm-lm-readme-md.8e-3}} |""",
-    "gap.table8": """\
-| `local-sgd` H=16, `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |
-|---|---:|---:|---:|---:|
-| 5e-4 | {{gap.table8.5e-4.seed-0}} | | | |
-| 1e-3 | {{gap.table8.1e-3.seed-0}} | | | |
-| 2e-3 | {{gap.table8.2e-3.seed-0}} | {{gap.table8.2e-3.seed-1}} | {{gap.table8.2e-3.seed-2}} | **{{gap.table8.2e-3.mean-sd}} ± {{gap.table8.2e-3.mean-sd-2}}** |
-| 4e-3 (allreduce's, committed) | {{gap.table8.4e-3-allreduce-s-committed.seed-0}} | {{gap.table8.4e-3-allreduce-s-committed.seed-1}} | {{gap.table8.4e-3-allreduce-s-committed.seed-2}} | {{gap.table8.4e-3-allreduce-s-committed.mean-sd}} ± {{gap.table8.4e-3-allreduce-s-committed.mean-sd-2}} |
-| 8e-3 | {{gap.table8.8e-3.seed-0}} | | | |""",
-    "gap.table9": """\
-| DiLoCo H=16 (outer lr 0.5), `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |
-|---|---:|---:|---:|---:|
-| 1e-3 | {{gap.table9.1e-3.seed-0}} | | | |
-| 2e-3 (best of seed 0) | {{gap.table9.2e-3-best-of-seed-0.seed-0}} | {{gap.table9.2e-3-best-of-seed-0.seed-1}} | {{gap.table9.2e-3-best-of-seed-0.seed-2}} | **{{gap.table9.2e-3-best-of-seed-0.mean-sd}} ± {{gap.table9.2e-3-best-of-seed-0.mean-sd-2}}** |
-| 4e-3 (allreduce's, committed) | {{gap.table9.4e-3-allreduce-s-committed.seed-0}} | | | |
-| 8e-3 | {{gap.table9.8e-3.seed-0}} | | | |""",
-    "gap.table10": """\
-| `optim.lr` (seed 0) | 0.125 | 0.25 | 0.5 | 1.0 | 2.0 |
-|---|---:|---:|---:|---:|---:|
-| `allreduce` | {{gap.table10.allreduce.0-125}} | **{{gap.table10.allreduce.0-25}}** | {{gap.table10.allreduce.0-5}} | {{gap.table10.allreduce.1-0}} | {{gap.table10.allreduce.2-0}} |
-| `complete` | {{gap.table10.complete.0-125}} | **{{gap.table10.complete.0-25}}** | {{gap.table10.complete.0-5}} | {{gap.table10.complete.1-0}} | {{gap.table10.complete.2-0}} |""",
-    "gap.table11": """\
-| at the best lr (0.25 for both) | seed 0 | seed 1 | seed 2 | mean ± sd |
-|---|---:|---:|---:|---:|
-| `allreduce` | {{gap.table11.allreduce.seed-0}} | {{gap.table11.allreduce.seed-1}} | {{gap.table11.allreduce.seed-2}} | {{gap.table11.allreduce.mean-sd}} ± {{gap.table11.allreduce.mean-sd-2}} |
-| `complete` | {{gap.table11.complete.seed-0}} | {{gap.table11.complete.seed-1}} | {{gap.table11.complete.seed-2}} | {{gap.table11.complete.mean-sd}} ± {{gap.table11.complete.mean-sd-2}} |
-| gap, paired by seed | {{gap.table11.gap-paired-by-seed.seed-0}} | {{gap.table11.gap-paired-by-seed.seed-1}} | {{gap.table11.gap-paired-by-seed.seed-2}} | **{{gap.table11.gap-paired-by-seed.mean-sd}} ± {{gap.table11.gap-paired-by-seed.mean-sd-2}}** |""",
-    "stream.table1": """\
-| arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed | mean MB/step | peak MB/step |
-|---|---|---:|---|---|---:|---:|
-| `allreduce` | – | {{stream.table1.allreduce.final-eval-loss-3-seeds}} ± {{stream.table1.allreduce.final-eval-loss-3-seeds-2}} | {{stream.table1.allreduce.per-seed}}, {{stream.table1.allreduce.per-seed-2}}, {{stream.table1.allreduce.per-seed-3}} | | 5.61 | 5.61 |
-| DiLoCo, F=1 | 0.5 (0.3, 0.5, 0.7, 1.0) | {{stream.table1.diloco-f-1.final-eval-loss-3-seeds}} ± {{stream.table1.diloco-f-1.final-eval-loss-3-seeds-2}} | {{stream.table1.diloco-f-1.per-seed}}, {{stream.table1.diloco-f-1.per-seed-2}}, {{stream.table1.diloco-f-1.per-seed-3}} | 0 | 0.351 | 5.61 |
-| streaming DiLoCo, F=4, float32 | 0.5 (0.3, 0.5, 0.7) | {{stream.table1.streaming-diloco-f-4-float32.final-eval-loss-3-seeds}} ± {{stream.table1.streaming-diloco-f-4-float32.final-eval-loss-3-seeds-2}} | {{stream.table1.streaming-diloco-f-4-float32.per-seed}}, {{stream.table1.streaming-diloco-f-4-float32.per-seed-2}}, {{stream.table1.streaming-diloco-f-4-float32.per-seed-3}} | −0.045, −0.180, −0.106 | 0.351 | 1.77 |
-| streaming DiLoCo, F=4, int8 | 0.5 (0.3, 0.5, 0.7) | {{stream.table1.streaming-diloco-f-4-int8.final-eval-loss-3-seeds}} ± {{stream.table1.streaming-diloco-f-4-int8.final-eval-loss-3-seeds-2}} | {{stream.table1.streaming-diloco-f-4-int8.per-seed}}, {{stream.table1.streaming-diloco-f-4-int8.per-seed-2}}, {{stream.table1.streaming-diloco-f-4-int8.per-seed-3}} | −0.046, −0.167, −0.084 | 0.088 | 0.445 |
-| streaming SlowMo over `one-peer-exp`, F=4 | 1.0 (0.5, 1.0, 1.5) | {{stream.table1.streaming-slowmo-over-one-peer-e.final-eval-loss-3-seeds}} ± {{stream.table1.streaming-slowmo-over-one-peer-e.final-eval-loss-3-seeds-2}} | {{stream.table1.streaming-slowmo-over-one-peer-e.per-seed}}, {{stream.table1.streaming-slowmo-over-one-peer-e.per-seed-2}}, {{stream.table1.streaming-slowmo-over-one-peer-e.per-seed-3}} | | 3.86 | 4.33 |
-| the same, SlowMo's own update scaled by the inner lr (`outer.scale_by_inner_lr=true`) | 1.0 (0.5, 1.0, 1.5) | {{stream.table1.the-same-slowmo-s-own-update-sca.final-eval-loss-3-seeds}} ± {{stream.table1.the-same-slowmo-s-own-update-sca.final-eval-loss-3-seeds-2}} | {{stream.table1.the-same-slowmo-s-own-update-sca.per-seed}}, {{stream.table1.the-same-slowmo-s-own-update-sca.per-seed-2}}, {{stream.table1.the-same-slowmo-s-own-update-sca.per-seed-3}} | | 3.86 | 4.33 |""",
-    "stream.table2": """\
-| arm | s/step on the link | tokens/s on the link | time to {{stream.table2.head.time-to-diloco-s-final-mean}} (DiLoCo's final mean) | vs `allreduce` |
-|---|---:|---:|---:|---:|
-| `allreduce` | {{stream.table2.allreduce.s-step-on-the-link}} | {{stream.table2.allreduce.tokens-s-on-the-link}} | {{stream.table2.allreduce.time-to-diloco-s-final-mean}} s (step {{stream.table2.allreduce.time-to-diloco-s-final-mean-2}}) | {{stream.table2.allreduce.vs-allreduce}}× |
-| DiLoCo, F=1 | {{stream.table2.diloco-f-1.s-step-on-the-link}} | {{stream.table2.diloco-f-1.tokens-s-on-the-link}} | {{stream.table2.diloco-f-1.time-to-diloco-s-final-mean}} s (step {{stream.table2.diloco-f-1.time-to-diloco-s-final-mean-2}}) | {{stream.table2.diloco-f-1.vs-allreduce}}× |
-| streaming, F=4, float32 | {{stream.table2.streaming-f-4-float32.s-step-on-the-link}} | {{stream.table2.streaming-f-4-float32.tokens-s-on-the-link}} | {{stream.table2.streaming-f-4-float32.time-to-diloco-s-final-mean}} s (step {{stream.table2.streaming-f-4-float32.time-to-diloco-s-final-mean-2}}) | {{stream.table2.streaming-f-4-float32.vs-allreduce}}× |
-| streaming, F=4, int8 | {{stream.table2.streaming-f-4-int8.s-step-on-the-link}} | {{stream.table2.streaming-f-4-int8.tokens-s-on-the-link}} | {{stream.table2.streaming-f-4-int8.time-to-diloco-s-final-mean}} s (step {{stream.table2.streaming-f-4-int8.time-to-diloco-s-final-mean-2}}) | {{stream.table2.streaming-f-4-int8.vs-allreduce}}× |
-| SlowMo over `one-peer-exp`, F=4 | {{stream.table2.slowmo-over-one-peer-exp-f-4.s-step-on-the-link}} | {{stream.table2.slowmo-over-one-peer-exp-f-4.tokens-s-on-the-link}} | {{stream.table2.slowmo-over-one-peer-exp-f-4.time-to-diloco-s-final-mean}} s (step {{stream.table2.slowmo-over-one-peer-exp-f-4.time-to-diloco-s-final-mean-2}}) | {{stream.table2.slowmo-over-one-peer-exp-f-4.vs-allreduce}}× |""",
-    "outer.table1": """\
-| arm (4 workers) | seeds | final eval/loss | gap to allreduce | bytes per step and rank (mean / peak) |
-|---|---:|---:|---:|---:|
-| `allreduce`, AdamW 4e-3 | 3 | 3.366 ± 0.037 | 0 | 5.6 MB / 5.6 MB |
-| `local-sgd` H=16 | 3 | {{outer.table1.local-sgd-h-16.final-eval-loss}} ± {{outer.table1.local-sgd-h-16.final-eval-loss-2}} ({{outer.table1.local-sgd-h-16.final-eval-loss-3}}, {{outer.table1.local-sgd-h-16.final-eval-loss-4}}, {{outer.table1.local-sgd-h-16.final-eval-loss-5}}) | +0.529 | 0.35 MB / 5.6 MB |
-| DiLoCo H=16, outer lr 0.5 | 3 | {{outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss}} ± {{outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-2}} ({{outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-3}}, {{outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-4}}, {{outer.table1.diloco-h-16-outer-lr-0-5.final-eval-loss-5}}) | +0.836 | 0.35 MB / 5.6 MB |
-| `local-sgd` H=64 | 3 | {{outer.table1.local-sgd-h-64.final-eval-loss}} ± {{outer.table1.local-sgd-h-64.final-eval-loss-2}} ({{outer.table1.local-sgd-h-64.final-eval-loss-3}}, {{outer.table1.local-sgd-h-64.final-eval-loss-4}}, {{outer.table1.local-sgd-h-64.final-eval-loss-5}}) | +0.636 | 0.09 MB / 5.6 MB |
-| DiLoCo H=64, outer lr 0.5 | 3 | {{outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss}} ± {{outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-2}} ({{outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-3}}, {{outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-4}}, {{outer.table1.diloco-h-64-outer-lr-0-5.final-eval-loss-5}}) | +0.810 | 0.09 MB / 5.6 MB |""",
+    "gap.state-sync-k": "\n".join(
+        [
+            "| arm | K | seed 0 | seed 1 | seed 2 | mean |",
+            "|---|---:|---:|---:|---:|---:|",
+            _row("`allreduce` | –", "gap.allreduce", "seed0 seed1 seed2 mean"),
+            _row("`complete` | off", "gap.complete", "seed0 seed1 seed2 mean"),
+            _row("`complete`, v shared | 1", "gap.complete-v1", "seed0") + " | | |",
+            _row("`complete`, v shared | 4", "gap.complete-v4", "seed0") + " | | |",
+            _row(
+                "`complete`, v shared | 16 (best of seed 0)",
+                "gap.complete-v16",
+                "seed0 seed1 seed2 mean",
+            ),
+            _row("`one-peer-exp` | off", "gap.one-peer-exp", "seed0 seed1 seed2 mean"),
+            *(
+                _row(f"`one-peer-exp`, v shared | {k}", f"gap.one-peer-exp-v{k}", "seed0")
+                + " | | |"
+                for k in (1, 4, 16)
+            ),
+        ]
+    ),
+    "gap.moments": "\n".join(
+        [
+            "| arm | state averaged every step | seed 0 | vs `complete` | `comm/bytes_per_step` |",
+            "|---|---|---:|---:|---:|",
+            _row("`allreduce` | –", "gap.allreduce", "seed0 vs-complete") + " |",
+            _row("`complete` | none", "gap.complete", "seed0", "0", "{{gap.complete.mb}} MB"),
+            *(
+                _row(f"`complete` | {state}", arm, "seed0 vs-complete", "{{" + arm + ".mb}} MB")
+                for state, arm in (
+                    ("`exp_avg_sq`", "gap.complete-v1"),
+                    ("`exp_avg`", "gap.complete-m1"),
+                    ("`exp_avg` and `exp_avg_sq`", "gap.complete-mv1"),
+                )
+            ),
+        ]
+    ),
+    "gap.lagged-v": "\n".join(
+        [
+            "| arm (`complete`) | lr | seed 0 | `comm/bytes_per_step` |",
+            "|---|---:|---:|---:|",
+            "| AdamW (the baseline) | 4e-3 | {{gap.complete.seed0}} | {{gap.complete.mb}} MB |",
+            "| LaggedVAdamW, nothing shared (the lag and clip alone) | 4e-3 | {{gap.lagged-v0.seed0}} | {{gap.lagged-v0.mb}} MB |",
+            *(
+                f"| LaggedVAdamW, `v` from the mean gradient{extra} | {lr} | {{{{{arm}.lr{lr}.seed0}}}} | {{{{{arm}.lr{lr}.mb}}}} MB |"
+                for extra, arm, lr in (
+                    ("", "gap.lagged-v1", "4e-3"),
+                    ("", "gap.lagged-v1", "2e-3"),
+                    ("", "gap.lagged-v1", "1e-3"),
+                    (", `m` shared", "gap.lagged-m1", "4e-3"),
+                    (", `m` shared", "gap.lagged-m1", "2e-3"),
+                )
+            ),
+        ]
+    ),
+    "gap.batch": "\n".join(
+        [
+            "| windows per worker | global batch | steps | warm-up | tokens | `allreduce` (best lr) | `complete` (best lr) |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            _batch("8 | 32 | 2048 | 128", "gap.w8", "8e-3"),
+            _batch("32 (`lm_small`) | 128 | 512 | 32", "gap", "4e-3"),
+            _batch("128 | 512 | 128 | 8", "gap.w128", "2e-3"),
+        ]
+    ),
+    "gap.batch-lr": "\n".join(
+        [
+            "| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 | 1.6e-2 |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *(_lrs(f"`{arm}`, 8 windows", f"gap.w8.{arm}", W8_LRS, "8e-3") for arm in ARMS),
+            *(
+                _lrs(f"`{arm}`, 128 windows", f"gap.w128.{arm}", W128_LRS, "2e-3", 1, 1)
+                for arm in ARMS
+            ),
+        ]
+    ),
+    "gap.batch-gap": "\n".join(
+        [
+            "| gap, paired by seed ([gap/](gap/gap.md)) | seed 0 | seed 1 | seed 2 | mean ± sd |",
+            "|---|---:|---:|---:|---:|",
+            _seeds("8 windows, 2048 steps", "gap.w8.gap", bold=True),
+            _seeds("32 windows, 512 steps", "gap.w32.gap"),
+            _seeds("128 windows, 128 steps", "gap.w128.gap"),
+        ]
+    ),
+    "gap.delayed-lr": "\n".join(
+        [
+            "| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 |",
+            "|---|---:|---:|---:|---:|---:|",
+            _lrs(
+                "`allreduce`, AdamW one step late",
+                "gap.delayed",
+                "5e-4 1e-3 2e-3 4e-3 8e-3",
+                "1e-3",
+            ),
+            _lrs("`allreduce` ([../lm](../lm/README.md))", "lm.allreduce", W128_LRS, "4e-3", 1),
+        ]
+    ),
+    "gap.local-h16-lr": "\n".join(
+        [
+            "| `local-sgd` H=16, `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |",
+            "|---|---:|---:|---:|---:|",
+            "| 5e-4 | {{gap.local-h16.lr5e-4}} | | | |",
+            "| 1e-3 | {{gap.local-h16.lr1e-3}} | | | |",
+            _seeds("2e-3", "gap.local-h16-lr2e-3", bold=True),
+            _seeds("4e-3 (allreduce's, committed)", "outer.local-sgd-h16"),
+            "| 8e-3 | {{gap.local-h16.lr8e-3}} | | | |",
+        ]
+    ),
+    "gap.diloco-h16-lr": "\n".join(
+        [
+            "| DiLoCo H=16 (outer lr 0.5), `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |",
+            "|---|---:|---:|---:|---:|",
+            "| 1e-3 | {{gap.diloco-h16.lr1e-3}} | | | |",
+            _seeds("2e-3 (best of seed 0)", "gap.diloco-h16-lr2e-3", bold=True),
+            "| 4e-3 (allreduce's, committed) | {{gap.diloco-h16.lr4e-3}} | | | |",
+            "| 8e-3 | {{gap.diloco-h16.lr8e-3}} | | | |",
+        ]
+    ),
+    "gap.sgd-lr": "\n".join(
+        [
+            "| `optim.lr` (seed 0) | 0.125 | 0.25 | 0.5 | 1.0 | 2.0 |",
+            "|---|---:|---:|---:|---:|---:|",
+            *(_lrs(f"`{arm}`", f"gap.sgd.{arm}", SGD_LRS, "0.25") for arm in ARMS),
+        ]
+    ),
+    "gap.sgd": "\n".join(
+        [
+            "| at the best lr (0.25 for both) | seed 0 | seed 1 | seed 2 | mean ± sd |",
+            "|---|---:|---:|---:|---:|",
+            _seeds("`allreduce`", "gap.sgd.allreduce"),
+            _seeds("`complete`", "gap.sgd.complete"),
+            _seeds("gap, paired by seed", "gap.sgd.gap", bold=True),
+        ]
+    ),
+    "stream.arms": "\n".join(
+        [
+            "| arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed | mean MB/step | peak MB/step |",
+            "|---|---|---:|---|---|---:|---:|",
+            *(
+                row(
+                    label,
+                    grid_,
+                    mean_sd(f"stream.{arm}"),
+                    slots(f"stream.{arm}", sep=", "),
+                    vs,
+                    slots(f"stream.{arm}", "mb mb" if arm == "allreduce" else "mb peak-mb"),
+                )
+                for label, grid_, arm, vs in (
+                    ("`allreduce`", "–", "allreduce", ""),
+                    ("DiLoCo, F=1", "0.5 (0.3, 0.5, 0.7, 1.0)", "diloco", "0"),
+                    (
+                        "streaming DiLoCo, F=4, float32",
+                        "0.5 (0.3, 0.5, 0.7)",
+                        "f4",
+                        slots("stream.f4-vs-diloco", sep=", "),
+                    ),
+                    (
+                        "streaming DiLoCo, F=4, int8",
+                        "0.5 (0.3, 0.5, 0.7)",
+                        "f4-int8",
+                        slots("stream.f4-int8-vs-diloco", sep=", "),
+                    ),
+                    (
+                        "streaming SlowMo over `one-peer-exp`, F=4",
+                        "1.0 (0.5, 1.0, 1.5)",
+                        "slowmo-f4",
+                        "",
+                    ),
+                    (
+                        "the same, SlowMo's own update scaled by the inner lr (`outer.scale_by_inner_lr=true`)",
+                        "1.0 (0.5, 1.0, 1.5)",
+                        "slowmo-f4-scaled",
+                        "",
+                    ),
+                )
+            ),
+        ]
+    ),
+    "stream.link": "\n".join(
+        [
+            "| arm | s/step on the link | tokens/s on the link | time to {{stream.link.target}} (DiLoCo's final mean) | vs `allreduce` |",
+            "|---|---:|---:|---:|---:|",
+            *(
+                f"| {label} | "
+                + slots(f"stream.link.{arm}", "step-s tokens-s time-to-target-s")
+                + " s (step {{"
+                + f"stream.link.{arm}.time-to-target-step"
+                + "}}) | {{"
+                + f"stream.link.{arm}.speedup"
+                + "}}× |"
+                for label, arm in (
+                    ("`allreduce`", "allreduce-adamw"),
+                    ("DiLoCo, F=1", "diloco-H16"),
+                    ("streaming, F=4, float32", "streaming-f4"),
+                    ("streaming, F=4, int8", "streaming-f4-int8"),
+                    ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
+                )
+            ),
+        ]
+    ),
+    "outer.arms": "\n".join(
+        [
+            "| arm (4 workers) | seeds | final eval/loss | gap to allreduce | bytes per step and rank (mean / peak) |",
+            "|---|---:|---:|---:|---:|",
+            f"| `allreduce`, AdamW 4e-3 | 3 | {mean_sd('outer.allreduce')} | 0 | {{{{outer.allreduce.mb}}}} MB / {{{{outer.allreduce.mb}}}} MB |",
+            *(
+                f"| {label} | 3 | {mean_sd('outer.' + arm)} ({slots('outer.' + arm, sep=', ')}) | {{{{outer.{arm}.vs-allreduce}}}} | "
+                + f"{{{{outer.{arm}.mb}}}} MB / {{{{outer.{arm}.peak-mb}}}} MB |"
+                for label, arm in (
+                    ("`local-sgd` H=16", "local-sgd-h16"),
+                    ("DiLoCo H=16, outer lr 0.5", "diloco-h16"),
+                    ("`local-sgd` H=64", "local-sgd-h64"),
+                    ("DiLoCo H=64, outer lr 0.5", "diloco-h64"),
+                )
+            ),
+        ]
+    ),
 }

@@ -465,3 +465,15 @@ def gpt_tiny_params(s: Source) -> int:
 def drops(shape: str, rate: str, arm: str) -> Fn:
     """The drops the wire study's ``tc -s`` counted in one run of its table."""
     return lambda s: s.wire(WIRE, shape, rate, arm, "drops")
+
+
+def logged(rel: str, step: int, key: str) -> Fn:
+    """``key`` as a run's ``metrics.jsonl`` (``rel``) logged it at ``step``."""
+
+    def value(s: Source) -> float:
+        for record in s.jsonl(rel):
+            if record.get("step") == step and record.get(key) is not None:
+                return float(record[key])
+        raise DataError(rel, f"no '{key}' logged at step {step}")
+
+    return value

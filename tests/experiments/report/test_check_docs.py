@@ -40,7 +40,7 @@ def test_a_drifted_figure_in_prose_names_page_figure_and_file(tmp_path: Path) ->
     line = edit_once(page, "-->3.576<!-- /v --> over 3 seeds", "-->3.567<!-- /v --> over 3 seeds")
     problems = check(tmp_path, data_root=ROOT)
     assert problems == [
-        f"docs/results/README.md:{line}: figure 'res.avg-sq-every-steps' is '3.567' but "
+        f"docs/results/README.md:{line}: figure 'gap.complete-v16.mean' is '3.567' but "
         "docs/results/lm_gap/runs/complete-v/final gives '3.576'"
     ]
 
@@ -56,8 +56,8 @@ def test_a_figure_on_the_wrong_side_of_its_rounding_fails(tmp_path: Path) -> Non
 
 def test_write_fills_every_span_and_the_check_then_passes(tmp_path: Path) -> None:
     page = copy_page(tmp_path, "docs/results/lm_gap/README.md")
-    edit_span(page, "gap.seeds-a-gap-of", "")
-    edit_span(page, "gap.its-best-lr-seeds", "?")
+    edit_span(page, "gap.delayed.gap.sd", "")
+    edit_span(page, "gap.delayed.seed0", "?")
     assert len(check(tmp_path, data_root=ROOT)) == 2
     assert check(tmp_path, data_root=ROOT, write=True) == []
     assert page.read_text() == (ROOT / "docs/results/lm_gap/README.md").read_text()
@@ -67,21 +67,21 @@ DELAYED = "docs/results/lm_gap/runs/allreduce-delayed/final"
 
 
 def test_an_unknown_span_and_a_span_without_data_fail_in_one_line(tmp_path: Path) -> None:
-    _page(tmp_path, "A <!-- v:no.such-figure -->1.0<!-- /v --> and <!-- v:gap.seeds-a-gap-of -->")
+    _page(tmp_path, "A <!-- v:no.such-figure -->1.0<!-- /v --> and <!-- v:gap.delayed.gap.mean -->")
     assert check(tmp_path, claims=[]) == [
         "docs/page.md:3: figure 'no.such-figure': -: unknown figure 'no.such-figure' "
         "(declare it in experiments/report/figures/)",
         "docs/page.md:3: a span without its closing '<!-- /v -->'",
     ]
-    _page(tmp_path, "It ends at <!-- v:gap.its-best-lr-seeds -->4.319<!-- /v -->.")
+    _page(tmp_path, "It ends at <!-- v:gap.delayed.seed0 -->4.319<!-- /v -->.")
     assert check(tmp_path, claims=[]) == [
-        f"docs/page.md:3: figure 'gap.its-best-lr-seeds': {DELAYED}: no run (summary.json) there"
+        f"docs/page.md:3: figure 'gap.delayed.seed0': {DELAYED}: no run (summary.json) there"
     ]
 
 
 def _seeds(tmp_path: Path) -> Path:
     """A page of one span over a copy of its runs, seed 1's ``summary.json`` to edit."""
-    _page(tmp_path, "Seed 1 ends at <!-- v:gap.its-best-lr-seeds-2 -->4.363<!-- /v -->.")
+    _page(tmp_path, "Seed 1 ends at <!-- v:gap.delayed.seed1 -->4.363<!-- /v -->.")
     shutil.copytree(ROOT / DELAYED, tmp_path / DELAYED)
     assert check(tmp_path, claims=[]) == []
     return tmp_path / DELAYED / "seed1" / "summary.json"
@@ -93,7 +93,7 @@ def test_a_changed_data_file_under_a_span_fails_the_check(tmp_path: Path) -> Non
     data["eval/loss"] += 0.1
     summary.write_text(json.dumps(data))
     assert check(tmp_path, claims=[]) == [
-        f"docs/page.md:3: figure 'gap.its-best-lr-seeds-2' is '4.363' but {DELAYED} gives '4.463'"
+        f"docs/page.md:3: figure 'gap.delayed.seed1' is '4.363' but {DELAYED} gives '4.463'"
     ]
 
 
@@ -101,14 +101,14 @@ def test_a_data_file_that_does_not_parse_fails_in_one_line(tmp_path: Path) -> No
     _seeds(tmp_path).write_text("{ not json")
     (problem,) = check(tmp_path, claims=[])
     assert problem.startswith(
-        f"docs/page.md:3: figure 'gap.its-best-lr-seeds-2': {DELAYED}/seed1/summary.json: not JSON"
+        f"docs/page.md:3: figure 'gap.delayed.seed1': {DELAYED}/seed1/summary.json: not JSON"
     )
 
 
 def test_a_changed_data_file_under_a_generated_table_fails_the_check(tmp_path: Path) -> None:
     page = "docs/results/streaming/README.md"
     lines = (ROOT / page).read_text().split("\n")
-    first = lines.index("<!-- data: figures id=stream.table2 -->")
+    first = lines.index("<!-- data: figures id=stream.link -->")
     _page(tmp_path, "\n".join(lines[first : first + 9]))
     link = tmp_path / "docs/results/streaming/link/link_time.json"
     link.parent.mkdir(parents=True)
@@ -116,7 +116,7 @@ def test_a_changed_data_file_under_a_generated_table_fails_the_check(tmp_path: P
     data["arms"][0]["step_s"] += 1.0
     link.write_text(json.dumps(data))
     assert check(tmp_path, claims=[]) == [
-        "docs/page.md:6: figure 'stream.table2.allreduce.s-step-on-the-link' is '1.394' (row "
+        "docs/page.md:6: figure 'stream.link.allreduce-adamw.step-s' is '1.394' (row "
         "'`allreduce`', column 's/step on the link') but "
         "docs/results/streaming/link/link_time.json gives '2.394'"
     ]

@@ -31,7 +31,7 @@ def test_a_drifted_memory_cell_names_page_figure_and_file(tmp_path: Path) -> Non
 
 def test_a_drifted_ratio_in_the_sharded_prose_names_the_study(tmp_path: Path) -> None:
     page = copy_page(tmp_path, SHARDED)
-    figure = "sharded.twice-gossip-is-faster"
+    figure = "sharded.2x2.ring-vs-hsdp.tokens-s"
     line, written = edit_span(page, figure, "9.9")
     assert check(tmp_path, data_root=ROOT) == [
         f"{SHARDED}:{line}: figure '{figure}' is '9.9' but {STUDY} gives '{written}'"
@@ -41,10 +41,12 @@ def test_a_drifted_ratio_in_the_sharded_prose_names_the_study(tmp_path: Path) ->
 def test_the_recovery_pages_rejoin_time_is_tied_to_the_elastic_runs(tmp_path: Path) -> None:
     # the page once said 28 s where the slowest rejoin was 27.49 s; now its runs are the testbed's
     page = copy_page(tmp_path, "docs/recovery.md")
-    line, written = edit_span(page, "recovery.host-took-part-to", "16")
+    line, written = edit_span(page, "recovery.testbed.rejoin-s.max", "16")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
-    assert problems[0].startswith(f"docs/recovery.md:{line}: figure 'recovery.host-took-part-to'")
+    assert problems[0].startswith(
+        f"docs/recovery.md:{line}: figure 'recovery.testbed.rejoin-s.max'"
+    )
     assert "docs/results/elastic/testbed-ring-kill-at-quorum.json" in problems[0]
     assert problems[0].endswith(f"gives '{written}'") and written == "15"
 

@@ -50,7 +50,7 @@ def test_bold_follows_the_data_not_its_rounding(tmp_path: Path) -> None:
 
 def test_a_drifted_count_in_the_hierarchical_prose_fails(tmp_path: Path) -> None:
     page = copy_page(tmp_path, HIER_PAGE)
-    figure = "hier.shared-host-link-brings"
+    figure = "hier.emulated.10mbit.within-20"
     line, written = edit_span(page, figure, "6")
     assert written == "5"
     assert check(tmp_path, data_root=ROOT) == [
