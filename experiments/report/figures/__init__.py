@@ -12,8 +12,8 @@ An id says what the figure is without opening Python: study, arm or setting, sta
 ``gap.complete.seed1`` (the lm_gap study's ``complete`` arm, seed 1's final loss),
 ``gap.w8.gap.mean`` (the 8-window gap paired by seed, its mean) or ``wire.4x1.5mbit.ring.sps``.
 One quantity has one id, whichever pages quote it. The figures are declared by study, in
-``results`` (the wire and hierarchical studies, the CPU sweeps, the README), ``lm`` (lm, lm_gap,
-streaming, outer), ``other`` (compression, non-IID, performance, cluster, network and
+``results`` (the wire and hierarchical studies, the CPU sweeps, the README), ``lm`` (lm,
+streaming, outer), ``lm_gap``, ``other`` (compression, non-IID, performance, cluster, network and
 simulation), ``wire`` (pair exchange, emulator with hosts, simulator) and ``hosts`` (sharded
 replicas, recovery); the functions they call are in :mod:`~experiments.report.figures.sources`,
 and :mod:`~experiments.report.figures.families` builds the repeated ones (an arm's seeds, mean
@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 
 from experiments.report.doc_data import DataError, Source
-from experiments.report.figures import hosts, lm, other, results, wire
+from experiments.report.figures import hosts, lm, lm_gap, other, results, wire
 from experiments.report.figures.sources import Figure
 
 __all__ = ["FIGURES", "TABLES", "Figure", "figure", "table"]
@@ -35,6 +35,7 @@ __all__ = ["FIGURES", "TABLES", "Figure", "figure", "table"]
 FIGURES: dict[str, Figure] = {
     **results.FIGURES,
     **lm.FIGURES,
+    **lm_gap.FIGURES,
     **other.FIGURES,
     **wire.FIGURES,
     **hosts.FIGURES,
@@ -42,6 +43,7 @@ FIGURES: dict[str, Figure] = {
 TABLES: dict[str, str] = {
     **results.TABLES,
     **lm.TABLES,
+    **lm_gap.TABLES,
     **other.TABLES,
     **wire.TABLES,
     **hosts.TABLES,
