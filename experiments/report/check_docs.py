@@ -1,6 +1,6 @@
 """``make check-docs``: every measured figure in the docs against the committed file it comes from.
 
-Two kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
+Three kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
 
 - **Generated blocks.** A table that comes from data sits between marker comments::
 
@@ -10,17 +10,20 @@ Two kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
 
   The view (``wire-rates``) is a function of :mod:`experiments.report.doc_views` that reads its
   files and returns the block's text. ``--write`` rewrites every block from its data; the check
-  regenerates each one in memory and reports every cell that differs.
-- **Claims.** A figure in prose is tied to its data by a declared claim
-  (:mod:`experiments.report.claims`): the page, a pattern whose groups capture the numbers as
-  written, and for each group the value from its file with its rounding. A claim whose pattern no
-  longer matches its page fails too, so that editing a sentence cannot silently drop its check.
+  regenerates each one in memory and reports every cell that differs. The view ``figures``
+  (``<!-- data: figures id=gap.batch -->``) is a table of :data:`~experiments.report.figures.TABLES`.
+- **Spans.** A figure in prose is a span, ``<!-- v:gap.w32.gap.mean -->+0.194<!-- /v -->``, whose id
+  names a :class:`~experiments.report.figures.Figure` of :data:`~experiments.report.figures.FIGURES`
+  (its source and format). ``--write`` fills every span; the check regenerates and diffs them. An
+  unknown id, a figure whose data is missing and a data file that does not parse each fail.
+- **Claims**, only those of the elastic pages (:mod:`experiments.report.claims`, to be turned
+  into spans): a pattern on the page whose groups are checked against their values.
 
-Each problem is one line: the page and line, the figure as written, the value from the data and
-the file it comes from. The exit status is 1 on any problem::
+Each problem is one line: the page and line, the figure (its id for a span) as written, the value
+from the data and the file it comes from. The exit status is 1 on any problem::
 
     python -m experiments.report.check_docs            # check (make check-docs)
-    python -m experiments.report.check_docs --write    # regenerate the blocks, then check
+    python -m experiments.report.check_docs --write    # regenerate the blocks and spans, then check
 """
 
 from __future__ import annotations
@@ -34,11 +37,16 @@ from pathlib import Path
 from experiments.report.claims import CLAIMS, Claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import VIEWS
+from experiments.report.figures import TABLES, figure, table
 
 ROOT = Path(__file__).resolve().parents[2]
 
 _OPEN = re.compile(r"^<!-- data: (?P<view>[\w-]+)(?P<args>(?:\s+[\w-]+=\S*)*)\s*-->\s*$")
 _CLOSE = "<!-- /data -->"
+_SPAN = re.compile(r"<!-- v:(?P<id>[^ ]*) -->(?P<text>.*?)<!-- /v -->")
+_CODE = re.compile(r"(`[^`]*`)")
+_VIEWS = {**VIEWS, "figures": table}
+_SLOT = re.compile(r"\{\{([\w.-]+)\}\}")
 
 
 def pages(root: Path) -> list[Path]:
@@ -53,10 +61,10 @@ def _args(text: str) -> dict[str, str]:
 
 def render(view: str, args: dict[str, str], src: Source) -> str:
     """The text of a block of ``view`` with ``args``, read through ``src``."""
-    if view not in VIEWS:
-        raise DataError("-", f"unknown view '{view}' (known: {', '.join(sorted(VIEWS))})")
+    if view not in _VIEWS:
+        raise DataError("-", f"unknown view '{view}' (known: {', '.join(sorted(_VIEWS))})")
     try:
-        return VIEWS[view](src, **args)
+        return _VIEWS[view](src, **args)
     except TypeError as err:
         raise DataError("-", f"view '{view}': {err}") from err
 
@@ -93,6 +101,36 @@ def _diff(page: str, first: int, written: list[str], wanted: list[str], files: s
     return problems
 
 
+def _slots(page: str, first: int, written: list[str], name: str, data_root: Path) -> list[str]:
+    """One line per figure of table ``name`` that differs from its data, naming its own files."""
+    template = TABLES[name].split("\n")
+    if len(template) != len(written):
+        return []
+    header = _cells(template[0])
+    problems = []
+    for offset, (have, pattern) in enumerate(zip(written, template, strict=True)):
+        parts = _SLOT.split(pattern)  # literal text and slot ids, in turn
+        ids = parts[1::2]
+        if not ids:
+            continue
+        shape = "".join(re.escape(p) if i % 2 == 0 else "(.*?)" for i, p in enumerate(parts))
+        match = re.fullmatch(shape, have)
+        if match is None:
+            return []
+        for slot, text in zip(ids, match.groups(), strict=True):
+            src = Source(data_root)
+            wanted = figure(src, slot)
+            if text != wanted:
+                start = pattern.index("{{" + slot + "}}")
+                column = header[pattern[:start].count("|") - 1]
+                problems.append(
+                    f"{page}:{first + offset}: figure '{slot}' is '{text}' (row "
+                    f"'{_cells(have)[0]}', column '{column}') but {', '.join(src.read)} gives "
+                    f"'{wanted}'"
+                )
+    return problems
+
+
 def check_blocks(page: Path, rel: str, data_root: Path, write: bool = False) -> list[str]:
     """Problems of the generated blocks of ``page``; with ``write``, rewrite them first."""
     lines = page.read_text().split("\n")
@@ -122,12 +160,49 @@ def check_blocks(page: Path, rel: str, data_root: Path, write: bool = False) -> 
             if write:
                 written = wanted
             files = ", ".join(src.read)
-            problems += _diff(rel, start + 2, written, wanted, files)
+            drift = _diff(rel, start + 2, written, wanted, files)
+            if drift and opening["view"] == "figures":
+                # a table of figures names each figure's own files, not the whole table's
+                name = _args(opening["args"]).get("id", "")
+                drift = _slots(rel, start + 2, written, name, data_root) or drift
+            problems += drift
             out.extend(written)
         out.append(lines[end])
         i = end + 1
     if write:
         page.write_text("\n".join(out))
+    return problems
+
+
+def check_spans(page: Path, rel: str, data_root: Path, write: bool = False) -> list[str]:
+    """Problems of the spans of ``page``; with ``write``, fill each from its data first."""
+    lines = page.read_text().split("\n")
+    problems: list[str] = []
+    for number, line in enumerate(lines, start=1):
+
+        def one(span: re.Match[str], number: int = number) -> str:
+            src = Source(data_root)
+            try:
+                wanted = figure(src, span["id"])
+            except DataError as err:
+                problems.append(f"{rel}:{number}: figure '{span['id']}': {err}")
+                return span[0]
+            if span["text"] != wanted and not write:
+                problems.append(
+                    f"{rel}:{number}: figure '{span['id']}' is '{span['text']}' but "
+                    f"{', '.join(src.read)} gives '{wanted}'"
+                )
+            return f"<!-- v:{span['id']} -->{wanted}<!-- /v -->"
+
+        # a span shown as code (`<!-- v:ID -->`, in the guides) is text, not a figure
+        parts = _CODE.split(line)
+        parts[::2] = [_SPAN.sub(one, part) for part in parts[::2]]
+        lines[number - 1] = "".join(parts)
+        rest = "".join(_SPAN.sub("", part) for part in parts[::2])
+        if "<!-- v:" in rest or "<!-- /v -->" in rest:
+            problems.append(f"{rel}:{number}: a span without its closing '<!-- /v -->'")
+    if write:
+        page.write_text("\n".join(lines))
     return problems
 
 
@@ -179,6 +254,7 @@ def check(
     for page in pages(root):
         rel = page.relative_to(root).as_posix()
         problems += check_blocks(page, rel, data_root, write=write)
+        problems += check_spans(page, rel, data_root, write=write)
         texts[rel] = page.read_text()
     for claim in claims:
         if claim.page in texts:
@@ -189,7 +265,7 @@ def check(
 def main(argv: Sequence[str] | None = None) -> int:
     """Check (or with ``--write`` regenerate, then check) the docs; 1 on any problem."""
     parser = argparse.ArgumentParser(prog="python -m experiments.report.check_docs")
-    parser.add_argument("--write", action="store_true", help="regenerate every data block")
+    parser.add_argument("--write", action="store_true", help="regenerate every block and span")
     parser.add_argument("--root", type=Path, default=ROOT, help="where the pages are")
     parser.add_argument("--data-root", type=Path, default=None, help="where the data is")
     args = parser.parse_args(argv)
@@ -200,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print(f"check-docs: {len(problems)} figure(s) differ from their data", file=sys.stderr)
         return 1
-    print(f"check-docs: {n} pages, every generated block and claimed figure matches its data")
+    print(f"check-docs: {n} pages, every generated block, span and claim matches its data")
     return 0
 
 

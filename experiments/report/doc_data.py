@@ -27,6 +27,14 @@ class DataError(Exception):
         self.why = why
 
 
+def _parse(root: Path, path: Path) -> Any:
+    """The JSON of ``path``; a file that does not parse is a :class:`DataError` naming it."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(str(path.relative_to(root)), f"not JSON ({err})") from err
+
+
 class Source:
     """Reads committed data files under ``root`` and records which ones were read."""
 
@@ -107,7 +115,7 @@ class Source:
             raise DataError(rel_dir, "no run (summary.json) there")
         values = []
         for file in files:
-            summary = json.loads(file.read_text())
+            summary = _parse(self.root, file)
             if summary.get(key) is None:
                 raise DataError(str(file.relative_to(self.root)), f"no key '{key}'")
             values.append(float(summary[key]))
@@ -214,8 +222,8 @@ class Source:
             raise DataError(other, f"no seed folder shared with {base}")
         gaps = []
         for name in names:
-            b = json.loads((self.root / base / name / "summary.json").read_text())[key]
-            o = json.loads((self.root / other / name / "summary.json").read_text())[key]
+            b = _parse(self.root, self.root / base / name / "summary.json")[key]
+            o = _parse(self.root, self.root / other / name / "summary.json")[key]
             gaps.append(float(o) - float(b))
         return gaps
 

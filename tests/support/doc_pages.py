@@ -22,3 +22,14 @@ def edit_once(page: Path, old: str, new: str) -> int:
     assert text.count(old) == 1, old
     page.write_text(text.replace(old, new))
     return text[: text.index(old)].count("\n") + 1
+
+
+def edit_span(page: Path, figure: str, new: str) -> tuple[int, str]:
+    """Write ``new`` in the one span of ``figure`` on ``page``; its line and what it held."""
+    text = page.read_text()
+    opening = f"<!-- v:{figure} -->"
+    assert text.count(opening) == 1, figure
+    start = text.index(opening) + len(opening)
+    end = text.index("<!-- /v -->", start)
+    page.write_text(text[:start] + new + text[end:])
+    return text[:start].count("\n") + 1, text[start:end]

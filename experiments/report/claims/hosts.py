@@ -1,5 +1,6 @@
-"""Claims of sharded replicas and elastic hosts: their results pages and ``docs/recovery.md``
-(see :mod:`experiments.report.claims`). The sources are the views' own readers
+"""Claims of the elastic hosts' results pages (see :mod:`experiments.report.claims`), and the
+readers of the fault runs that ``docs/recovery.md``'s figures share with them
+(:mod:`experiments.report.figures.hosts`). The sources are the views' own readers
 (:mod:`experiments.report.doc_views_hosts`), so that a sentence and its table agree."""
 
 from __future__ import annotations
@@ -7,46 +8,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from experiments.report.claims.base import F0, Claim, Fn, V, claim, diff, ratio
+from experiments.report.claims.base import F0, Claim, Fn, V, claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_hosts import (
     COMPARE,
-    HSDP,
-    MEMORY_GLIBC,
-    STUDY,
     compare_runs,
     crashed,
     elastic_field,
     elastic_worst,
     final_metric,
-    params_m,
-    peak_mb,
-    study,
-    tokens_per_s,
 )
 
-SHARDED_PAGE = "docs/results/sharded/README.md"
 ELASTIC_PAGE = "docs/results/elastic/README.md"
 COMPARE_PAGE = "docs/results/elastic/compare/README.md"
-RECOVERY = "docs/recovery.md"
-RES = "docs/results/README.md"
-RUNS = "docs/results/sharded/runs"
 LOOPBACK = ("loopback-ring", "loopback-one-peer-exp")
 F1 = "{:.1f}"
-
-
-def _same_tokens(s: Source) -> int:
-    """The tokens of every run of the testbed study (one value, or the runs differ)."""
-    tokens = {int(r["tokens"]) for r in s.json(STUDY)}
-    if len(tokens) != 1:
-        raise DataError(STUDY, f"the runs' tokens differ: {sorted(tokens)}")
-    return tokens.pop()
-
-
-def _mb(shape: str, arm: str, key: str = "tx_bytes_per_host_per_step") -> Fn:
-    """MB per step of one arm of the testbed study (mean over its seeds)."""
-    fn = study(shape, arm, key)
-    return lambda s: fn(s) / 1e6
 
 
 _OVERLAP = "docs/results/elastic/overlap-{}.json"
@@ -263,74 +239,6 @@ _ALL = (  # the testbed's runs, of the current path (the loopback ones are of El
 )
 
 CLAIMS: list[Claim] = [
-    # docs/results/sharded/README.md: peak memory per rank (bench.json, bench_glibc.json)
-    claim(SHARDED_PAGE, r"one GPT of (\d+\.\d)M parameters", V(params_m, F1)),
-    claim(RES, r"against unsharded and torch's HSDP \(a (\d+\.\d)M GPT", V(params_m, F1)),
-    claim(
-        SHARDED_PAGE,
-        r"the peak falls from\s+(\d+) to (\d+) to (\d+) MB per rank",
-        V(peak_mb("unsharded", 1), F0),
-        V(peak_mb("gossip", 2), F0),
-        V(peak_mb("gossip", 4), F0),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"about that buffer \((\d+) MB with 2 shards, (\d+) MB with 4\)",
-        V(diff(peak_mb("gossip", 2), peak_mb("hsdp", 2)), F0),
-        V(diff(peak_mb("gossip", 4), peak_mb("hsdp", 4)), F0),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"\((\d+\.\d), (\d+\.\d) and (\d+\.\d) MB per rank for 1, 2 and 4 shards",
-        *(
-            V(peak_mb(a, n, MEMORY_GLIBC), F1)
-            for a, n in (("unsharded", 1), ("gossip", 2), ("gossip", 4))
-        ),
-    ),
-    # the testbed study (study.json, runs/*/summary.json)
-    claim(
-        SHARDED_PAGE,
-        r"Equal tokens in every arm: ([\d,]+) \((\d+) steps on 2 hosts,\s+(\d+) on 4\)",
-        V(_same_tokens, "{:,}"),
-        V(lambda s: s.run(f"{RUNS}/2x2/ring/seed0", "train/steps"), F0),
-        V(lambda s: s.run(f"{RUNS}/4x2/ring/seed0", "train/steps"), F0),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"\((\d\.\d\d) MB per\s+step by the wrapper's count\), and the host's two ranks send "
-        r"about (\d) MB per\s+step",
-        V(_mb("2x2", "ring", "comm_bytes_per_step_per_rank"), "{:.2f}"),
-        V(_mb("2x2", "ring"), F0),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"Gossip is faster: (\d\.\d)x HSDP's tokens/s on 2 hosts \(about the same bytes per\s+"
-        r"link\), about (\d)x on 4",
-        V(ratio(tokens_per_s("2x2", "ring"), tokens_per_s("2x2", HSDP)), F1),
-        V(ratio(tokens_per_s("4x2", "ring"), tokens_per_s("4x2", HSDP)), F0),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"sends more per host \((\d\.\d) MB against (\d\.\d) MB\)",
-        V(_mb("4x2", HSDP), F1),
-        V(_mb("4x2", "ring"), F1),
-    ),
-    claim(
-        SHARDED_PAGE,
-        r"HSDP ends lower at equal tokens \((\d\.\d\d) against (\d\.\d\d) on 2 hosts, (\d\.\d\d)"
-        r"\s+against (\d\.\d\d)-(\d\.\d\d) on 4\)",
-        V(study("2x2", HSDP, "eval_loss"), "{:.2f}"),
-        V(study("2x2", "ring", "eval_loss"), "{:.2f}"),
-        V(study("4x2", HSDP, "eval_loss"), "{:.2f}"),
-        V(
-            lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
-            "{:.2f}",
-        ),
-        V(
-            lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
-            "{:.2f}",
-        ),
-    ),
     # docs/results/elastic/README.md
     claim(
         ELASTIC_PAGE,
@@ -478,37 +386,6 @@ CLAIMS: list[Claim] = [
         V(lambda s: int(_gpt_allreduce_lost(s).split("|")[1]), "{}"),
     ),
     claim(COMPARE_PAGE, r"differ\s+by up to (\d\.\d) nats", V(_gpt_spread, F1)),
-    # docs/recovery.md, side by side under one kill
-    claim(
-        RECOVERY,
-        r"they paused (\d+) to (\d+) s, every host computed the (\d+) steps since the\s+"
-        r"checkpoint again, and the run took (\d+) to (\d+) s longer",
-        V(_cmp("restart", "survivor_gap_s", min), F0),
-        V(_cmp("restart", "survivor_gap_s", max), F0),
-        V(_one_value("restart", "survivor_steps_lost"), F0),
-        V(_restart_extra(min), F0),
-        V(_restart_extra(max), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"a kill between quorums paused\s+the survivors about (\d) s, with no step lost",
-        V(_between("survivor_gap_s", max), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"waited for the\s+all-reduce's timeout \((\d+) s\)",
-        V(_cmp("torchft-allreduce", "survivor_gap_s", max), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"torchft's DiLoCo paused about\s+(\d) s",
-        V(_cmp("torchft-diloco", "survivor_gap_s", max), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"\((0\.\d\d) and above either way;",
-        V(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
-    ),
     claim(
         ELASTIC_PAGE,
         r"At 1 Gb/s a step took (\d+) ms with `ElasticDataParallel` and (\d+) ms with\s+"
@@ -525,27 +402,5 @@ CLAIMS: list[Claim] = [
         r"\(load average (\d\.\d) and (\d\.\d) at the ends\s+of the runs\)",
         V(lambda s: s.json(_OVERLAP.format("1gbit"))["load_avg_1m"], F1),
         V(lambda s: s.json(_OVERLAP.format("100mbit"))["load_avg_1m"], F1),
-    ),
-    # docs/recovery.md, its elastic section
-    claim(
-        RECOVERY,
-        r"A kill between quorums paused the survivors for\s+about (\d) s",
-        V(elastic_worst("survivor_gap_s", False), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"paused them for `timeout_s` \((\d+) s\) once",
-        V(elastic_worst("survivor_gap_s", True), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"The restarted host\s+took part (\d+) to (\d+) s after its restart",
-        V(_rejoin(min, _ALL), F0),
-        V(_rejoin(max, _ALL), F0),
-    ),
-    claim(
-        RECOVERY,
-        r"on the testbed's 100 Mb/s links: (no) survivor\s+restarted or lost a step",
-        V(_none_lost, "{}"),
     ),
 ]

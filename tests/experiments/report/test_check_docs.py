@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from experiments.report.check_docs import check, main
-from experiments.report.claims import Claim, V, claim, mean
+from experiments.report.claims import Claim, V, claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
-from tests.support.doc_pages import copy_page, edit_once
+from experiments.report.figures import FIGURES, TABLES
+from experiments.report.figures.sources import Figure, mean
+from tests.support.doc_pages import copy_page, edit_once, edit_span
 
 ROOT = Path(__file__).resolve().parents[3]
 WIRE = "docs/results/network/table.json"
@@ -33,28 +37,97 @@ def test_a_drifted_cell_of_a_generated_table_names_page_figure_and_file(tmp_path
 
 def test_a_drifted_figure_in_prose_names_page_figure_and_file(tmp_path: Path) -> None:
     page = copy_page(tmp_path, "docs/results/README.md")
-    line = edit_once(page, "3.576 over 3 seeds", "3.567 over 3 seeds")
+    line = edit_once(page, "-->3.576<!-- /v --> over 3 seeds", "-->3.567<!-- /v --> over 3 seeds")
     problems = check(tmp_path, data_root=ROOT)
-    assert len(problems) == 1, problems
-    assert problems[0].startswith(f"docs/results/README.md:{line}: '3.567' in ")
-    assert problems[0].endswith("but docs/results/lm_gap/runs/complete-v/final gives '3.576'")
+    assert problems == [
+        f"docs/results/README.md:{line}: figure 'gap.complete-v16.mean' is '3.567' but "
+        "docs/results/lm_gap/runs/complete-v/final gives '3.576'"
+    ]
 
 
 def test_a_figure_on_the_wrong_side_of_its_rounding_fails(tmp_path: Path) -> None:
     # 0.9880 written as 0.9881: one digit off in the fourth place is still a different figure
     page = copy_page(tmp_path, "docs/results/README.md")
-    edit_once(page, "`one-peer-exp` 0.9880 against", "`one-peer-exp` 0.9881 against")
+    edit_once(page, "-->0.9880<!-- /v --> against", "-->0.9881<!-- /v --> against")
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1 and "'0.9881'" in problems[0] and "gives '0.9880'" in problems[0]
     assert "docs/results/compression/runs/one-peer-exp_int8_seed*" in problems[0]
 
 
-def test_a_sentence_whose_claim_no_longer_matches_fails(tmp_path: Path) -> None:
-    page = copy_page(tmp_path, "docs/results/README.md")
-    edit_once(page, "`compression=int8` sends", "`compression=int8` moves")
-    problems = check(tmp_path, data_root=ROOT)
-    assert len(problems) == 1
-    assert problems[0].startswith("docs/results/README.md: the phrase /`compression=int8` sends")
+def test_write_fills_every_span_and_the_check_then_passes(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, "docs/results/lm_gap/README.md")
+    edit_span(page, "gap.delayed.gap.sd", "")
+    edit_span(page, "gap.delayed.seed0", "?")
+    assert len(check(tmp_path, data_root=ROOT)) == 2
+    assert check(tmp_path, data_root=ROOT, write=True) == []
+    assert page.read_text() == (ROOT / "docs/results/lm_gap/README.md").read_text()
+
+
+DELAYED = "docs/results/lm_gap/runs/allreduce-delayed/final"
+
+
+def test_an_unknown_span_and_a_span_without_data_fail_in_one_line(tmp_path: Path) -> None:
+    _page(tmp_path, "A <!-- v:no.such-figure -->1.0<!-- /v --> and <!-- v:gap.delayed.gap.mean -->")
+    assert check(tmp_path, claims=[]) == [
+        "docs/page.md:3: figure 'no.such-figure': -: unknown figure 'no.such-figure' "
+        "(declare it in experiments/report/figures/)",
+        "docs/page.md:3: a span without its closing '<!-- /v -->'",
+    ]
+    _page(tmp_path, "It ends at <!-- v:gap.delayed.seed0 -->4.319<!-- /v -->.")
+    assert check(tmp_path, claims=[]) == [
+        f"docs/page.md:3: figure 'gap.delayed.seed0': {DELAYED}: no run (summary.json) there"
+    ]
+
+
+def _seeds(tmp_path: Path) -> Path:
+    """A page of one span over a copy of its runs, seed 1's ``summary.json`` to edit."""
+    _page(tmp_path, "Seed 1 ends at <!-- v:gap.delayed.seed1 -->4.363<!-- /v -->.")
+    shutil.copytree(ROOT / DELAYED, tmp_path / DELAYED)
+    assert check(tmp_path, claims=[]) == []
+    return tmp_path / DELAYED / "seed1" / "summary.json"
+
+
+def test_a_changed_data_file_under_a_span_fails_the_check(tmp_path: Path) -> None:
+    summary = _seeds(tmp_path)
+    data = json.loads(summary.read_text())
+    data["eval/loss"] += 0.1
+    summary.write_text(json.dumps(data))
+    assert check(tmp_path, claims=[]) == [
+        f"docs/page.md:3: figure 'gap.delayed.seed1' is '4.363' but {DELAYED} gives '4.463'"
+    ]
+
+
+def test_a_data_file_that_does_not_parse_fails_in_one_line(tmp_path: Path) -> None:
+    _seeds(tmp_path).write_text("{ not json")
+    (problem,) = check(tmp_path, claims=[])
+    assert problem.startswith(
+        f"docs/page.md:3: figure 'gap.delayed.seed1': {DELAYED}/seed1/summary.json: not JSON"
+    )
+
+
+def test_a_changed_data_file_under_a_generated_table_fails_the_check(tmp_path: Path) -> None:
+    page = "docs/results/streaming/README.md"
+    lines = (ROOT / page).read_text().split("\n")
+    first = lines.index("<!-- data: figures id=stream.link -->")
+    _page(tmp_path, "\n".join(lines[first : first + 9]))
+    link = tmp_path / "docs/results/streaming/link/link_time.json"
+    link.parent.mkdir(parents=True)
+    data = json.loads((ROOT / "docs/results/streaming/link/link_time.json").read_text())
+    data["arms"][0]["step_s"] += 1.0
+    link.write_text(json.dumps(data))
+    assert check(tmp_path, claims=[]) == [
+        "docs/page.md:6: figure 'stream.link.allreduce-adamw.step-s' is '1.394' (row "
+        "'`allreduce`', column 's/step on the link') but "
+        "docs/results/streaming/link/link_time.json gives '2.394'"
+    ]
+
+
+def test_every_figure_and_table_is_on_a_page() -> None:
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+    assert [
+        f for f in FIGURES if f"<!-- v:{f} -->" not in text and "{{" + f + "}}" not in str(TABLES)
+    ] == []
+    assert [t for t in TABLES if f"<!-- data: figures id={t} -->" not in text] == []
 
 
 def _page(tmp_path: Path, body: str) -> Path:
@@ -120,6 +193,7 @@ def test_write_regenerates_a_block_from_its_data(tmp_path: Path) -> None:
 
 
 def test_claims_read_their_values_and_name_missing_data(tmp_path: Path) -> None:
+    # the elastic pages' figures are still claims (experiments.report.claims)
     runs = "docs/results/lm/runs/allreduce-adamw/final"
     values = Source(ROOT).seeds(runs)
     written = f"{sum(values) / len(values):.3f}"
@@ -134,6 +208,17 @@ def test_claims_read_their_values_and_name_missing_data(tmp_path: Path) -> None:
     assert check(tmp_path, data_root=ROOT, claims=[gone]) == [
         f"docs/page.md:3: '{written}': docs/nope: no run (summary.json) there"
     ]
+    edit = claim("docs/page.md", r"It stops at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
+    assert check(tmp_path, data_root=ROOT, claims=[edit])[0].startswith(
+        "docs/page.md: the phrase /It stops at"
+    )
+
+
+def test_a_figure_writes_its_minus_sign_as_the_page_does() -> None:
+    assert (
+        Figure(lambda s: -0.0481, "{:+.3f}", minus=True).write(Source(ROOT)) == "\u2212" + "0.048"
+    )
+    assert Figure(lambda s: 0.0481, "{:+.3f}", minus=True).write(Source(ROOT)) == "+0.048"
 
 
 def test_json_keys_are_read_by_path_and_a_missing_one_is_named() -> None:
@@ -192,4 +277,10 @@ def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
     edit_once(page, old, old.replace(f"{mb} MB", "1.68 MB"))
     problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1, problems
+    assert "column '`comm/bytes_per_step`'" in problems[0]
     assert problems[0].endswith(f"but {run}/summary.json gives '{mb}'")
+
+
+def test_a_span_shown_as_code_is_not_a_figure(tmp_path: Path) -> None:
+    _page(tmp_path, "Write a figure as `<!-- v:ID --><!-- /v -->`, then run `--write`.")
+    assert check(tmp_path, claims=[]) == []

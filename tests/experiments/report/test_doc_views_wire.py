@@ -9,7 +9,7 @@ from pathlib import Path
 from experiments.report.check_docs import check
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_wire import HIER, PAIRBENCH, pair_ratio
-from tests.support.doc_pages import copy_page, edit_once
+from tests.support.doc_pages import copy_page, edit_once, edit_span
 
 ROOT = Path(__file__).resolve().parents[3]
 NET = "docs/results/network/README.md"
@@ -50,11 +50,12 @@ def test_bold_follows_the_data_not_its_rounding(tmp_path: Path) -> None:
 
 def test_a_drifted_count_in_the_hierarchical_prose_fails(tmp_path: Path) -> None:
     page = copy_page(tmp_path, HIER_PAGE)
-    edit_once(page, "brings 5 of the 6", "brings 6 of the 6")
-    problems = check(tmp_path, data_root=ROOT)
-    assert len(problems) == 1, problems
-    assert "'6' in \"the shared host link brings 6 of the 6" in problems[0]
-    assert problems[0].endswith(f"but {HIER} gives '5'")
+    figure = "hier.emulated.10mbit.within-20"
+    line, written = edit_span(page, figure, "6")
+    assert written == "5"
+    assert check(tmp_path, data_root=ROOT) == [
+        f"{HIER_PAGE}:{line}: figure '{figure}' is '6' but {HIER} gives '5'"
+    ]
 
 
 def test_the_calibration_view_adds_each_profiles_ratio(tmp_path: Path) -> None:

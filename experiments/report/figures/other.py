@@ -1,0 +1,371 @@
+"""The figures of compression, non-IID, performance, cluster and network-and-simulation (see
+:mod:`experiments.report.figures`).
+
+Ids: ``comp.TOPOLOGY.LEVEL.STAT`` (the compression sweep, mean over seeds),
+``noniid.aALPHA.TOPOLOGY.OPTIM.STAT`` (the non-IID sweep's summary), ``perf.upstream.pN.IMPL.ms``
+and ``perf.gpt-json.MODEL.pN.IMPL.ms`` (the two ``make bench-upstream`` files),
+``netsim.CLUSTER.METHOD.STAT`` (the simulator's calibration against the reference paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views import UPSTREAM, UPSTREAM_RUN, profile_ms
+from experiments.report.figures.families import each, row, slots
+from experiments.report.figures.sources import (
+    CHOOSE_25G,
+    COMP,
+    WIRE,
+    Figure,
+    Fn,
+    bench_vs_ddp,
+    calibration,
+    chooser_mb,
+    closed,
+    diff,
+    mean,
+    neg,
+    noniid,
+    ratio,
+    sd,
+    simulated_speedup,
+    upstream_run,
+)
+
+LEVELS = ("none", "bf16", "int8", "randk")
+TOPOLOGIES = ("ring", "one-peer-exp", "local-sgd")
+MB, SPS = "comm/bytes_per_step", "perf/samples_per_s"
+
+
+def _comp(topology: str, level: str) -> dict[str, Figure]:
+    """A row of the compression summary: ``comp.TOPOLOGY.LEVEL.acc`` (mean over seeds),
+    ``.acc-sd``, ``.gap-pts`` (points against ``none``), ``.bytes``, ``.bytes-vs-none``, ``.sps``,
+    ``.sps-sd``, ``.sps-vs-none``."""
+    runs, base = f"{COMP}/{topology}_{level}_seed*", f"{COMP}/{topology}_none_seed*"
+    return {
+        f"comp.{topology}.{level}.{name}": Figure(fn, fmt)
+        for name, fn, fmt in (
+            ("acc", mean(runs, "eval/acc"), "{:.4f}"),
+            ("acc-sd", sd(runs, "eval/acc"), "{:.4f}"),
+            (
+                "gap-pts",
+                lambda s: 100 * (s.mean(runs, "eval/acc") - s.mean(base, "eval/acc")),
+                "{:+.2f}",
+            ),
+            ("bytes", mean(runs, MB), "{:,.0f}"),
+            ("bytes-vs-none", ratio(mean(runs, MB), mean(base, MB)), "{:.3f}"),
+            ("sps", mean(runs, SPS), "{:.0f}"),
+            ("sps-sd", sd(runs, SPS), "{:.0f}"),
+            ("sps-vs-none", ratio(mean(runs, SPS), mean(base, SPS)), "{:.2f}"),
+        )
+    }
+
+
+def _consensus(alpha: str, topology: str, optim: str) -> Callable[[Source], str]:
+    """The mean over seeds of a non-IID arm's mean consensus distance (its ``report.md``), to 3
+    decimals under 1 and 2 above."""
+    rel = f"docs/results/noniid/alpha{alpha}/report.md"
+
+    def value(s: Source) -> float:
+        cells_ = [
+            float(r["consensus distance (mean)"])
+            for r in s.md_rows(rel)
+            if f"/{topology}_{optim}_alpha{alpha}_seed" in r["dir"]
+        ]
+        if not cells_:
+            raise DataError(rel, f"no run {topology}_{optim}_alpha{alpha}")
+        mean_ = sum(cells_) / len(cells_)
+        return f"{mean_:.3f}" if mean_ < 1 else f"{mean_:.2f}"
+
+    return value
+
+
+def _noniid(alpha: str, topology: str, optim: str) -> dict[str, Figure]:
+    """A row of the non-IID summary: ``.acc``, ``.acc-sd``, ``.gap`` (points, signed), and for the
+    prose ``.behind`` (the gap as a positive number) and ``.consensus``."""
+    prefix, prose = f"noniid.a{alpha}.{topology}.{optim}", "{:.1f}" if alpha == "0.1" else "{:.2f}"
+    out = {
+        f"{prefix}.acc": Figure(noniid(alpha, topology, optim, 0), "{:.2f}"),
+        f"{prefix}.acc-sd": Figure(noniid(alpha, topology, optim, 1), "{:.2f}"),
+    }
+    if topology != "allreduce":
+        out[f"{prefix}.gap"] = Figure(noniid(alpha, topology, optim, 2), "{:.2f}", minus=True)
+        if alpha == "0.1" or optim == "sgd":  # the prose names these
+            out[f"{prefix}.behind"] = Figure(neg(noniid(alpha, topology, optim, 2)), prose)
+        out[f"{prefix}.consensus"] = Figure(_consensus(alpha, topology, optim))
+    return out
+
+
+def _upstream(procs: int) -> dict[str, Figure]:
+    """A row of the first ``make bench-upstream`` run (``results.json``), ms per step."""
+    prefix = f"perf.upstream.p{procs}"
+    out = {
+        f"{prefix}.{impl}.ms": Figure(upstream_run(procs, impl), "{:.1f}")
+        for impl in ("ours", "0.2.3", "torch-ddp", "before")
+    }
+    for name, key in (("", "median_step_s"), ("cpu-", "cpu_step_s"))[: 2 if procs == 4 else 1]:
+        for other in ("0.2.3", "torch-ddp"):
+            out[f"{prefix}.{name}ours-vs-{other}"] = Figure(
+                ratio(upstream_run(procs, "ours", key), upstream_run(procs, other, key)), "{:.2f}"
+            )
+    return out
+
+
+def _bench(model: str, procs: int, impl: str, key: str = "median_step_s") -> Fn:
+    """A field (seconds, given in ms) of ``make bench-upstream``'s ``gpt.json``."""
+
+    def value(s: Source) -> float:
+        for i, config in enumerate(s.json(UPSTREAM)["configs"]):
+            for j, entry in enumerate(config["rows"]):
+                if config["model"] == model and config["procs"] == procs and entry["impl"] == impl:
+                    return 1e3 * float(s.key(UPSTREAM, f"configs.{i}.rows.{j}.{key}"))
+        raise DataError(UPSTREAM, f"no row model={model} procs={procs} impl={impl}")
+
+    return value
+
+
+def _gpt_json(model: str, procs: int) -> dict[str, Figure]:
+    prefix = f"perf.gpt-json.{model}.p{procs}"
+    out = {
+        f"{prefix}.{impl}.ms": Figure(_bench(model, procs, impl), "{:.1f}")
+        for impl in ("ours", "0.2.3", "torch-ddp")
+    }
+    out[f"{prefix}.ours-vs-0.2.3"] = Figure(
+        ratio(_bench(model, procs, "ours"), _bench(model, procs, "0.2.3")), "{:.2f}"
+    )
+    out[f"{prefix}.cpu-ours-vs-0.2.3"] = Figure(
+        ratio(
+            _bench(model, procs, "ours", "cpu_step_s"), _bench(model, procs, "0.2.3", "cpu_step_s")
+        ),
+        "{:.2f}",
+    )
+    out[f"{prefix}.ours-vs-torch-ddp"] = Figure(
+        ratio(_bench(model, procs, "ours"), _bench(model, procs, "torch-ddp")), "{:.2f}"
+    )
+    return out
+
+
+def _netsim(cluster: str, method: str) -> dict[str, Figure]:
+    """A row of the simulator's calibration: ``netsim.a40-25g.METHOD.measured-ms`` ..."""
+    prefix = f"netsim.{LABEL[cluster]}.{method}"
+    return {
+        f"{prefix}.measured-ms": Figure(calibration(cluster, method, "measured_ms"), "{:.1f}"),
+        f"{prefix}.predicted-ms": Figure(calibration(cluster, method, "predicted_ms"), "{:.1f}"),
+        f"{prefix}.error-pct": Figure(
+            lambda s: 100 * calibration(cluster, method, "error")(s), "{:+.1f}"
+        ),
+    }
+
+
+A40, A100 = "a40_ethernet_25g", "a100_infiniband_hdr"
+LABEL = {A40: "a40-25g", A100: "a100-ib"}
+SIM_RATIO = "simulated_cal_ratio"
+
+FIGURES: dict[str, Figure] = {
+    # non-IID
+    **{
+        k: v
+        for a in ("0.1", "1.0")
+        for t in ("allreduce", *TOPOLOGIES)
+        for o in ("sgd", "qgm_sgd")
+        if not (t == "allreduce" and o == "qgm_sgd")
+        for k, v in _noniid(a, t, o).items()
+    },
+    **{f"noniid.a0.1.{t}.qgm-closes-pct": Figure(closed("0.1", t), "{:,.0f}") for t in TOPOLOGIES},
+    **{
+        f"noniid.a1.0.{t}.qgm-behind-sgd": Figure(
+            diff(noniid("1.0", t, "sgd", 2), noniid("1.0", t, "qgm_sgd", 2)), "{:.2f}"
+        )
+        for t in ("ring", "one-peer-exp")
+    },
+    **{
+        f"noniid.a0.1.{t}.{o}.acc-sd-1dp": Figure(noniid("0.1", t, o, 1), "{:.1f}")
+        for t in ("ring", "local-sgd")
+        for o in ("sgd", "qgm_sgd")
+    },
+    # compression
+    **{
+        k: v
+        for t in ("one-peer-exp", "ring")
+        for level in LEVELS
+        for k, v in _comp(t, level).items()
+    },
+    # performance
+    **_upstream(2),
+    **_upstream(4),
+    **{k: v for m in ("gpt", "mlp") for p in (2, 4) for k, v in _gpt_json(m, p).items()},
+    **each(
+        "perf.bench.mlp.p4-vs-ddp",
+        "{:.2f}",
+        min=bench_vs_ddp("mlp", 4),
+        max=bench_vs_ddp("mlp", 4, pick=max),
+        one_peer_exp=bench_vs_ddp("mlp", 4, "decent/one-peer-exp"),
+    ),
+    **each(
+        "perf.bench.mlp.p2-vs-ddp",
+        "{:.2f}",
+        min=bench_vs_ddp("mlp", 2),
+        max=bench_vs_ddp("mlp", 2, pick=max),
+    ),
+    **each(
+        "perf.bench.resnet18-vs-ddp",
+        "{:.2f}",
+        min=bench_vs_ddp("resnet18", None),
+        max=bench_vs_ddp("resnet18", None, pick=max),
+    ),
+    **{
+        f"perf.upstream.p4.{impl}.{part}-ms": Figure(
+            lambda s, i=impl, p=part: profile_ms(s, UPSTREAM_RUN, 4, i, p), "{:.1f}"
+        )
+        for impl in ("before", "ours")
+        for part in ("mix", "optimizer")
+    },
+    **{
+        f"perf.upstream.p4.{impl}.kfaults": Figure(
+            lambda s, i=impl: upstream_run(4, i, "faults_per_step")(s) / 1000.0, "{:,.0f}"
+        )
+        for impl in ("before", "ours")
+    },
+    **{
+        f"perf.upstream.p4.{impl}.cpu-ms": Figure(upstream_run(4, impl, "cpu_step_s"), "{:.0f}")
+        for impl in ("ours", "torch-ddp")
+    },
+    # cluster
+    **each(
+        "wire.simulated-cal.ratio",
+        "{:.2f}",
+        min=lambda s: min(r[SIM_RATIO] for r in s.json(WIRE) if r.get(SIM_RATIO)),
+        max=lambda s: max(r[SIM_RATIO] for r in s.json(WIRE) if r.get(SIM_RATIO)),
+    ),
+    **{
+        f"cluster.choose-25g-resnet50.{t}.mb": Figure(chooser_mb(CHOOSE_25G, t), "{:,.0f}")
+        for t in ("hierarchical", "complete")
+    },
+    # network and simulation
+    **{k: v for k, v in _netsim(A40, "allreduce").items() if not k.endswith("error-pct")},  # fitted
+    **_netsim(A40, "alternating-exp-ring"),
+    **_netsim(A100, "allreduce"),
+    **_netsim(A100, "alternating-exp-ring"),
+    "netsim.a40-25g.efficiency": Figure(calibration(A40, "allreduce", "efficiency"), "{:.3f}"),
+    **each(
+        "netsim.a40-25g.speedup",
+        "{:.2f}",
+        predicted=ratio(
+            calibration(A40, "allreduce", "predicted_ms"),
+            calibration(A40, "alternating-exp-ring", "predicted_ms"),
+        ),
+        measured=ratio(
+            calibration(A40, "allreduce", "measured_ms"),
+            calibration(A40, "alternating-exp-ring", "measured_ms"),
+        ),
+    ),
+    **{
+        f"sim.{profile.replace('_', '-')}.{name}.speedup-{pick.__name__}": Figure(
+            simulated_speedup(profile, methods, pick), "{:.2f}"
+        )
+        for profile, name, methods in (
+            ("ethernet_25g", "rings", ("ring", "alternating-exp-ring")),
+            ("ethernet_25g", "one-peer-exp", ("one-peer-exp",)),
+            ("ethernet_25g", "random-matching", ("random-matching",)),
+            ("infiniband_100g", "every-topology", ()),
+        )
+        for pick in (min, max)
+    },
+}
+
+
+def _perf1(procs: int, topology: str, targets: tuple[str, str], bold: bool = False) -> str:
+    p = f"perf.upstream.p{procs}"
+    ddp = "{{" + p + ".ours-vs-torch-ddp}}"
+    return row(
+        str(procs),
+        topology,
+        slots(p, "ours.ms 0.2.3.ms torch-ddp.ms before.ms"),
+        "**{{" + p + ".ours-vs-0.2.3}}**",
+        targets[0],
+        f"**{ddp}**" if bold else ddp,
+        targets[1],
+    )
+
+
+TABLES: dict[str, str] = {
+    "perf.upstream": "\n".join(
+        [
+            "| processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | before (ms) | ours / 0.2.3 | target | ours / torch DDP | target |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            _perf1(2, "ring", ("<= 1.0, met", "")),
+            _perf1(4, "one-peer-exp", ("<= 0.90, met", "<= 0.65, **missed**"), bold=True),
+        ]
+    ),
+    "perf.gpt-json": "\n".join(
+        [
+            "| model | processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | ours / 0.2.3 | target | CPU ours / 0.2.3 | ours / torch DDP |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {m} | {p} | {topo} | {slots(f'perf.gpt-json.{m}.p{p}', 'ours.ms 0.2.3.ms torch-ddp.ms')} | "
+                + (
+                    f"**{{{{perf.gpt-json.{m}.p{p}.ours-vs-0.2.3}}}}**"
+                    if m == "gpt"
+                    else f"{{{{perf.gpt-json.{m}.p{p}.ours-vs-0.2.3}}}}"
+                )
+                + f" | {target} | {slots(f'perf.gpt-json.{m}.p{p}', 'cpu-ours-vs-0.2.3 ours-vs-torch-ddp')} |"
+                for m, p, topo, target in (
+                    ("gpt", 2, "ring", "<= 0.85, **missed**"),
+                    ("gpt", 4, "one-peer-exp", "<= 0.85, **missed**"),
+                    ("mlp", 2, "ring", "<= 1.00, met"),
+                    ("mlp", 4, "one-peer-exp", "<= 0.90, met"),
+                )
+            ),
+        ]
+    ),
+    "noniid.summary": "\n".join(
+        [
+            "| alpha | topology | optim | eval/acc (mean ± std, 3 seeds) | gap to allreduce | mean consensus distance |",
+            "|---:|---|---|---:|---:|---:|",
+            *(
+                f"| {a} | {label} | {o} | {{{{{p}.acc}}}} ± {{{{{p}.acc-sd}}}} | "
+                + (
+                    "0 | n/a |"
+                    if t == "allreduce"
+                    else f"{{{{{p}.gap}}}} | {{{{{p}.consensus}}}} |"
+                )
+                for a in ("0.1", "1.0")
+                for t, label in (
+                    ("allreduce", "allreduce"),
+                    ("ring", "ring"),
+                    ("one-peer-exp", "one-peer-exp"),
+                    ("local-sgd", "local-sgd (H=8)"),
+                )
+                for o in (("sgd",) if t == "allreduce" else ("sgd", "qgm_sgd"))
+                for p in [f"noniid.a{a}.{t}.{o}"]
+            ),
+        ]
+    ),
+    "comp.summary": "\n".join(
+        [
+            "| topology | compression | seeds | final eval/acc | gap (points) | comm/bytes_per_step | bytes vs none | samples/s | throughput vs none |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            *(
+                f"| {t} | {label} | 3 | {{{{{p}.acc}}}} ± {{{{{p}.acc-sd}}}} | {slots(p, 'gap-pts bytes')} | {{{{{p}.bytes-vs-none}}}}x | "
+                f"{{{{{p}.sps}}}} ± {{{{{p}.sps-sd}}}} | {{{{{p}.sps-vs-none}}}}x |"
+                for t in ("one-peer-exp", "ring")
+                for level, label in zip(LEVELS, ("none", "bf16", "int8", "randk:0.1"), strict=True)
+                for p in [f"comp.{t}.{level}"]
+            ),
+        ]
+    ),
+    "netsim.calibration": "\n".join(
+        [
+            "| cluster | method | measured (ms) | predicted (ms) | error |",
+            "|---|---|---:|---:|---:|",
+            f"| A40, 25 GbE | allreduce | {slots('netsim.a40-25g.allreduce', 'measured-ms predicted-ms')} | fitted |",
+            f"| A40, 25 GbE | alternating-exp-ring | {slots('netsim.a40-25g.alternating-exp-ring', 'measured-ms predicted-ms')} | **{{{{netsim.a40-25g.alternating-exp-ring.error-pct}}}}%** |",
+            *(
+                f"| A100, InfiniBand | {m} | {slots(f'netsim.a100-ib.{m}', 'measured-ms predicted-ms error-pct')}% |"
+                for m in ("allreduce", "alternating-exp-ring")
+            ),
+        ]
+    ),
+}

@@ -1,0 +1,84 @@
+"""The figures of the pair exchange, the emulator with hosts and the simulator (see
+:mod:`experiments.report.figures`).
+
+Ids: ``pairbench.*`` (the testbed's pair-exchange benchmark), ``hier.emulated.*`` (the emulator
+with hosts against the wire), ``sim.paper.*`` and ``sim.validation.*`` (the scale simulator).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from experiments.report.figures.families import each
+from experiments.report.figures.sources import (
+    A40,
+    GOSSIP,
+    Figure,
+    calibration,
+    emulated,
+    emulated_within_20,
+    optimistic,
+    pairs,
+    predicted_within_20,
+    shallow_hosts,
+    validation,
+)
+
+SHALLOW = ("shallow_5mbit",)
+NICQUEUE = ("nicqueue_5mbit", "nicqueue_50mbit", "nicqueue_500mbit")
+MODES = ("allreduce-same", "allreduce-ring", "sendrecv-same", "sendrecv-ring")
+
+FIGURES: dict[str, Figure] = {
+    **each(
+        "pairbench.shallow-5mbit.drops-per-host",
+        "{:,.0f}",
+        min=lambda s: min(shallow_hosts(s, "tx_drops")),
+        max=lambda s: max(shallow_hosts(s, "tx_drops")),
+    ),
+    "pairbench.shallow-5mbit.packets-per-host": Figure(
+        lambda s: round(statistics.mean(shallow_hosts(s, "tx_packets")), -2), "{:,.0f}"
+    ),
+    **each(
+        "pairbench.shallow-5mbit.ratio",
+        "{:.2f}",
+        min=pairs(min, SHALLOW, MODES),
+        max=pairs(max, SHALLOW, MODES),
+    ),
+    **each(
+        "pairbench.nicqueue.allreduce-ring.ratio",
+        "{:.2f}",
+        min=pairs(min, NICQUEUE, ("allreduce-ring",)),
+        max=pairs(max, NICQUEUE, ("allreduce-ring",)),
+    ),
+    "hier.emulated.10mbit.within-20": Figure(emulated_within_20, "{:,.0f}"),
+    "hier.emulated.10mbit.gossip-cells": Figure(lambda s: 2 * len(GOSSIP), "{:,.0f}"),
+    **each(
+        "hier.emulated.10mbit.hierarchical-short-pct",
+        "{:,.0f}",
+        min=optimistic(min),
+        max=optimistic(max),
+    ),
+    **{
+        f"hier.emulated.{shape}.{rate}.alternating-exp-ring": Figure(
+            emulated(shape, rate, "alternating-exp-ring"), "{:.2f}"
+        )
+        for shape, rate in (("2x4", "10mbit"), ("4x2", "100mbit"), ("2x4", "100mbit"))
+    },
+    "sim.paper.predicted-within-20": Figure(lambda s: predicted_within_20(False)(s).capitalize()),
+    "sim.paper.predicted-points": Figure(predicted_within_20(True)),
+    "sim.paper.a40.alternating-exp-ring.error-pct": Figure(
+        lambda s: 100 * calibration(*A40[1], "error")(s), "{:,.0f}"
+    ),
+    **{
+        f"sim.validation.{run.replace('_', '-')}.n{n}.{method}.{key.replace('_s', '-ms')}": Figure(
+            validation(run, n, method, key), "{:,.0f}"
+        )
+        for run, n, method, key in (
+            ("slow_link", 2, "allreduce", "compute_s"),
+            ("balanced", 2, "allreduce", "compute_s"),
+            ("balanced", 4, "one-peer-exp", "measured_s"),
+        )
+    },
+}
+
+TABLES: dict[str, str] = {}
