@@ -169,13 +169,14 @@ def runs_of(
     return found
 
 
-def _past_edge(value: float, values: Sequence[float], below: float, above: float) -> float | None:
-    """The value past the grid's edge ``value`` sits on, or ``None`` inside the grid."""
+def _past_edges(value: float, values: Sequence[float], below: float, above: float) -> list[float]:
+    """The values past the edges ``value`` sits on (both when it is the only one tried)."""
+    out = []
     if value == min(values):
-        return below
+        out.append(below)
     if value == max(values):
-        return above
-    return None
+        out.append(above)
+    return out
 
 
 def _beta1_step(beta1: float, up: bool) -> float:
@@ -188,22 +189,22 @@ def _tuned(
 ) -> tuple[tuple[float, float], list[tuple[float, float]]]:
     """The best ``(lr, beta1)`` of seed 0 (at ``beta1`` if given) and the points past its edges.
 
-    The grid is complete first; an edge adds the next value out along that axis at the
-    other axis's best.
+    The grid is complete first; an edge is one of the values tried along an axis at the
+    other axis's best (the grid is no longer square once values are added), and adds the
+    next value out along that axis. beta1 goes down to 0 at the most.
     """
     points = {k: v for k, v in grid.items() if beta1 is None or k[1] == beta1}
     lr, b1 = best(points)
-    lrs = sorted({k[0] for k in points})
-    b1s = sorted({k[1] for k in points})
+    lrs = sorted({k[0] for k in points if k[1] == b1})
+    b1s = sorted({k[1] for k in points if k[0] == lr})
     missing: list[tuple[float, float]] = []
-    lr_out = _past_edge(lr, lrs, lr / 2, lr * 2)
-    if lr_out is not None and math.isfinite(points[(lr, b1)]):
-        missing.append((lr_out, b1))
+    if math.isfinite(points[(lr, b1)]):
+        missing += [(out, b1) for out in _past_edges(lr, lrs, lr / 2, lr * 2)]
     if beta1 is None:
-        b1_out = _past_edge(b1, b1s, _beta1_step(min(b1s), False), _beta1_step(max(b1s), True))
-        if b1_out is not None and 0.5 <= b1_out < 1:
-            missing.append((lr, b1_out))
-    return (lr, b1), [m for m in missing if m not in grid]
+        below = max(_beta1_step(b1, False), 0.0)
+        missing += [(lr, out) for out in _past_edges(b1, b1s, below, _beta1_step(b1, True))]
+    # beta1 = 0 has no value below it
+    return (lr, b1), [m for m in missing if m not in grid and not (m[1] == 0.0 == b1)]
 
 
 @dataclass

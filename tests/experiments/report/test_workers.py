@@ -58,9 +58,14 @@ def test_the_plan_runs_the_grid_then_past_an_edge_then_the_seeds(tmp_path):
     _grid(tmp_path, arm, lambda lr, b1: 5 - lr - b1)
     assert sweep.arm_state(tmp_path, SMALL, arm).todo == [(0.032, 0.974, 0), (0.016, 0.987, 0)]
     _finish(tmp_path, arm, 0.032, 0.974, 0, 9.0)  # worse: the lr edge is settled
-    _finish(tmp_path, arm, 0.016, 0.987, 0, 1.0)  # better: past beta1's new edge next
-    assert sweep.arm_state(tmp_path, SMALL, arm).todo == [(0.016, 0.994, 0)]
-    _finish(tmp_path, arm, 0.016, 0.994, 0, 2.0)
+    _finish(tmp_path, arm, 0.016, 0.987, 0, 1.0)  # better: its lr is bracketed, beta1 goes on
+    assert sweep.arm_state(tmp_path, SMALL, arm).todo == [
+        (0.008, 0.987, 0),
+        (0.032, 0.987, 0),
+        (0.016, 0.994, 0),
+    ]
+    for lr, b1 in ((0.008, 0.987), (0.032, 0.987), (0.016, 0.994)):
+        _finish(tmp_path, arm, lr, b1, 0, 2.0)
     state = sweep.arm_state(tmp_path, SMALL, arm)
     assert state.best == (0.016, 0.987) and state.todo == [(0.016, 0.987, 1), (0.016, 0.987, 2)]
     for seed in (1, 2):
@@ -226,3 +231,20 @@ def test_a_committed_runs_json_counts_as_run_and_is_kept(tmp_path):
         collect(tmp_path / "here", other)
     committed_file.write_text(json.dumps(other))
     assert sweep.committed(committed_file) == {}
+
+
+def test_beta1_goes_down_to_zero_and_the_search_ends(tmp_path):
+    arm = _arm("one-peer-exp-8")
+
+    def loss(lr: float, b1: float) -> float:  # the smaller beta1 the better, lr 0.008 best
+        return b1 + abs(math.log2(lr / 0.008))
+
+    for _ in range(40):
+        state = sweep.arm_state(tmp_path, SMALL, arm)
+        if state.best is not None:
+            break
+        for lr, b1, seed in state.todo:
+            _finish(tmp_path, arm, lr, b1, seed, loss(lr, b1))
+    assert state.best == (0.008, 0.0)
+    tried = {float(f.name.split("_")[1][1:]) for f in (tmp_path / "small" / arm.name).iterdir()}
+    assert sorted(tried) == [0.0, 0.2, 0.6, 0.8, 0.9, 0.95, 0.974]
