@@ -516,11 +516,45 @@ class ElasticDataParallel(nn.Module):
         end, to evaluate the average model).
 
         Raises:
-            RuntimeError: A member is gone since the latest quorum.
+            RuntimeError: A member is gone since the latest quorum (the next quorum
+                then rebuilds the process group).
         """
         flat = self._flat()
-        dist.all_reduce(flat)
+        with self._between_quorums():
+            dist.all_reduce(flat)
         return flat / dist.get_world_size()
+
+    def consensus_distance(self, sketch: int | None = None) -> float | None:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes, or ``None``.
+
+        As the wrapper's :meth:`~decent_dp.ddp.DecentralizedDataParallel.consensus_distance`
+        (exact, or a count sketch of ``sketch`` numbers), between two quorums; every
+        process of the quorum calls it at the same step.
+
+        Returns:
+            The distance; ``None`` where a member is gone since the latest quorum (the
+            collective fails within ``timeout_s`` and the next quorum rebuilds).
+        """
+        if self._inner is None:
+            return self.last_consensus_distance
+        try:
+            with self._between_quorums():
+                return float(self._inner.consensus_distance(sketch=sketch))
+        except (RuntimeError, OSError) as exc:
+            self.log(
+                f"[decent_dp.elastic] {self.replica_id}: no consensus distance at step "
+                f"{self.step_count} ({type(exc).__name__}); a member is gone"
+            )
+            return None
+
+    @contextlib.contextmanager
+    def _between_quorums(self) -> Iterator[None]:
+        """A collective of the quorum's group between quorums: a failure marks it for rebuild."""
+        try:
+            yield
+        except (RuntimeError, OSError):
+            self._world_failed = True
+            raise
 
     # ----------------------------------------------------------------- state
     def elastic_state(self) -> dict[str, Any]:
