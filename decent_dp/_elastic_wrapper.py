@@ -7,9 +7,11 @@ for the members of the current quorum and builds a new one when they change:
   LR scheduler run inside the backward pass and each bucket's gossip with its
   neighbours overlaps the next computation, on gloo groups of the quorum's
   processes. A member that dies meanwhile fails the exchanges of the groups it
-  is in; their live members mix nothing for that bucket and step (each keeps
-  its peers' weight) and leave the group alone until the next quorum
-  (``GossipState.on_lost``). No survivor waits beyond ``timeout_s``.
+  is in; its weight goes to the survivors of each edge: a pair's survivor mixes
+  nothing, and the live members of a larger edge average among themselves on
+  the edge's group less that member (made at the rebuild, :meth:`_regroup`)
+  until the next quorum (``GossipState.on_lost``, ``_gossip._reroute``). No
+  survivor waits beyond ``timeout_s``.
 * **At a quorum** (every ``quorum_every`` steps, in the forward pass that
   starts the step) whose members changed, or where any member lost a group,
   every member drains its gossip in flight and drops it, makes a new default
@@ -260,6 +262,7 @@ class ElasticDataParallel(nn.Module):
         self.last_quorum_step = -1
         self.rebuilds = 0
         object.__setattr__(self, "_inner", None)  # not a submodule: the module is this one's
+        self._survivor_groups: dict[tuple[int, ...], dict[int, Any]] = {}
         self._loaded: dict[str, Any] | None = None
         self._quorum_at = -1
 
@@ -457,6 +460,8 @@ class ElasticDataParallel(nn.Module):
             **self.wrapper_kwargs,
         )
         inner._engine.gossip.on_lost = self._on_lost
+        self._survivor_groups = self._regroup(self.topology, inner)
+        inner._engine.gossip.regroup = self._find_lost
         inner._engine.gossip.outer = self.outer  # recognises the rounds placed at quorums
         if state is not None and state.get("training") is not None:
             training = dict(state["training"])
@@ -464,6 +469,54 @@ class ElasticDataParallel(nn.Module):
             inner._engine.load_training_state(training)
         object.__setattr__(self, "_inner", inner)
         self._loaded = None
+
+    def _regroup(self, topology: Topology, inner: Any) -> dict[tuple[int, ...], dict[int, Any]]:
+        """Each edge of more than two ranks, its groups less one member (every process, one order).
+
+        A member lost between quorums then leaves the rest of its edge averaging
+        among themselves (:func:`decent_dp._gossip._survivors`); exact gossip only.
+        """
+        gossip = inner._engine.gossip
+        if gossip.compressor is not None or gossip.hosts is not None or gossip.state_sync:
+            return {}
+        world = dist.get_world_size()
+        edges = {
+            tuple(sorted(topology.get_edge(r, i).ranks))
+            for r in range(topology.period)
+            for i in range(world)
+        }
+        return {
+            e: {m: dist.new_group([r for r in e if r != m], timeout=self.timeout) for m in e}
+            for e in sorted(edges)
+            if len(e) > 2
+        }
+
+    def _find_lost(self, edge: Edge) -> tuple[int, Any] | None:
+        """Which member of a failed edge is lost, agreed on the quorum's store; and the others' group.
+
+        Each survivor notes itself under the edge and waits (up to ``timeout_s``) for
+        all but one member to have done so: every survivor then names the same lost
+        member. Two lost, or the store gone with its host: ``None``.
+        """
+        ranks = tuple(sorted(edge.ranks))
+        groups = self._survivor_groups.get(ranks)
+        if not groups:
+            return None
+        try:
+            store = self.membership.world_store("lost/" + "-".join(map(str, ranks)))
+            store.set(str(self.rank), "1")
+            deadline = time.monotonic() + self.timeout.total_seconds()
+            while True:
+                here = [r for r in ranks if store.check([str(r)])]
+                if len(here) == len(ranks) - 1:
+                    break
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.02)
+        except (RuntimeError, OSError):
+            return None
+        gone = next(r for r in ranks if r not in here)
+        return gone, groups[gone]
 
     def _world_store(self, view: QuorumView) -> Any:
         """The store every process of the quorum builds the new process group on."""
@@ -476,14 +529,19 @@ class ElasticDataParallel(nn.Module):
         return host_snapshot(out)
 
     def _on_lost(self, bucket: Any, edge: Edge, exc: BaseException) -> None:
-        gone = [r for r in edge.ranks if r != self.rank and r not in self.lost]
-        self.lost.update(edge.ranks)
-        self.lost.discard(self.rank)
+        survivors = bucket.pending[0].ranks if bucket.pending is not None else (self.rank,)
+        gone = [r for r in edge.ranks if r not in survivors and r not in self.lost]
+        self.lost.update(r for r in edge.ranks if r not in survivors)
         if gone:
             names = sorted({self.member_of(r) for r in gone})
+            where = (
+                "stays here"
+                if len(survivors) == 1
+                else f"goes to {sorted({self.member_of(r) for r in survivors})}, who average"
+            )
             self.log(
                 f"[decent_dp.elastic] {self.replica_id}: step {self.step_count + 1}: the exchange "
-                f"with {names} failed ({type(exc).__name__}); their weight stays here until "
+                f"with {names} failed ({type(exc).__name__}); their weight {where} until "
                 "the next quorum"
             )
 

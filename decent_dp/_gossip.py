@@ -57,9 +57,15 @@ class GossipState:
             (:mod:`decent_dp._state_sync`), or ``None``.
         on_lost: Elastic gossip (:mod:`decent_dp.elastic`): an exchange that
             fails (a member of its group died) is called here with the bucket,
-            the edge and the error, instead of raising; the bucket's step then
-            mixes nothing (each member of the group keeps its peers' weight)
-            and the group is not used again (``broken``) until it is rebuilt.
+            the edge and the error, instead of raising, and the group is not used
+            again (``broken``) until it is rebuilt. An edge of two ranks then mixes
+            nothing (the survivor keeps its peer's weight); an edge of more that
+            ``regroup`` knows keeps its live members: the lost member's weight goes
+            to them and they average among themselves (``rerouted``, until the
+            rebuild). Otherwise the step mixes nothing.
+        regroup: For an edge of more than two ranks whose exchange failed, the member
+            lost and the group of the others, ``(lost rank, group)``, the same on every
+            survivor; ``None`` where it cannot tell (then the step mixes nothing).
     """
 
     edges: list[Edge]
@@ -77,6 +83,9 @@ class GossipState:
     state_sync: StateSync | None = None
     on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
     broken: set[Any] = field(default_factory=set)  # groups (their id()) whose exchange failed
+    regroup: Callable[[Edge], tuple[int, Any] | None] | None = None
+    # a broken group's key -> its edge's live members and their group
+    rerouted: dict[Any, tuple[Edge, Any]] = field(default_factory=dict)
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -198,13 +207,53 @@ def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     the survivors' copies stay identical.
     """
     assert state.on_lost is not None
-    state.broken.add(_key(bucket.group))
+    key = _key(bucket.group)
+    state.broken.add(key)
     edge = bucket.pending[0] if bucket.pending is not None else state.alone
     bucket.pending = None
     bucket.state_pending = None
     if state.compressor is not None:
         state.compressor.forget(bucket.index)
+    rerouted = state.rerouted.get(key) or _survivors(state, edge)
+    if rerouted is not None and _reroute(state, bucket, *rerouted):
+        state.rerouted[key] = rerouted
     state.on_lost(bucket, edge, exc)
+
+
+def _survivors(state: GossipState, edge: Edge) -> tuple[Edge, Any] | None:
+    """The live members of a failed edge of more than two ranks, and their group; or ``None``.
+
+    The lost member's weight goes to the survivors of its edge: with ``s`` and
+    ``p`` the edge's weights over ``k`` members, each of the ``k - 1`` survivors
+    keeps ``s + p / (k - 1)`` and gives every other survivor as much, so ``W``
+    stays symmetric and doubly stochastic over them (for a uniform edge, they
+    average). Exact gossip only: compressed references, a hierarchical edge's
+    phases, gossiped optimizer states and outer rounds keep the step mixing nothing.
+    """
+    plain = state.compressor is None and state.hosts is None and state.state_sync is None
+    outer = state.outer is not None and edge is state.outer.edge
+    if state.regroup is None or len(edge.ranks) < 3 or not plain or outer:
+        return None
+    found = state.regroup(edge)
+    if found is None:
+        return None
+    gone, group = found
+    live = tuple(r for r in edge.ranks if r != gone)
+    return Edge(live, edge.self_weight + edge.peer_weight / len(live)), group
+
+
+def _reroute(state: GossipState, bucket: Bucket, survivors: Edge, group: Any) -> bool:
+    """Exchange the bucket's ``x(t-1)`` again among the survivors; whether it went through."""
+    peer_w = survivors.peer_weight
+    for c, v in zip(bucket.comm_views, bucket.values()):  # what the failed launch sent
+        torch.mul(v, peer_w, out=c)
+    try:
+        dist.all_reduce(bucket.comm, group=group)
+    except Exception:  # another member is gone too: this step mixes nothing
+        state.broken.add(_key(group))
+        return False
+    bucket.pending = (survivors, survivors.self_weight, peer_w)
+    return True
 
 
 @torch.no_grad()
@@ -235,8 +284,12 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     # an edge of several hosts has no group of its own (decent_dp._hierarchical): its round
     bucket.group = group if group is not None else ("hosts", round_index)
     if state.on_lost is not None and _key(bucket.group) in state.broken:  # lost until rebuilt
-        bucket.pending = None
-        return
+        rerouted = state.rerouted.get(_key(bucket.group))
+        if rerouted is None or outer_round:
+            bucket.pending = None
+            return
+        edge, group = rerouted  # the edge's live members, on their own group
+        bucket.group, k = group, len(edge.ranks)
     # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard
     # rank's part of small parameters, empty on every rank of its group: decent_dp._sharded)
     if (k == 1 and not outer_round) or bucket.numel == 0:

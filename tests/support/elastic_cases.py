@@ -240,8 +240,11 @@ def replay(
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
     ``W(t)`` is built here, from the registry, over the members each step
-    reports; a peer a replica reports as lost contributes nothing (its weight
-    stays with the replica). A joiner takes its source's parameters, momentum
+    reports. A peer lost between quorums contributes nothing: in an edge of two its
+    weight stays with the survivor; in a larger edge it goes to the edge's live
+    members, who average among themselves (each keeps ``s + d p / (k - d)`` and
+    gives as much to every other survivor, ``s`` and ``p`` the edge's weights over
+    ``k`` members, ``d`` of them lost). A joiner takes its source's parameters, momentum
     and data position at its first quorum. With ``outer_every``, outer rounds
     (DiLoCo's Nesterov SGD on ``x_outer - xbar``) at quorum steps ``t > 1`` with
     ``(t - 1) % outer_every == 0``, and at every new quorum id ``x_outer`` restarts
@@ -318,9 +321,12 @@ def replay(
             for gone in missing if not dead else ():
                 nxt = steps[gone].get(t + 1)
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
-            assert not info["mixed"] or not missing or len(edge.ranks) == 2 or not dead, (
-                f"{rid} mixed part of an edge that failed at step {t}"
-            )
+            silent = {g for g in missing if t not in steps[g]}  # gone since the quorum
+            weight = edge.peer_weight
+            if silent and len(edge.ranks) > 2:
+                # the edge's live members average among themselves: the lost weight goes to them
+                assert set(info["mixed"]) == set(expected) - silent, (t, rid, info["mixed"])
+                weight += edge.peer_weight * len(silent) / (len(info["mixed"]) + 1)
             assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
             g = _grad(x[rid], rid, cursor[rid])
             if accumulate:  # the summed gradient of the step's two micro-batches
@@ -333,7 +339,7 @@ def replay(
             else:
                 out = x[rid] - LR * b
                 for j in info["mixed"]:
-                    out = out + edge.peer_weight * (x[j] - x[rid])
+                    out = out + weight * (x[j] - x[rid])
             new[rid] = out
             cursor[rid] += 1
         x.update(new)
