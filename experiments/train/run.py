@@ -276,13 +276,22 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             if outer_name != "none"
             else None
         )
+        why = "(sharded checkpoints need a gossip topology, exact gossip and no outer optimizer)"
         rules.append(
             (
                 "checkpoint.every_steps",
                 cfg.checkpoint.every_steps,
                 cfg.checkpoint.every_steps == 0 or blocker is None,
-                f"0 with train.shard_size > 1 and {blocker} (sharded checkpoints need a "
-                "gossip topology, exact gossip and no outer optimizer)",
+                f"0 with train.shard_size > 1 and {blocker} {why}",
+            )
+        )
+        # a stop on a signal saves a checkpoint first: with none to save, it would be ignored
+        rules.append(
+            (
+                "checkpoint.on_signal",
+                cfg.checkpoint.on_signal,
+                not cfg.checkpoint.on_signal or blocker is None,
+                f"false with train.shard_size > 1 and {blocker} {why}",
             )
         )
     for rule in rules:

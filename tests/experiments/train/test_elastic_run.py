@@ -65,6 +65,11 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
         (("fault_tolerance.replica_id='a:b'",), 1, r"^fault_tolerance.replica_id=a:b is invalid"),
         (("fault_tolerance.min_replicas=0",), 1, r"^fault_tolerance.min_replicas=0 is invalid"),
         (
+            ("train.global_batch_size=64",),
+            1,
+            r"^train.global_batch_size=64 cannot be elastic with fault_tolerance=torchft: the hosts",
+        ),
+        (
             ("train.shard_size=2",),
             2,
             r"^train.shard_size=2 cannot be elastic with fault_tolerance=torchft: a sharded",
