@@ -204,7 +204,6 @@ class ElasticStep(TrainStep):
             "consensus/distance": edp.last_consensus_distance,
             "elastic/members": len(edp.members),
             "elastic/quorum_id": edp.view.quorum_id if edp.view else None,
-            "time": time.time(),  # wall clock: the benches line up hosts' steps by it
         }
 
     def summary(self) -> dict[str, Any]:
