@@ -208,6 +208,38 @@ def run(
     return reports
 
 
+def host_torchruns(
+    command: Callable[[str, str], list[str]],
+    rids: tuple[str, ...],
+    *,
+    cwd: Any,
+    env: dict[str, str],
+    timeout: float,
+) -> list[tuple[int, str]]:
+    """One process per host (a torchrun), ``command(replica id, lighthouse)``, on a fresh
+    lighthouse in a process of its own; each one's exit status and output, once all ended."""
+    import multiprocessing as mp
+    import subprocess
+
+    server = _LighthouseProcess(mp.get_context("spawn"))
+    runs: list[subprocess.Popen[str]] = []
+    try:
+        for rid in rids:
+            runs.append(
+                subprocess.Popen(
+                    command(rid, server.url), cwd=cwd, env=env, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        outs = [r.communicate(timeout=timeout)[0] for r in runs]
+    finally:
+        for r in runs:
+            if r.poll() is None:
+                r.kill()
+        server.shutdown()
+    return [(r.returncode, out) for r, out in zip(runs, outs)]
+
+
 def stop_all(procs: Any, server: Any, timeout: float = 5) -> None:
     """Join the processes (killing those still alive after ``timeout``), then stop the lighthouse."""
     for p in procs:
