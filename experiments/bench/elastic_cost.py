@@ -163,19 +163,26 @@ def _run_arm(spec: Any, arm: str, rep: int, args: argparse.Namespace, raw: Path)
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--rate", default="1gbit", help="each host's link (testbed)")
-    p.add_argument("--mb", type=float, default=8.0, help="MiB of parameters")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--quorum-every", type=int, default=20)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--limit-s", type=float, default=600.0, help="per arm and repetition")
-    p.add_argument("--out", type=Path, default=Path("outputs/elastic_cost"),
-                   help="a .json file, or a folder for cost-RATE.json")  # fmt: skip
-    p.add_argument("--runs", type=Path, default=None,
-                   help="the hosts' records and logs (default: beside the JSON)")  # fmt: skip
+    # (flag, type, default, help): the job, then the bench's own settings
+    for flag, kind, default, note in (
+        ("--hosts", int, 4, "testbed hosts, one process each"),
+        ("--rate", str, "1gbit", "each host's link"),
+        ("--mb", float, 8.0, "MiB of parameters"),
+        ("--steps", int, 40, "steps of each arm and repetition"),
+        ("--warmup", int, 10, "first steps left out"),
+        ("--batch", int, 32, "samples a step"),
+        ("--quorum-every", int, 20, "the elastic arm's quorum interval"),
+        ("--reps", int, 3, "repetitions of both arms"),
+        ("--limit-s", float, 600.0, "per arm and repetition"),
+        (
+            "--out",
+            Path,
+            Path("outputs/elastic_cost"),
+            "a .json file, or a folder for cost-RATE.json",
+        ),
+        ("--runs", Path, None, "the hosts' records and logs (default: beside the JSON)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, help=note)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)
     p.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
