@@ -137,14 +137,8 @@ class ElasticStep(TrainStep):
             **kwargs,
         )  # fmt: skip
 
-    def _wrap(
-        self,
-        model: nn.Module,
-        topo: Any,
-        optim_fn: Callable[..., Any],
-        scheduler_fn: Callable[..., Any],
-        world_size: int,
-    ) -> nn.Module:
+    def _wrap(self, model: nn.Module, topo: Any, *factories: Any) -> nn.Module:
+        optim_fn, scheduler_fn, _ = factories  # the world is the quorum's, not the job's
         ft = self.ft
         return ElasticDataParallel(
             model,
