@@ -607,7 +607,14 @@ class ElasticDataParallel(nn.Module):
 
     @contextlib.contextmanager
     def _between_quorums(self) -> Iterator[None]:
-        """A collective of the quorum's group between quorums: a failure marks it for rebuild."""
+        """A collective of the quorum's group between quorums: a failure marks it for rebuild.
+
+        After one failed, the rest of the interval fails at once: every process of the
+        quorum saw it fail (none completes without the lost member), so none waits
+        ``timeout_s`` again on the next.
+        """
+        if self._world_failed:
+            raise RuntimeError("a member is gone since the latest quorum: no collective")
         try:
             yield
         except (RuntimeError, OSError):

@@ -29,10 +29,12 @@ overlapping the next computation):
   in ``<run dir>/<replica id>/metrics.jsonl``; a quorum's line adds the members'
   ``consensus/distance``, ``elastic/members`` and ``elastic/quorum_id``, and a
   change of membership an ``elastic/change`` line. ``log.consensus_every`` and
-  ``log.consensus_sketch`` measure the distance between quorums too, and the
-  evaluation's ``eval/acc`` is the members' average model
-  (:class:`ElasticEvaluator`); each is skipped, with a warning, where a member
-  died since the latest quorum.
+  ``log.consensus_sketch`` measure the distance between quorums too (a
+  collective of every host: ``fault_tolerance=torchft`` sets both to 0 unless
+  asked), and the evaluation's ``eval/acc`` is the members' average model
+  (:class:`ElasticEvaluator`); where a member died since the latest quorum the
+  first costs up to ``timeout_s``, and each is skipped, with a warning, for the
+  rest of the interval.
 
 Its data: every host reads the whole training set in its own order (the seed and
 the replica id, :meth:`ElasticHost.data_seed`), since membership changes.
