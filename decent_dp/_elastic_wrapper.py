@@ -10,8 +10,8 @@ for the members of the current quorum and builds a new one when they change:
   is in; its weight goes to the survivors of each edge: a pair's survivor mixes
   nothing, and the live members of a larger edge average among themselves on
   the edge's group less that member (made at the rebuild, :meth:`_regroup`)
-  until the next quorum (``GossipState.on_lost``, ``_gossip._reroute``). No
-  survivor waits beyond ``timeout_s``.
+  until the next quorum (``GossipState.on_lost``, :mod:`decent_dp._elastic_survivors`).
+  No survivor waits beyond ``timeout_s``.
 * **At a quorum** (every ``quorum_every`` steps, in the forward pass that
   starts the step) whose members changed, or where any member lost a group,
   every member drains its gossip in flight and drops it, makes a new default
@@ -35,9 +35,11 @@ are checked by its own checks in the constructor, before the lighthouse
 (:func:`decent_dp._setup.check_wrapper_options`), not when the first quorum
 builds it.
 
-A little past 500 lines as one unit: the class keeps one wrapper, group and
+About 600 lines as one unit: the class keeps one wrapper, group and
 membership, and every part of it (the quorum's work, the rebuild, the state
-carried over) works on those together.
+carried over, the collectives between quorums) works on those together; what
+does not (the checks and ids, outer rounds, the survivors of a lost member, the
+torchft membership) lives in the modules it imports.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from ._elastic_common import (
 )
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from ._elastic_survivors import find_lost, survivor_groups
 from ._hierarchical import check_compression
 from ._setup import check_wrapper_options
 from .ddp import DecentralizedDataParallel
@@ -471,52 +474,24 @@ class ElasticDataParallel(nn.Module):
         self._loaded = None
 
     def _regroup(self, topology: Topology, inner: Any) -> dict[tuple[int, ...], dict[int, Any]]:
-        """Each edge of more than two ranks, its groups less one member (every process, one order).
-
-        A member lost between quorums then leaves the rest of its edge averaging
-        among themselves (:func:`decent_dp._gossip._survivors`); exact gossip only.
-        """
+        """Each edge of more than two ranks, its groups less one member; exact gossip only."""
         gossip = inner._engine.gossip
         if gossip.compressor is not None or gossip.hosts is not None or gossip.state_sync:
             return {}
-        world = dist.get_world_size()
-        edges = {
-            tuple(sorted(topology.get_edge(r, i).ranks))
-            for r in range(topology.period)
-            for i in range(world)
-        }
-        return {
-            e: {m: dist.new_group([r for r in e if r != m], timeout=self.timeout) for m in e}
-            for e in sorted(edges)
-            if len(e) > 2
-        }
+        return survivor_groups(topology, dist.get_world_size(), self.timeout)
 
     def _find_lost(self, edge: Edge) -> tuple[int, Any] | None:
-        """Which member of a failed edge is lost, agreed on the quorum's store; and the others' group.
-
-        Each survivor notes itself under the edge and waits (up to ``timeout_s``) for
-        all but one member to have done so: every survivor then names the same lost
-        member. Two lost, or the store gone with its host: ``None``.
-        """
+        """The lost member of a failed edge, agreed on the quorum's store, and the others' group."""
         ranks = tuple(sorted(edge.ranks))
         groups = self._survivor_groups.get(ranks)
         if not groups:
             return None
         try:
             store = self.membership.world_store("lost/" + "-".join(map(str, ranks)))
-            store.set(str(self.rank), "1")
-            deadline = time.monotonic() + self.timeout.total_seconds()
-            while True:
-                here = [r for r in ranks if store.check([str(r)])]
-                if len(here) == len(ranks) - 1:
-                    break
-                if time.monotonic() > deadline:
-                    return None
-                time.sleep(0.02)
         except (RuntimeError, OSError):
             return None
-        gone = next(r for r in ranks if r not in here)
-        return gone, groups[gone]
+        gone = find_lost(store, ranks, self.rank, self.timeout.total_seconds())
+        return None if gone is None else (gone, groups[gone])
 
     def _world_store(self, view: QuorumView) -> Any:
         """The store every process of the quorum builds the new process group on."""

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ._bucket import Bucket
 from ._compression import GossipCompressor
+from ._elastic_survivors import exchange_again, survivors_for
 from ._hierarchical import HostExchange
 from ._kernels import drop_fused
 from ._optim_plan import DecayFold, decay_plan
@@ -214,46 +215,13 @@ def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     bucket.state_pending = None
     if state.compressor is not None:
         state.compressor.forget(bucket.index)
-    rerouted = state.rerouted.get(key) or _survivors(state, edge)
-    if rerouted is not None and _reroute(state, bucket, *rerouted):
-        state.rerouted[key] = rerouted
+    rerouted = state.rerouted.get(key) or survivors_for(state, edge)
+    if rerouted is not None:
+        if exchange_again(bucket, *rerouted):
+            state.rerouted[key] = rerouted
+        else:  # another member is gone too: this step mixes nothing
+            state.broken.add(_key(rerouted[1]))
     state.on_lost(bucket, edge, exc)
-
-
-def _survivors(state: GossipState, edge: Edge) -> tuple[Edge, Any] | None:
-    """The live members of a failed edge of more than two ranks, and their group; or ``None``.
-
-    The lost member's weight goes to the survivors of its edge: with ``s`` and
-    ``p`` the edge's weights over ``k`` members, each of the ``k - 1`` survivors
-    keeps ``s + p / (k - 1)`` and gives every other survivor as much, so ``W``
-    stays symmetric and doubly stochastic over them (for a uniform edge, they
-    average). Exact gossip only: compressed references, a hierarchical edge's
-    phases, gossiped optimizer states and outer rounds keep the step mixing nothing.
-    """
-    plain = state.compressor is None and state.hosts is None and state.state_sync is None
-    outer = state.outer is not None and edge is state.outer.edge
-    if state.regroup is None or len(edge.ranks) < 3 or not plain or outer:
-        return None
-    found = state.regroup(edge)
-    if found is None:
-        return None
-    gone, group = found
-    live = tuple(r for r in edge.ranks if r != gone)
-    return Edge(live, edge.self_weight + edge.peer_weight / len(live)), group
-
-
-def _reroute(state: GossipState, bucket: Bucket, survivors: Edge, group: Any) -> bool:
-    """Exchange the bucket's ``x(t-1)`` again among the survivors; whether it went through."""
-    peer_w = survivors.peer_weight
-    for c, v in zip(bucket.comm_views, bucket.values()):  # what the failed launch sent
-        torch.mul(v, peer_w, out=c)
-    try:
-        dist.all_reduce(bucket.comm, group=group)
-    except Exception:  # another member is gone too: this step mixes nothing
-        state.broken.add(_key(group))
-        return False
-    bucket.pending = (survivors, survivors.self_weight, peer_w)
-    return True
 
 
 @torch.no_grad()
