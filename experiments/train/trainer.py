@@ -41,6 +41,11 @@ What is due when:
   integers: did any rank receive SIGTERM or the pre-emption signal? If so,
   every rank saves that step's checkpoint and the job exits to be requeued
   (:mod:`experiments.train.preempt`).
+
+A little past 500 lines as one unit: the choice of collaborators for each
+path (distributed, packed, elastic), the loop and its host phase, and the
+summary all read the same few fields, and each collaborator keeps its own
+policy in its own module.
 """
 
 from __future__ import annotations
