@@ -272,9 +272,9 @@ def replay(
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
     ``W(t)`` is built here, from the registry, over the members each step
-    reports. A peer lost between quorums contributes nothing: in an edge of two its
-    weight stays with the survivor; in a larger edge it goes to the edge's live
-    members, who average among themselves (each keeps ``s + d p / (k - d)`` and
+    reports. A peer lost between quorums contributes nothing: in an edge of two (or
+    ``hierarchical``'s edge between hosts) its weight stays with each survivor; in a
+    larger edge it goes to the edge's live members, who average among themselves (each keeps ``s + d p / (k - d)`` and
     gives as much to every other survivor, ``s`` and ``p`` the edge's weights over
     ``k`` members, ``d`` of them lost). A joiner takes its source's parameters, momentum
     and data position at its first quorum. With ``outer_every``, outer rounds
@@ -355,10 +355,14 @@ def replay(
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
             silent = {g for g in missing if t not in steps[g]}  # gone since the quorum
             weight = edge.peer_weight
-            if silent and len(edge.ranks) > 2:
+            if silent and len(edge.ranks) > 2 and topology != "hierarchical":
                 # the edge's live members average among themselves: the lost weight goes to them
                 assert set(info["mixed"]) == set(expected) - silent, (t, rid, info["mixed"])
                 weight += edge.peer_weight * len(silent) / (len(info["mixed"]) + 1)
+            else:  # an edge between hosts (hierarchical's phases) mixes nothing once it failed
+                assert not info["mixed"] or not missing or len(edge.ranks) == 2 or not dead, (
+                    f"{rid} mixed part of an edge that failed at step {t}"
+                )
             assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
             g = _grad(x[rid], rid, cursor[rid])
             if accumulate:  # the summed gradient of the step's two micro-batches
