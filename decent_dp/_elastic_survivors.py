@@ -76,9 +76,12 @@ def survivors_of(edge: Edge, gone: int) -> Edge:
     return Edge(live, edge.self_weight + edge.peer_weight / len(live))
 
 
-def survivors_for(state: Any, edge: Edge) -> tuple[Edge, Any] | None:
+def survivors_for(state: Any, edge: Edge, bucket: Any) -> tuple[Edge, Any] | None:
     """A failed edge's live members and their group, from a gossip state's ``regroup``; or ``None``.
 
+    The agreement is on this exchange (the bucket and the step it is for): a member
+    whose own exchange went through (the lost one's part came before it died) is not
+    met at a later exchange, and the others then mix nothing for this step.
     Exact gossip only: compressed references, a hierarchical edge's phases, gossiped
     optimizer states and outer rounds keep the step mixing nothing.
     """
@@ -86,7 +89,7 @@ def survivors_for(state: Any, edge: Edge) -> tuple[Edge, Any] | None:
     outer = state.outer is not None and edge is state.outer.edge
     if state.regroup is None or len(edge.ranks) < 3 or not plain or outer:
         return None
-    found = state.regroup(edge)
+    found = state.regroup(edge, f"{bucket.index}/{bucket.gossip_step}")
     return None if found is None else (survivors_of(edge, found[0]), found[1])
 
 

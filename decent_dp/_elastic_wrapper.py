@@ -480,14 +480,15 @@ class ElasticDataParallel(nn.Module):
             return {}
         return survivor_groups(topology, dist.get_world_size(), self.timeout)
 
-    def _find_lost(self, edge: Edge) -> tuple[int, Any] | None:
-        """The lost member of a failed edge, agreed on the quorum's store, and the others' group."""
+    def _find_lost(self, edge: Edge, exchange: str) -> tuple[int, Any] | None:
+        """The lost member of a failed exchange of an edge, agreed on the quorum's store, and
+        the others' group."""
         ranks = tuple(sorted(edge.ranks))
         groups = self._survivor_groups.get(ranks)
         if not groups:
             return None
         try:
-            store = self.membership.world_store("lost/" + "-".join(map(str, ranks)))
+            store = self.membership.world_store(f"lost/{'-'.join(map(str, ranks))}/{exchange}")
         except (RuntimeError, OSError):
             return None
         gone = find_lost(store, ranks, self.rank, self.timeout.total_seconds())

@@ -64,9 +64,10 @@ class GossipState:
             ``regroup`` knows keeps its live members: the lost member's weight goes
             to them and they average among themselves (``rerouted``, until the
             rebuild). Otherwise the step mixes nothing.
-        regroup: For an edge of more than two ranks whose exchange failed, the member
-            lost and the group of the others, ``(lost rank, group)``, the same on every
-            survivor; ``None`` where it cannot tell (then the step mixes nothing).
+        regroup: For an edge of more than two ranks and the exchange that failed on it
+            (``"<bucket>/<step>"``), the member lost and the group of the others,
+            ``(lost rank, group)``, the same on every survivor; ``None`` where it cannot
+            tell (then the step mixes nothing).
     """
 
     edges: list[Edge]
@@ -84,7 +85,7 @@ class GossipState:
     state_sync: StateSync | None = None
     on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
     broken: set[Any] = field(default_factory=set)  # groups (their id()) whose exchange failed
-    regroup: Callable[[Edge], tuple[int, Any] | None] | None = None
+    regroup: Callable[[Edge, str], tuple[int, Any] | None] | None = None
     # a broken group's key -> its edge's live members and their group
     rerouted: dict[Any, tuple[Edge, Any]] = field(default_factory=dict)
     period: int = field(init=False)  # of the topology: len(edges)
@@ -215,7 +216,7 @@ def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     bucket.state_pending = None
     if state.compressor is not None:
         state.compressor.forget(bucket.index)
-    rerouted = state.rerouted.get(key) or survivors_for(state, edge)
+    rerouted = state.rerouted.get(key) or survivors_for(state, edge, bucket)
     if rerouted is not None:
         if exchange_again(bucket, *rerouted):
             state.rerouted[key] = rerouted
@@ -238,6 +239,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
 
 
 def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
+    bucket.gossip_step = for_step
     outer = state.outer
     # a fragment of the outer optimizer reads the topology's rounds shifted as its outer rounds
     shift = outer.shift(bucket.index) if outer is not None else 0
