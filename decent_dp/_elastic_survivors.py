@@ -79,9 +79,10 @@ def survivors_of(edge: Edge, gone: int) -> Edge:
 def survivors_for(state: Any, edge: Edge, bucket: Any) -> tuple[Edge, Any] | None:
     """A failed edge's live members and their group, from a gossip state's ``regroup``; or ``None``.
 
-    The agreement is on this exchange (the bucket and the step it is for): a member
-    whose own exchange went through (the lost one's part came before it died) is not
-    met at a later exchange, and the others then mix nothing for this step.
+    The agreement is on this exchange (the bucket and the step it is for): where a
+    member's own exchange went through (the lost one's part came before it died),
+    the others wait out ``timeout_s`` and mix nothing for this step, and meet it at
+    the next exchange, where it fails too (:func:`decent_dp._gossip._launch`).
     Exact gossip only: compressed references, a hierarchical edge's phases, gossiped
     optimizer states and outer rounds keep the step mixing nothing.
     """

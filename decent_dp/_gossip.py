@@ -88,6 +88,7 @@ class GossipState:
     regroup: Callable[[Edge, str], tuple[int, Any] | None] | None = None
     # a broken group's key -> its edge's live members and their group
     rerouted: dict[Any, tuple[Edge, Any]] = field(default_factory=dict)
+    retried: set[Any] = field(default_factory=set)  # broken groups whose survivors met late
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -254,7 +255,15 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     # an edge of several hosts has no group of its own (decent_dp._hierarchical): its round
     bucket.group = group if group is not None else ("hosts", round_index)
     if state.on_lost is not None and _key(bucket.group) in state.broken:  # lost until rebuilt
-        rerouted = state.rerouted.get(_key(bucket.group))
+        key = _key(bucket.group)
+        if key not in state.rerouted and key not in state.retried and not outer_round:
+            # the survivors did not meet at the failed exchange (one of them had it go
+            # through): once more, at this one, where that one fails too
+            state.retried.add(key)
+            found = survivors_for(state, edge, bucket)
+            if found is not None:
+                state.rerouted[key] = found
+        rerouted = state.rerouted.get(key)
         if rerouted is None or outer_round:
             bucket.pending = None
             return

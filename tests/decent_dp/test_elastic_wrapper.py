@@ -87,8 +87,10 @@ def test_a_peer_lost_between_quorums_leaves_the_rest_of_its_edge_averaging() -> 
     survivors = ("r0", "r1", "r3")
     for rid in survivors:
         assert sorted(steps[rid]) == list(range(1, 7))
-        # step 3's exchange may have carried r2's part before it died; step 4's cannot
-        assert sorted(steps[rid][4]["mixed"]) == [r for r in survivors if r != rid]
+        # step 3's exchange may have carried r2's part to some of them before it died (the
+        # others then mix nothing, and meet them at step 4's); from step 5 on, never
+        for t in (5, 6):
+            assert sorted(steps[rid][t]["mixed"]) == [r for r in survivors if r != rid]
     assert all(m[-1][0] == "done" for rid, m in reports.items() if rid != "r2")
 
 
