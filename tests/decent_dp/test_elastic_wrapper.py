@@ -73,6 +73,7 @@ def test_the_wrapper_replays_4_3_4_in_float64(topology: str) -> None:
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
+@pytest.mark.slow  # about 20 s of five processes; find_lost and survivors_of are tested fast
 def test_a_peer_lost_between_quorums_leaves_the_rest_of_its_edge_averaging() -> None:
     """``complete`` over 4, r2 killed after step 2: the other three average among themselves
     (r2's weight goes to them) for the rest of the quorum's interval."""
