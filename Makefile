@@ -85,10 +85,11 @@ study-workers: ## The optimizer gap at 4 to 64 packed workers (resumable, hours 
 sweep: ## Multirun: complete, ring, one-peer-exp and allreduce on the default dataset
 	.venv/bin/torchrun --standalone --nproc_per_node=$(NPROC) train.py -m topology=complete,ring,one-peer-exp,allreduce $(ARGS)
 
-bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 processes), then bench-sharded, then packed workers vs processes (PACKED_ARGS=...)
+bench: ## Step-time benchmark (local vs torch DDP vs every topology, 2 and 4 processes), then bench-sharded, then packed workers vs processes (PACKED_ARGS=...), then what membership costs a step on the testbed (root; ELASTIC_COST_ARGS=...)
 	$(PY) -m experiments.bench.step_time $(ARGS)
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)
 	$(PY) -m experiments.bench.packed_throughput $(PACKED_ARGS)
+	$(PY) -m experiments.bench.elastic_cost --out docs/results/elastic --runs outputs/elastic_cost $(ELASTIC_COST_ARGS)
 
 bench-sharded: ## Peak memory per rank: FSDP2 shards (device_mesh), HSDP and the unsharded wrapper -> docs/results/sharded/bench.json; SHARDED_ARGS=...
 	$(PY) -m experiments.bench.sharded_memory $(SHARDED_ARGS)

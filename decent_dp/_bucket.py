@@ -105,6 +105,8 @@ class Bucket:
         self.group: Any = None  # the process group of the gossip in flight
         self.mixed: Any = None  # the edge the latest step mixed with (None: no gossip)
         self.launch_t = 0.0
+        # the step the latest launched gossip is for: names a failed exchange (elastic)
+        self.gossip_step = 0
         self.delay_s = 0.0
         # per-iteration state
         self.fired = [False] * len(params)  # a gradient arrived in the current backward pass

@@ -7,9 +7,11 @@ for the members of the current quorum and builds a new one when they change:
   LR scheduler run inside the backward pass and each bucket's gossip with its
   neighbours overlaps the next computation, on gloo groups of the quorum's
   processes. A member that dies meanwhile fails the exchanges of the groups it
-  is in; their live members mix nothing for that bucket and step (each keeps
-  its peers' weight) and leave the group alone until the next quorum
-  (``GossipState.on_lost``). No survivor waits beyond ``timeout_s``.
+  is in; its weight goes to the survivors of each edge: a pair's survivor mixes
+  nothing, and the live members of a larger edge average among themselves on
+  the edge's group less that member (made at the rebuild, :meth:`_regroup`)
+  until the next quorum (``GossipState.on_lost``, :mod:`decent_dp._elastic_survivors`).
+  No survivor waits beyond ``timeout_s``.
 * **At a quorum** (every ``quorum_every`` steps, in the forward pass that
   starts the step) whose members changed, or where any member lost a group,
   every member drains its gossip in flight and drops it, makes a new default
@@ -33,9 +35,11 @@ are checked by its own checks in the constructor, before the lighthouse
 (:func:`decent_dp._setup.check_wrapper_options`), not when the first quorum
 builds it.
 
-A little past 500 lines as one unit: the class keeps one wrapper, group and
+About 600 lines as one unit: the class keeps one wrapper, group and
 membership, and every part of it (the quorum's work, the rebuild, the state
-carried over) works on those together.
+carried over, the collectives between quorums) works on those together; what
+does not (the checks and ids, outer rounds, the survivors of a lost member, the
+torchft membership) lives in the modules it imports.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ from ._elastic_common import (
 )
 from ._elastic_outer import ElasticOuter
 from ._elastic_quorum import Membership, QuorumView, default_advertise_host
+from ._elastic_survivors import find_lost, survivor_groups
 from ._hierarchical import check_compression
 from ._setup import check_wrapper_options
 from .ddp import DecentralizedDataParallel
@@ -260,6 +265,7 @@ class ElasticDataParallel(nn.Module):
         self.last_quorum_step = -1
         self.rebuilds = 0
         object.__setattr__(self, "_inner", None)  # not a submodule: the module is this one's
+        self._survivor_groups: dict[tuple[int, ...], dict[int, Any]] = {}
         self._loaded: dict[str, Any] | None = None
         self._quorum_at = -1
 
@@ -457,6 +463,8 @@ class ElasticDataParallel(nn.Module):
             **self.wrapper_kwargs,
         )
         inner._engine.gossip.on_lost = self._on_lost
+        self._survivor_groups = self._regroup(self.topology, inner)
+        inner._engine.gossip.regroup = self._find_lost
         inner._engine.gossip.outer = self.outer  # recognises the rounds placed at quorums
         if state is not None and state.get("training") is not None:
             training = dict(state["training"])
@@ -464,6 +472,27 @@ class ElasticDataParallel(nn.Module):
             inner._engine.load_training_state(training)
         object.__setattr__(self, "_inner", inner)
         self._loaded = None
+
+    def _regroup(self, topology: Topology, inner: Any) -> dict[tuple[int, ...], dict[int, Any]]:
+        """Each edge of more than two ranks, its groups less one member; exact gossip only."""
+        gossip = inner._engine.gossip
+        if gossip.compressor is not None or gossip.hosts is not None or gossip.state_sync:
+            return {}
+        return survivor_groups(topology, dist.get_world_size(), self.timeout)
+
+    def _find_lost(self, edge: Edge, exchange: str) -> tuple[int, Any] | None:
+        """The lost member of a failed exchange of an edge, agreed on the quorum's store, and
+        the others' group."""
+        ranks = tuple(sorted(edge.ranks))
+        groups = self._survivor_groups.get(ranks)
+        if not groups:
+            return None
+        try:
+            store = self.membership.world_store(f"lost/{'-'.join(map(str, ranks))}/{exchange}")
+        except (RuntimeError, OSError):
+            return None
+        gone = find_lost(store, ranks, self.rank, self.timeout.total_seconds())
+        return None if gone is None else (gone, groups[gone])
 
     def _world_store(self, view: QuorumView) -> Any:
         """The store every process of the quorum builds the new process group on."""
@@ -476,14 +505,19 @@ class ElasticDataParallel(nn.Module):
         return host_snapshot(out)
 
     def _on_lost(self, bucket: Any, edge: Edge, exc: BaseException) -> None:
-        gone = [r for r in edge.ranks if r != self.rank and r not in self.lost]
-        self.lost.update(edge.ranks)
-        self.lost.discard(self.rank)
+        survivors = bucket.pending[0].ranks if bucket.pending is not None else (self.rank,)
+        gone = [r for r in edge.ranks if r not in survivors and r not in self.lost]
+        self.lost.update(r for r in edge.ranks if r not in survivors)
         if gone:
             names = sorted({self.member_of(r) for r in gone})
+            where = (
+                "stays here"
+                if len(survivors) == 1
+                else f"goes to {sorted({self.member_of(r) for r in survivors})}, who average"
+            )
             self.log(
                 f"[decent_dp.elastic] {self.replica_id}: step {self.step_count + 1}: the exchange "
-                f"with {names} failed ({type(exc).__name__}); their weight stays here until "
+                f"with {names} failed ({type(exc).__name__}); their weight {where} until "
                 "the next quorum"
             )
 
@@ -516,11 +550,52 @@ class ElasticDataParallel(nn.Module):
         end, to evaluate the average model).
 
         Raises:
-            RuntimeError: A member is gone since the latest quorum.
+            RuntimeError: A member is gone since the latest quorum (the next quorum
+                then rebuilds the process group).
         """
         flat = self._flat()
-        dist.all_reduce(flat)
+        with self._between_quorums():
+            dist.all_reduce(flat)
         return flat / dist.get_world_size()
+
+    def consensus_distance(self, sketch: int | None = None) -> float | None:
+        """``(1/n) sum_i ||x_i - xbar||^2`` over the quorum's processes, or ``None``.
+
+        As the wrapper's :meth:`~decent_dp.ddp.DecentralizedDataParallel.consensus_distance`
+        (exact, or a count sketch of ``sketch`` numbers), between two quorums; every
+        process of the quorum calls it at the same step.
+
+        Returns:
+            The distance; ``None`` where a member is gone since the latest quorum (the
+            collective fails within ``timeout_s`` and the next quorum rebuilds).
+        """
+        if self._inner is None:
+            return self.last_consensus_distance
+        try:
+            with self._between_quorums():
+                return float(self._inner.consensus_distance(sketch=sketch))
+        except (RuntimeError, OSError) as exc:
+            self.log(
+                f"[decent_dp.elastic] {self.replica_id}: no consensus distance at step "
+                f"{self.step_count} ({type(exc).__name__}); a member is gone"
+            )
+            return None
+
+    @contextlib.contextmanager
+    def _between_quorums(self) -> Iterator[None]:
+        """A collective of the quorum's group between quorums: a failure marks it for rebuild.
+
+        After one failed, the rest of the interval fails at once: every process of the
+        quorum saw it fail (none completes without the lost member), so none waits
+        ``timeout_s`` again on the next.
+        """
+        if self._world_failed:
+            raise RuntimeError("a member is gone since the latest quorum: no collective")
+        try:
+            yield
+        except (RuntimeError, OSError):
+            self._world_failed = True
+            raise
 
     # ----------------------------------------------------------------- state
     def elastic_state(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ._bucket import Bucket
 from ._compression import GossipCompressor
+from ._elastic_survivors import exchange_again, survivors_for
 from ._hierarchical import HostExchange
 from ._kernels import drop_fused
 from ._optim_plan import DecayFold, decay_plan
@@ -57,9 +58,16 @@ class GossipState:
             (:mod:`decent_dp._state_sync`), or ``None``.
         on_lost: Elastic gossip (:mod:`decent_dp.elastic`): an exchange that
             fails (a member of its group died) is called here with the bucket,
-            the edge and the error, instead of raising; the bucket's step then
-            mixes nothing (each member of the group keeps its peers' weight)
-            and the group is not used again (``broken``) until it is rebuilt.
+            the edge and the error, instead of raising, and the group is not used
+            again (``broken``) until it is rebuilt. An edge of two ranks then mixes
+            nothing (the survivor keeps its peer's weight); an edge of more that
+            ``regroup`` knows keeps its live members: the lost member's weight goes
+            to them and they average among themselves (``rerouted``, until the
+            rebuild). Otherwise the step mixes nothing.
+        regroup: For an edge of more than two ranks and the exchange that failed on it
+            (``"<bucket>/<step>"``), the member lost and the group of the others,
+            ``(lost rank, group)``, the same on every survivor; ``None`` where it cannot
+            tell (then the step mixes nothing).
     """
 
     edges: list[Edge]
@@ -77,6 +85,10 @@ class GossipState:
     state_sync: StateSync | None = None
     on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
     broken: set[Any] = field(default_factory=set)  # groups (their id()) whose exchange failed
+    regroup: Callable[[Edge, str], tuple[int, Any] | None] | None = None
+    # a broken group's key -> its edge's live members and their group
+    rerouted: dict[Any, tuple[Edge, Any]] = field(default_factory=dict)
+    retried: set[Any] = field(default_factory=set)  # broken groups whose survivors met late
     period: int = field(init=False)  # of the topology: len(edges)
     # CUDA with an emulated delay: the latest launch of each bucket, which the start clock stamps
     launches: dict[int, object] = field(default_factory=dict, init=False)
@@ -198,12 +210,19 @@ def _lost(state: GossipState, bucket: Bucket, exc: BaseException) -> None:
     the survivors' copies stay identical.
     """
     assert state.on_lost is not None
-    state.broken.add(_key(bucket.group))
+    key = _key(bucket.group)
+    state.broken.add(key)
     edge = bucket.pending[0] if bucket.pending is not None else state.alone
     bucket.pending = None
     bucket.state_pending = None
     if state.compressor is not None:
         state.compressor.forget(bucket.index)
+    rerouted = state.rerouted.get(key) or survivors_for(state, edge, bucket)
+    if rerouted is not None:
+        if exchange_again(bucket, *rerouted):
+            state.rerouted[key] = rerouted
+        else:  # another member is gone too: this step mixes nothing
+            state.broken.add(_key(rerouted[1]))
     state.on_lost(bucket, edge, exc)
 
 
@@ -221,6 +240,7 @@ def launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
 
 
 def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
+    bucket.gossip_step = for_step
     outer = state.outer
     # a fragment of the outer optimizer reads the topology's rounds shifted as its outer rounds
     shift = outer.shift(bucket.index) if outer is not None else 0
@@ -235,8 +255,20 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
     # an edge of several hosts has no group of its own (decent_dp._hierarchical): its round
     bucket.group = group if group is not None else ("hosts", round_index)
     if state.on_lost is not None and _key(bucket.group) in state.broken:  # lost until rebuilt
-        bucket.pending = None
-        return
+        key = _key(bucket.group)
+        if key not in state.rerouted and key not in state.retried and not outer_round:
+            # the survivors did not meet at the failed exchange (one of them had it go
+            # through): once more, at this one, where that one fails too
+            state.retried.add(key)
+            found = survivors_for(state, edge, bucket)
+            if found is not None:
+                state.rerouted[key] = found
+        rerouted = state.rerouted.get(key)
+        if rerouted is None or outer_round:
+            bucket.pending = None
+            return
+        edge, group = rerouted  # the edge's live members, on their own group
+        bucket.group, k = group, len(edge.ranks)
     # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard
     # rank's part of small parameters, empty on every rank of its group: decent_dp._sharded)
     if (k == 1 and not outer_round) or bucket.numel == 0:

@@ -23,9 +23,16 @@ strings) and the training goes on without a restart
 (:mod:`decent_dp._elastic_wrapper`).
 
 * **A member lost between quorums** fails the exchanges of the groups it is
-  in; their live members mix nothing for that bucket and step (each keeps its
-  peers' weight, so ``W`` stays symmetric and doubly stochastic over the
-  survivors) and no survivor waits beyond ``timeout_s``.
+  in, and its weight goes to the survivors of each of its edges: in an edge of
+  two the survivor keeps it (it mixes nothing), and a larger edge keeps its
+  live members, who exchange again among themselves (on the edge's group less
+  the lost member, made at the rebuild) with the lost weight shared among them
+  (``s + p / (k - 1)`` each, ``s`` and ``p`` the edge's weights over ``k``
+  members: a uniform edge's survivors average) until the next quorum. ``W``
+  stays symmetric and doubly stochastic over the survivors, and no survivor
+  waits beyond ``timeout_s`` for the lost one. (Compressed gossip, a
+  ``hierarchical`` edge between hosts and gossiped optimizer states mix
+  nothing in a broken edge instead.)
 * **A member that joins** asks for a quorum at once and enters at the others'
   next one. Every member behind the quorum's highest step heals from a live
   neighbour (:func:`heal_sources`): the model, the optimizer and scheduler

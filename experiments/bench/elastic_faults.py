@@ -13,7 +13,8 @@ lines it reports, per run:
 - ``survivor_steps_lost``: steps a survivor did not complete (it must finish all);
 - ``rejoin_s``: from the restart to the restarted host's first completed step;
 - ``healed_from`` and ``healed_to_step``: its source and the step it continued at;
-- each host's final ``train/loss`` and ``eval/acc_local``.
+- each host's final ``train/loss``, ``eval/acc_local`` and throughput
+  (``perf/samples_per_s``, the mean of its metrics windows), and the hosts' mean.
 
 Without ``--testbed`` the hosts share this machine's loopback (not a capped
 wire). With ``--testbed RATE`` (as root) each host is a testbed namespace
@@ -326,9 +327,10 @@ def measure(
         steps: The run's steps.
 
     Returns:
-        ``hosts`` (per host: ``final_loss``, eval values, ``steps``; a survivor's ``gap_s``,
-        ``steps_lost`` and ``step_at_kill``; the victim's ``rejoin_s`` and heal) and the
-        worst survivor's ``survivor_gap_s`` and ``survivor_steps_lost``, and ``rejoin_s``.
+        ``hosts`` (per host: ``final_loss``, eval values, ``steps``, ``samples_per_s``; a
+        survivor's ``gap_s``, ``steps_lost`` and ``step_at_kill``; the victim's ``rejoin_s``
+        and heal), the hosts' mean ``samples_per_s``, the worst survivor's
+        ``survivor_gap_s`` and ``survivor_steps_lost``, and ``rejoin_s``.
     """
     result: dict[str, Any] = {"hosts": {}}
     for rid, own in lines.items():
@@ -338,6 +340,8 @@ def measure(
             "final_loss": timed[-1]["train/loss"] if timed else None,
             **{k: v for k, v in summary.items() if k.startswith("eval/")},
             "steps": summary.get("steps"),
+            # the mean of its metrics windows (train.py's; the torchft clients log none)
+            "samples_per_s": summary.get("perf/samples_per_s"),
         }
         if victim is not None and rid != victim and t_kill is not None:
             after = [x for x in timed if x["time"] > t_kill - 5]
@@ -365,6 +369,8 @@ def measure(
             later = [x for x in timed if x["time"] > t_restart and x["step"] >= healed_to]
             host["rejoin_s"] = later[0]["time"] - t_restart if later else None
         result["hosts"][rid] = host
+    rates = [h["samples_per_s"] for h in result["hosts"].values() if h["samples_per_s"]]
+    result["samples_per_s"] = sum(rates) / len(rates) if rates else None  # per host
     survivors = [h for r, h in result["hosts"].items() if victim is not None and r != victim]
     if survivors:
         result["survivor_gap_s"] = max(h["gap_s"] or 0.0 for h in survivors)

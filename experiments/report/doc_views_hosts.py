@@ -8,7 +8,10 @@
   (``docs/results/elastic/*.json`` of ``experiments.bench.elastic_faults``, a column per file);
 - ``elastic-compare``: the same kill under elastic gossip, today's restart from a
   checkpoint, torchft's DDP and DiLoCo (``docs/results/elastic/compare/*.json`` of
-  ``experiments.bench.elastic_compare``, a row per method, a band over seeds).
+  ``experiments.bench.elastic_compare``, a row per method, a band over seeds);
+- ``elastic-cost``: what membership costs a step, the elastic wrapper beside the
+  wrapper on one testbed link (``docs/results/elastic/cost-*.json`` of
+  ``experiments.bench.elastic_cost``, a row per rate).
 
 The functions that read one figure (``peak_mb``, ``tokens_per_s``, ``elastic_runs`` ...) are
 also the sources of the claims in :mod:`experiments.report.claims.hosts` and of the README's
@@ -189,6 +192,12 @@ def _joiner(run: dict[str, Any], name: str) -> dict[str, Any]:
     return found[0]
 
 
+def _rate(run: dict[str, Any]) -> str:
+    """The hosts' mean throughput (samples/s of one host), ``–`` in runs from before it was kept."""
+    rate = run.get("samples_per_s")
+    return "–" if rate is None else f"{rate:,.0f}"
+
+
 def _acc(run: dict[str, Any]) -> str:
     values = [h["eval/acc_local"] for h in run["hosts"].values()]
     lo, hi = f"{min(values):.4f}", f"{max(values):.4f}"
@@ -209,9 +218,11 @@ def elastic(src: Source, runs: str) -> str:
             f"{fault['rejoin_s']:.1f} s",
             f"`{joiner['healed_from']}` / {joiner['healed_to_step']}",
             _acc(fault),
+            _rate(fault),
         ]
         if "uninterrupted" in src.json(f"{ELASTIC}/{name}.json"):
-            col.append(_acc(elastic_run(name, "uninterrupted")(src)))
+            clean = elastic_run(name, "uninterrupted")(src)
+            col += [_acc(clean), _rate(clean)]
         cols.append(col)
     labels = [
         "longest wait between two steps of a survivor",
@@ -219,11 +230,13 @@ def elastic(src: Source, runs: str) -> str:
         "seconds from the restart to the restarted host's first step",
         "it healed from (its neighbour) / at step",
         "`eval/acc_local` at the end, every host (with the fault)",
+        "samples/s of a host, the hosts' mean (with the fault)",
         "`eval/acc_local` at the end, every host (uninterrupted)",
+        "samples/s of a host, the hosts' mean (uninterrupted)",
     ]
     rows = [[label, *(c[i] if i < len(c) else "–" for c in cols)] for i, label in enumerate(labels)]
     if not any(len(c) == len(labels) for c in cols):
-        rows.pop()
+        del rows[-2:]
     topologies = [f"`{src.key(f'{ELASTIC}/{n}.json', 'args.topology')}`" for n in names]
     return md_table(["", *topologies], ["---", *["---:"] * len(names)], rows)
 
@@ -304,6 +317,9 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
 
         clean_metric = _spread([final_metric(r, metric) for r in clean], fmt)
         clean_wall = _spread(nums(clean, "wall_s"), "{:.0f}")
+        # samples/s of a host, where the runs kept it (train.py's; not the torchft clients)
+        rates = nums(clean, "samples_per_s")
+        clean_rate = _spread(rates, "{:,.0f}") if len(rates) == len(clean) else "–"
         if all(crashed(r) for r in fault):
             at = sorted(
                 {h["step_at_kill"] for r in fault for h in r["hosts"].values() if "gap_s" in h}
@@ -318,6 +334,7 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
                     "–",
                     clean_metric,
                     f"– / {clean_wall}",
+                    clean_rate,
                 ]
             )
             continue
@@ -336,6 +353,7 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
                 _spread([final_metric(r, metric) for r in fault], fmt),
                 clean_metric,
                 f"{_spread(nums(fault, 'wall_s'), '{:.0f}')} / {clean_wall}",
+                clean_rate,
             ]
         )
     header = [
@@ -347,8 +365,61 @@ def elastic_compare(src: Source, task: str, methods: str, seeds: str, metric: st
         f"`{metric}` with the fault",
         f"`{metric}` uninterrupted",
         "wall time, fault / clean (s)",
+        "samples/s of a host, uninterrupted",
     ]
-    return md_table(header, ["---", *["---:"] * 7], rows)
+    return md_table(header, ["---", *["---:"] * 8], rows)
+
+
+COST = f"{ELASTIC}/cost-{{}}.json"
+
+
+def cost_value(rate: str, key: str) -> Callable[[Source], float]:
+    """A figure of the membership-cost bench at ``rate``: ``ratio``, ``wrapper_step_s``, ..."""
+    return lambda s: float(s.key(COST.format(rate), key))
+
+
+def cost_steps(
+    rate: str, arm: str, pick: Callable[[list[float]], float]
+) -> Callable[[Source], float]:
+    """``pick`` (median, max) of each host's measured steps of ``arm`` at ``rate``, the slowest
+    host's per repetition, and the median over the repetitions (seconds)."""
+
+    def value(s: Source) -> float:
+        run = s.json(COST.format(rate))
+        warmup = int(run["args"]["warmup"])
+        reps = sorted({r["rep"] for r in run["records"]})
+        per_rep = [
+            max(
+                pick(r["step_s"][warmup:])
+                for r in run["records"]
+                if (r["rep"], r["arm"]) == (rep, arm)
+            )
+            for rep in reps
+        ]
+        return float(statistics.median(per_rep))
+
+    return value
+
+
+def elastic_cost(src: Source, rates: str) -> str:
+    """A row per link rate: the model, the quorum interval, each arm's step time and the ratio
+    (median of the repetitions, and their range)."""
+    rows = []
+    for rate in rates.split(","):
+        run = src.json(COST.format(rate))
+        args, ratios = run["args"], [r["ratio"] for r in run["reps"]]
+        rows.append(
+            [
+                rate,
+                f"{args['hosts']} hosts, {float(args['mb']):g} MiB, quorum every {args['quorum_every']}",
+                f"{run['wrapper_step_s'] * 1e3:.1f}",
+                f"{run['elastic_step_s'] * 1e3:.1f}",
+                f"**{run['ratio']:.2f}x** ({min(ratios):.2f} to {max(ratios):.2f})",
+                f"{len(ratios)}",
+            ]
+        )
+    header = ["link", "job", "wrapper, ms a step", "elastic, ms a step", "ratio", "repetitions"]
+    return md_table(header, ["---", "---", "---:", "---:", "---:", "---:"], rows)
 
 
 _KILLED_IN_QUORUM = ("testbed-ring-kill-at-quorum", "testbed-one-peer-exp-kill-at-quorum")
@@ -403,4 +474,5 @@ VIEWS: dict[str, Callable[..., str]] = {
     "sharded-testbed": sharded_testbed,
     "elastic": elastic,
     "elastic-compare": elastic_compare,
+    "elastic-cost": elastic_cost,
 }

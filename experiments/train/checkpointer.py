@@ -34,10 +34,12 @@ resume into which).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +134,22 @@ class Checkpointer:
         """Whether a checkpoint is saved at ``step``."""
         return self.every > 0 and (step % self.every == 0 or last)
 
+    @contextlib.contextmanager
+    def _world(self) -> Iterator[None]:
+        """The job's world: a world of one saves alone, whatever process group exists.
+
+        An elastic host is rank 0 of a world of one; the process group beside it is its
+        quorum's, which changes with the members and saves on no common schedule.
+        """
+        with ckpt.alone() if self.world_size == 1 else contextlib.nullcontext():
+            yield
+
     def save(self, step: int) -> None:
         """Save every rank's shard of ``step`` (a collective) and prune to ``keep``."""
+        with self._world():
+            self._save(step)
+
+    def _save(self, step: int) -> None:
         epoch, batch = divmod(step, self.metrics.steps_per_epoch)
         shard: dict[str, Any] = {}
         if self.layout is None:
@@ -171,9 +187,15 @@ class Checkpointer:
                 could not be moved aside after a reshard.
             ValueError: Another world size or topology without ``allow_reshard``.
         """
+        with self._world():
+            return self._resume()
+
+    def _resume(self) -> int:
         info = ckpt.latest_checkpoint(self.root)
-        seen: list[Any] = [None] * self.world_size
-        dist.all_gather_object(seen, None if info is None else info.step)
+        seen: list[Any] = [None if info is None else info.step]
+        if self.world_size > 1:
+            seen = [None] * self.world_size
+            dist.all_gather_object(seen, None if info is None else info.step)
         if len(set(seen)) > 1:
             raise RuntimeError(
                 f"ranks see different latest checkpoints in {self.root} (steps {seen}); "
@@ -284,8 +306,10 @@ class Checkpointer:
             except OSError as exc:
                 error = f"{type(exc).__name__}: {exc}"
         # gathered rather than a barrier, so that a failure on rank 0 stops every rank
-        errors: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(errors, error)
+        errors: list[str | None] = [error]
+        if self.world_size > 1:
+            errors = [None] * self.world_size
+            dist.all_gather_object(errors, error)
         if errors[0] is not None:
             raise RuntimeError(f"could not move the old checkpoints to {aside}: {errors[0]}")
         log.info("moved the checkpoints of the old layout to %s", aside)

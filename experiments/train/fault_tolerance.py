@@ -126,6 +126,13 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
             f"processes), got a world size of {world_size} over hosts of {local}; launch "
             "torchrun --nnodes=1 --nproc_per_node=L on each host"
         )
+    total = cfg.train.get("global_batch_size")
+    if total is not None:
+        # split over the hosts of a quorum, the batch would change with every change
+        raise ConfigError(
+            f"train.global_batch_size={total} cannot be elastic with fault_tolerance=torchft: "
+            "the hosts sharing it come and go; set train.batch_size (each host's batch)"
+        )
     shards = cfg.train.get("shard_size", 1)
     if shards != 1:
         # every process would train the whole model: the elastic path builds no device mesh

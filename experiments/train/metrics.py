@@ -230,7 +230,8 @@ class Metrics:
         keys = sorted(timers)
         extra = torch.tensor([timers[k] for k in keys], dtype=torch.float64)
         both = torch.cat([self.window.sums(), extra.to(self.window.device)])
-        dist.all_reduce(both)
+        if self.world_size > 1:  # an elastic host is a world of one beside its quorum's group
+            dist.all_reduce(both)
         totals = both.tolist()
         line = self.line(step)
         if totals[1] > 0:
@@ -250,9 +251,13 @@ class Metrics:
         self.window.reset()
         return line
 
-    def record_consensus(self, value: float) -> float:
-        """Remember an exact consensus distance for the summary's mean; return it."""
-        self.history.consensus.append(value)
+    def record_consensus(self, value: float | None) -> float | None:
+        """Remember an exact consensus distance for the summary's mean; return it.
+
+        ``None`` (an elastic host's members could not measure it) is not remembered.
+        """
+        if value is not None:
+            self.history.consensus.append(value)
         return value
 
     # ------------------------------------------------------------ where
@@ -268,8 +273,10 @@ class Metrics:
             histograms: This process's workers' class counts, one list each (one worker
                 per process, except under ``engine=packed``).
         """
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, [[int(c) for c in h] for h in histograms])
+        gathered: list[Any] = [[[int(c) for c in h] for h in histograms]]
+        if self.world_size > 1:
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, [[int(c) for c in h] for h in histograms])
         hists = [h for part in gathered for h in part]
         if self.rank == 0:
             self.log(self.line(step, **{"data/class_histogram": hists}))
@@ -320,7 +327,8 @@ class Metrics:
             Rank 0's summary, made strict-JSON safe, on every rank.
         """
         box = [json_safe(summary)]
-        dist.broadcast_object_list(box, src=0)
+        if self.world_size > 1:
+            dist.broadcast_object_list(box, src=0)
         summary = box[0]
         if self.rank == 0:
             path = run_dir / SUMMARY_FILE

@@ -62,7 +62,7 @@ from experiments.train.config import (
     plain,
     state_sync_arg,
 )
-from experiments.train.elastic import run_elastic
+from experiments.train.elastic import ElasticHost
 from experiments.train.engine import engine_workers, is_packed
 from experiments.train.fault_tolerance import check_fault_tolerance, is_elastic
 from experiments.train.logger import MetricsLogger, run_name_from_overrides
@@ -276,13 +276,22 @@ def validate(cfg: DictConfig, world_size: int) -> None:
             if outer_name != "none"
             else None
         )
+        why = "(sharded checkpoints need a gossip topology, exact gossip and no outer optimizer)"
         rules.append(
             (
                 "checkpoint.every_steps",
                 cfg.checkpoint.every_steps,
                 cfg.checkpoint.every_steps == 0 or blocker is None,
-                f"0 with train.shard_size > 1 and {blocker} (sharded checkpoints need a "
-                "gossip topology, exact gossip and no outer optimizer)",
+                f"0 with train.shard_size > 1 and {blocker} {why}",
+            )
+        )
+        # a stop on a signal saves a checkpoint first: with none to save, it would be ignored
+        rules.append(
+            (
+                "checkpoint.on_signal",
+                cfg.checkpoint.on_signal,
+                not cfg.checkpoint.on_signal or blocker is None,
+                f"false with train.shard_size > 1 and {blocker} {why}",
             )
         )
     for rule in rules:
@@ -378,6 +387,21 @@ def host_label() -> str:
     return f"host {testbed}" if testbed is not None else socket.gethostname()
 
 
+def _elastic_job(
+    cfg: DictConfig, run_dir: str | os.PathLike[str] | None, host: ElasticHost
+) -> _Job:
+    """An elastic host's job: its own directory under the run directory, no collective.
+
+    Every host is rank 0 of a world of one; what the hosts share goes through their
+    quorum (:mod:`experiments.train.elastic`).
+    """
+    view = _hydra_view()
+    folder = run_dir or view.get("run_dir") or Path("outputs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    config = plain(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    config.pop("hydra", None)
+    return _Job(Path(folder) / host.name, host.name, None, config_hash(cfg), config, [host_label()])
+
+
 def _agree_on_job(cfg: DictConfig, run_dir: str | os.PathLike[str] | None, world_size: int) -> _Job:
     """One collective: check the config hash and adopt rank 0's directories and names."""
     view = _hydra_view()
@@ -464,23 +488,23 @@ def run(cfg: DictConfig, run_dir: str | os.PathLike[str] | None = None) -> dict[
     cfg = resolve_targets(cfg)
     # a bad value stops every rank alike, before the rendezvous and any collective
     validate(cfg, _planned_world_size())
+    host: ElasticHost | None = None
     if is_elastic(cfg):  # one replica of an elastic job per host: no process group of its own
-        view = _hydra_view()
-        folder = (
-            run_dir or view.get("run_dir") or Path("outputs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+        host = ElasticHost.from_config(cfg)
+        rank, world_size = 0, 1
+        job = _elastic_job(cfg, run_dir, host)
+    else:
+        rank, world_size = initialize_dist(
+            backend=cfg.dist.backend, timeout_s=float(cfg.dist.timeout_s)
         )
-        return run_elastic(cfg, Path(folder))
-    rank, world_size = initialize_dist(
-        backend=cfg.dist.backend, timeout_s=float(cfg.dist.timeout_s)
-    )
-    job = _agree_on_job(cfg, run_dir, world_size)
+        job = _agree_on_job(cfg, run_dir, world_size)
     set_backend_flags(cfg.train, get_device())
     # the trainer's modules log through the package's logger: rank 0 informs, all ranks warn
     logging.getLogger("experiments.train").setLevel(logging.INFO if rank == 0 else logging.WARNING)
     trainer: Trainer | None = None
     ok = False
     try:
-        trainer = Trainer(cfg, job.run_dir, job.config_hash, rank, world_size, wall_start)
+        trainer = Trainer(cfg, job.run_dir, job.config_hash, rank, world_size, wall_start, host)
         # opened once data and model exist, so a job that cannot start leaves no empty run behind
         sink = MetricsLogger(
             job.run_dir,

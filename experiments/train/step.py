@@ -167,8 +167,10 @@ class NanPolicy:
         mine = torch.tensor(
             [math.inf if first is None else float(first)], dtype=torch.float64, device=self.device
         )
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine)
+        gathered = [mine]
+        if self.world_size > 1:  # an elastic host is a world of one beside its quorum's group
+            gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(gathered, mine)
         firsts = torch.cat(gathered).tolist()
         bad = min(range(self.world_size), key=lambda r: (firsts[r], r))
         if math.isinf(firsts[bad]):

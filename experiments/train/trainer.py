@@ -13,6 +13,12 @@
 - :class:`~experiments.train.evaluation.Evaluator`: the globally averaged and
   local models on the test set, and consensus distance.
 
+Under ``fault_tolerance=torchft`` membership is one more component
+(:mod:`experiments.train.elastic`): the job is this host's, a world of one, its
+step an :class:`~experiments.train.elastic.ElasticStep` over the elastic wrapper,
+whose quorum before each batch may heal the step forward (the batches follow),
+and its evaluator an :class:`~experiments.train.elastic.ElasticEvaluator`.
+
 What is learnt (images or tokens: the data, the model, the loss, the
 evaluation metrics) is the :class:`~experiments.train.task.Task`'s.
 
@@ -35,6 +41,11 @@ What is due when:
   integers: did any rank receive SIGTERM or the pre-emption signal? If so,
   every rank saves that step's checkpoint and the job exits to be requeued
   (:mod:`experiments.train.preempt`).
+
+A little past 500 lines as one unit: the choice of collaborators for each
+path (distributed, packed, elastic), the loop and its host phase, and the
+summary all read the same few fields, and each collaborator keeps its own
+policy in its own module.
 """
 
 from __future__ import annotations
@@ -59,8 +70,10 @@ from experiments.network.wire import WireCounter
 from experiments.schema import ConfigError
 from experiments.train.checkpointer import Checkpointer
 from experiments.train.config import ALLREDUCE, compression_arg, state_sync_arg
+from experiments.train.elastic import ElasticEvaluator, ElasticHost, ElasticStep
 from experiments.train.engine import engine_workers, is_packed
 from experiments.train.evaluation import Evaluator
+from experiments.train.fault_tolerance import is_elastic
 from experiments.train.metrics import Metrics, host_tag
 from experiments.train.optim import build_optim_fn, build_scheduler_fn
 from experiments.train.outer import outer_every, outer_kwargs, outer_section
@@ -128,6 +141,8 @@ class Trainer:
         rank: This process's rank.
         world_size: Number of ranks.
         wall_start: When the job started (``time.time()``), for the summary.
+        host: Under ``fault_tolerance=torchft``, this process's host (rank 0 of a world of
+            one; ``run_dir`` is then the host's own directory).
 
     Example::
 
@@ -147,6 +162,7 @@ class Trainer:
         rank: int,
         world_size: int,
         wall_start: float,
+        host: ElasticHost | None = None,
     ) -> None:
         self.cfg, self.run_dir, self.config_hash = cfg, run_dir, config_hash
         self.rank, self.world_size, self.wall_start = rank, world_size, wall_start
@@ -165,7 +181,9 @@ class Trainer:
         # the seeds and the order of what draws from them are part of a run's identity
         torch.manual_seed(int(t.seed))
         random.seed(int(t.seed))
-        placement = {"batch_size": self.batch_size, "seed": int(t.seed), "device": self.device}
+        # an elastic host reads the whole training set in its own order
+        seed = int(t.seed) if host is None else host.data_seed(int(t.seed))
+        placement = {"batch_size": self.batch_size, "seed": seed, "device": self.device}
         if self.packs:
             self.data: Any = PackedData.build(self.task, cfg, self.workers, **placement)
         else:
@@ -202,7 +220,23 @@ class Trainer:
         scheduler_fn = build_scheduler_fn(cfg.scheduler, self.steps_per_epoch, self.total_steps)
         outer = outer_kwargs(cfg.get("outer"), cfg.topology)
         self.train_step: Any
-        if self.packs:
+        self.elastic: ElasticStep | None = None
+        if host is not None and is_elastic(cfg):
+            self.train_step = self.elastic = ElasticStep(
+                model,
+                t,
+                cfg.topology,
+                cfg.fault_tolerance,
+                host,
+                optim_fn,
+                scheduler_fn,
+                self.metrics.window,
+                channels_last=bool(cfg.model.get("channels_last", False)),
+                task=self.task,
+                compression=compression_arg(cfg.get("compression")),
+                outer=outer,
+            )
+        elif self.packs:
             self.train_step = PackedStep(
                 model,
                 self.workers,
@@ -246,7 +280,8 @@ class Trainer:
             config_hash=config_hash,
             loader=self.data.train,
         )
-        self.evaluator = Evaluator(self.data.test, self.train_step)
+        evaluator = Evaluator if self.elastic is None else ElasticEvaluator
+        self.evaluator = evaluator(self.data.test, self.train_step)
         self.stop = StopRequest(
             int(cfg.checkpoint.signal_check_every),
             # sharded replicas are saved unless HSDP, compression or outer (run.validate says so)
@@ -339,15 +374,29 @@ class Trainer:
         return self._summary()
 
     def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches from the current step on, epoch after epoch, as a pure function of the step."""
-        step = self.step
-        while step < self.total_steps:
+        """Batches from the current step on, as a pure function of the step.
+
+        An elastic host's quorum comes first, before the batch is read: healing may
+        move the step forward, and the batches follow it.
+        """
+        expected, batches = -1, iter(())
+        while self.step < self.total_steps:
+            if self.elastic is not None:
+                self.step = self.elastic.quorum()
+                if self.step >= self.total_steps:  # healed to the end
+                    return
+            at = self.step
+            if at != expected:  # the first batch, or a heal moved the step
+                batches = self._batches_from(at)
+            yield next(batches)
+            expected = at + 1
+
+    def _batches_from(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
             epoch, start = divmod(step, self.steps_per_epoch)
             for x, y in self.data.train.iterate(epoch, start=start):
                 yield x, y
                 step += 1
-                if step >= self.total_steps:
-                    return
 
     def _after_step(self, bar: Any) -> None:
         """Hand the step to the host phase if it logs, evaluates or saves; else return at once."""
@@ -357,11 +406,19 @@ class Trainer:
         save_due = self.checkpointer.due(step, last)
         # an evaluation line carries the exact value anyway
         cons_due = self.metrics.consensus_due(step) and not eval_due
-        if log_due or eval_due or save_due or cons_due:
-            self._host_phase(bar, log_due, eval_due, save_due, cons_due)
+        # an elastic host's quorum before this step: its members and their distance
+        quorum = self.elastic.quorum_line(step) if self.elastic is not None else {}
+        if log_due or eval_due or save_due or cons_due or quorum:
+            self._host_phase(bar, log_due, eval_due, save_due, cons_due, quorum)
 
     def _host_phase(
-        self, bar: Any, log_due: bool, eval_due: bool, save_due: bool, cons_due: bool
+        self,
+        bar: Any,
+        log_due: bool,
+        eval_due: bool,
+        save_due: bool,
+        cons_due: bool,
+        quorum: dict[str, Any],
     ) -> None:
         """Everything that reads the device or talks to the host; the same steps on every rank."""
         metrics, step = self.metrics, self.step
@@ -403,7 +460,18 @@ class Trainer:
         if cons_due:
             line = line if line is not None else metrics.line(step)
             line["consensus/distance"] = metrics.record_consensus(self.evaluator.consensus())
+        if quorum:
+            change = self.elastic.new_change() if self.elastic is not None else None
+            if change is not None:
+                metrics.log(metrics.line(step - 1, **{"elastic/change": change}))
+            line = line if line is not None else metrics.line(step)
+            distance = quorum.pop("consensus/distance")
+            if "consensus/distance" not in line:  # log.consensus_every's, of this step, wins
+                line["consensus/distance"] = metrics.record_consensus(distance)
+            line.update(quorum)
         if line is not None:
+            if self.elastic is not None:  # wall clock: the benches line up the hosts' steps
+                line["time"] = time.time()
             metrics.log(line)
             metrics.show(bar, line)
         if eval_due:
@@ -483,7 +551,15 @@ class Trainer:
             "diverged": diverged_step is not None,
             "diverged_step": diverged_step,
             "host": host_tag(self.device),
+            # what run() set for CUDA (train.cudnn_benchmark, train.tf32); nothing off CUDA
+            "backend_flags": {
+                "cudnn_benchmark": bool(cfg.train.get("cudnn_benchmark", True)),
+                "tf32": bool(cfg.train.get("tf32", True)),
+                "applied": self.device.type == "cuda",
+            },
         }
+        if self.elastic is not None:
+            summary.update(self.elastic.summary())
         if self.task.tokens_per_sample:
             rates = self.metrics.token_rates(self.metrics.mean("samples_per_s"))
             tokens = {"tokens": self.metrics.tokens(self.step), "perf/tokens_per_s": None}

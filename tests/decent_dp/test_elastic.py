@@ -67,6 +67,39 @@ def test_a_heal_snapshot_of_cuda_state_takes_no_gpu_memory() -> None:
     torch.testing.assert_close(snap["model"]["w"], state["model"]["w"].cpu())
 
 
+class _Store:
+    """The keys a store holds, as ``torch.distributed.Store.set``/``check`` see them."""
+
+    def __init__(self, *noted: int) -> None:
+        self.keys = {str(r) for r in noted}
+
+    def set(self, key: str, value: str) -> None:
+        self.keys.add(key)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.keys for k in keys)
+
+
+def test_the_survivors_of_an_edge_name_its_one_lost_member_and_share_its_weight() -> None:
+    from decent_dp._elastic_survivors import find_lost, survivors_of
+    from decent_dp.topo import Edge
+
+    ranks = (0, 1, 2, 3)
+    # 0 and 3 noted themselves before 1: 1 names 2, the one that never will
+    assert find_lost(_Store(0, 3), ranks, 1, timeout_s=1.0) == 2
+    # two lost (or a store that never fills): no one to name, within the timeout
+    assert find_lost(_Store(3), ranks, 1, timeout_s=0.05) is None
+    # a uniform edge of 4 less one: the three survivors average
+    live = survivors_of(Edge(ranks, 0.25), 2)
+    assert live.ranks == (0, 1, 3)
+    assert (live.self_weight, live.peer_weight) == pytest.approx((1 / 3, 1 / 3))
+    # a lazy edge (keeps half): each survivor keeps s + p / 2, rows still sum to one
+    lazy = survivors_of(Edge(ranks, 0.5), 0)
+    assert lazy.self_weight == pytest.approx(0.5 + (0.5 / 3) / 3)
+    assert lazy.self_weight + 2 * lazy.peer_weight == pytest.approx(1.0)
+    assert lazy.peer_weight == pytest.approx(0.5 / 3 + (0.5 / 3) / 3)
+
+
 def _get(url: str) -> bytes:
     import urllib.request
 

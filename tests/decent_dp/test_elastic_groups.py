@@ -96,39 +96,25 @@ def test_groups_of_different_sizes_are_refused() -> None:
 @pytest.mark.slow  # two torchruns of two processes each
 def test_two_torchruns_form_one_quorum_through_torchruns_stores() -> None:
     import json
-    import multiprocessing as mp
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
     from tests.support import elastic_cases as ec
 
     root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=root)
-    server = ec._LighthouseProcess(mp.get_context("spawn"))
-    runs: list[subprocess.Popen[str]] = []
-    try:
-        runs += [
-            subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-                + ["--nproc_per_node", "2", "-m", "tests.support.elastic_group_torchrun"]
-                + [rid, server.url],
-                cwd=root,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for rid in ("hostA", "hostB")
-        ]
-        outs = [r.communicate(timeout=90)[0] for r in runs]
-    finally:
-        for r in runs:
-            if r.poll() is None:
-                r.kill()
-        server.shutdown()
-    assert all(r.returncode == 0 for r in runs), outs
+    done = ec.host_torchruns(
+        lambda rid, url: (
+            [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            + ["--nproc_per_node", "2", "-m", "tests.support.elastic_group_torchrun", rid, url]
+        ),
+        ("hostA", "hostB"),
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root),
+        timeout=90,
+    )
+    outs = [out for _, out in done]
+    assert all(code == 0 for code, _ in done), outs
     lines = [
         json.loads(line.split("RESULT ", 1)[1])
         for out in outs

@@ -73,6 +73,28 @@ def test_the_wrapper_replays_4_3_4_in_float64(topology: str) -> None:
     assert all(m[-1][0] == "done" and m[-1][1] == 12 for m in reports.values())
 
 
+@pytest.mark.slow  # about 20 s of five processes; find_lost and survivors_of are tested fast
+def test_a_peer_lost_between_quorums_leaves_the_rest_of_its_edge_averaging() -> None:
+    """``complete`` over 4, r2 killed after step 2: the other three average among themselves
+    (r2's weight goes to them) for the rest of the quorum's interval."""
+    every = 8  # no quorum after the kill: the survivors finish the interval
+    plans = _plans(6, every, "complete", kill_after=2)
+    for plan in plans.values():  # the survivor whose exchange waits on r2 waits this long
+        plan["timeout_s"] = 5.0
+    reports = ec.run(plans, {}, timeout=150, target=ew.replica)
+    result = ec.replay(reports, "complete", every, identical_start=True)
+    assert [len(result["members"][t]) for t in range(1, 7)] == [4] * 6
+    steps = result["steps"]
+    survivors = ("r0", "r1", "r3")
+    for rid in survivors:
+        assert sorted(steps[rid]) == list(range(1, 7))
+        # step 3's exchange may have carried r2's part to some of them before it died (the
+        # others then mix nothing, and meet them at step 4's); from step 5 on, never
+        for t in (5, 6):
+            assert sorted(steps[rid][t]["mixed"]) == [r for r in survivors if r != rid]
+    assert all(m[-1][0] == "done" for rid, m in reports.items() if rid != "r2")
+
+
 @pytest.mark.gpu
 def test_the_wrapper_replays_4_3_4_with_cuda_tensors() -> None:
     """The same replay with the model and data on the GPU (4 replicas on one GPU, gloo)."""

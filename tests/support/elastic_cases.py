@@ -208,6 +208,38 @@ def run(
     return reports
 
 
+def host_torchruns(
+    command: Callable[[str, str], list[str]],
+    rids: tuple[str, ...],
+    *,
+    cwd: Any,
+    env: dict[str, str],
+    timeout: float,
+) -> list[tuple[int, str]]:
+    """One process per host (a torchrun), ``command(replica id, lighthouse)``, on a fresh
+    lighthouse in a process of its own; each one's exit status and output, once all ended."""
+    import multiprocessing as mp
+    import subprocess
+
+    server = _LighthouseProcess(mp.get_context("spawn"))
+    runs: list[subprocess.Popen[str]] = []
+    try:
+        for rid in rids:
+            runs.append(
+                subprocess.Popen(
+                    command(rid, server.url), cwd=cwd, env=env, text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                )
+            )  # fmt: skip
+        outs = [r.communicate(timeout=timeout)[0] for r in runs]
+    finally:
+        for r in runs:
+            if r.poll() is None:
+                r.kill()
+        server.shutdown()
+    return [(r.returncode, out) for r, out in zip(runs, outs)]
+
+
 def stop_all(procs: Any, server: Any, timeout: float = 5) -> None:
     """Join the processes (killing those still alive after ``timeout``), then stop the lighthouse."""
     for p in procs:
@@ -240,8 +272,11 @@ def replay(
     """Recompute the run in one process: ``x(t) = x(t-1) + d(t) + sum_j W_ij (x_j - x_i)``.
 
     ``W(t)`` is built here, from the registry, over the members each step
-    reports; a peer a replica reports as lost contributes nothing (its weight
-    stays with the replica). A joiner takes its source's parameters, momentum
+    reports. A peer lost between quorums contributes nothing: in an edge of two (or
+    ``hierarchical``'s edge between hosts) its weight stays with each survivor; in a
+    larger edge it goes to the edge's live members, who average among themselves (each keeps ``s + d p / (k - d)`` and
+    gives as much to every other survivor, ``s`` and ``p`` the edge's weights over
+    ``k`` members, ``d`` of them lost). A joiner takes its source's parameters, momentum
     and data position at its first quorum. With ``outer_every``, outer rounds
     (DiLoCo's Nesterov SGD on ``x_outer - xbar``) at quorum steps ``t > 1`` with
     ``(t - 1) % outer_every == 0``, and at every new quorum id ``x_outer`` restarts
@@ -318,9 +353,18 @@ def replay(
             for gone in missing if not dead else ():
                 nxt = steps[gone].get(t + 1)
                 assert nxt is None or (t + 1 - 1) % every == 0, f"{rid} lost {gone}, alive"
-            assert not info["mixed"] or not missing or len(edge.ranks) == 2 or not dead, (
-                f"{rid} mixed part of an edge that failed at step {t}"
-            )
+            silent = {g for g in missing if t not in steps[g]}  # gone since the quorum
+            weight = edge.peer_weight
+            if silent and len(edge.ranks) > 2 and topology != "hierarchical":
+                # the edge's live members average among themselves: the lost weight goes to them
+                # (or, at the step whose exchange went through for one of them, nothing)
+                mixed = set(info["mixed"])
+                assert mixed in (set(expected) - silent, set()), (t, rid, info["mixed"])
+                weight += edge.peer_weight * len(silent) / (len(info["mixed"]) + 1)
+            else:  # an edge between hosts (hierarchical's phases) mixes nothing once it failed
+                assert not info["mixed"] or not missing or len(edge.ranks) == 2 or not dead, (
+                    f"{rid} mixed part of an edge that failed at step {t}"
+                )
             assert info["cursor"] == cursor[rid], (t, rid, info["cursor"], cursor[rid])
             g = _grad(x[rid], rid, cursor[rid])
             if accumulate:  # the summed gradient of the step's two micro-batches
@@ -333,7 +377,7 @@ def replay(
             else:
                 out = x[rid] - LR * b
                 for j in info["mixed"]:
-                    out = out + edge.peer_weight * (x[j] - x[rid])
+                    out = out + weight * (x[j] - x[rid])
             new[rid] = out
             cursor[rid] += 1
         x.update(new)

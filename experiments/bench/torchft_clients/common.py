@@ -1,7 +1,7 @@
 """What the torchft clients share: the workload, the Manager, the metrics lines.
 
 The workload is the one ``train.py fault_tolerance=torchft`` trains
-(:func:`experiments.train.elastic.run_elastic`): the config composed from
+(the Trainer with :mod:`experiments.train.elastic`): the config composed from
 ``conf/`` with the same overrides, the task's data and model builders, the
 same optimizer and scheduler, every host reading the whole training set in its
 own order (seeded by ``train.seed`` and the replica id), the same initial model
@@ -13,7 +13,8 @@ torchft's ``train_ddp.py``.
 Metrics: a line ``{"step", "time", "train/loss"}`` per step (``train/loss`` of
 that batch), a line with ``elastic/change`` when the host healed from a peer
 (its step after the heal), and at the end the local model's evaluation and a
-``summary.json``, as :mod:`experiments.train.elastic` writes them.
+``summary.json`` (``steps``, ``eval/*_local``), the keys the benches read from
+an elastic host's lines and summary too.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import json
 import time
 import zlib
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,30 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[3]
+
+
+class DataPosition:
+    """The data position a joiner heals with: batches read, across epochs, and the next ones."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.load({"read": 0})
+
+    def _from(self, position: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, start = divmod(position, len(self.loader))
+        while True:
+            yield from self.loader.iterate(epoch, start)
+            epoch, start = epoch + 1, 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch."""
+        self.read += 1
+        return next(self.batches)
+
+    def load(self, state: dict[str, int]) -> None:
+        """Continue from a healed ``{"read": n}``."""
+        self.read = int(state["read"])
+        self.batches = self._from(self.read)
 
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
@@ -92,8 +118,6 @@ class Workload:
         named = [(p, n) for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = build_optim_fn(cfg.optim)(named)
         self.scheduler = build_scheduler_fn(cfg.scheduler, per_epoch, self.total)(self.optimizer)
-        from experiments.train.elastic import DataPosition  # the elastic job's own
-
         self.position = DataPosition(self.data.train)
 
     def loss(self, model: torch.nn.Module) -> torch.Tensor:

@@ -208,6 +208,29 @@ def test_the_compare_view_bands_seeds_and_says_where_the_survivors_crashed(tmp_p
         f"{statistics.mean([0.90, 0.96]):.4f} (0.9000 to 0.9600)",
         f"{statistics.mean([0.80, 0.86]):.4f} (0.8000 to 0.8600)",
         "50 / 40",
+        "–",  # runs from before their throughput was kept
     ]
     cells = [c.strip() for c in ddp.strip("|").split("|")]
-    assert cells[1:] == ["1 / 1", "crashed", "all after step 30", "–", "–", "0.9700", "– / 30"]
+    assert cells[1:] == [
+        "1 / 1", "crashed", "all after step 30", "–", "–", "0.9700", "– / 30", "–"
+    ]  # fmt: skip
+
+
+def test_the_cost_view_is_the_slowest_hosts_mean_and_the_median_ratio(tmp_path: Path) -> None:
+    from experiments.bench.elastic_cost import summarize
+    from experiments.report.doc_views_hosts import cost_steps, elastic_cost
+
+    records = [
+        {"arm": arm, "rep": rep, "host": h, "step_s": [9.0, base * (1 + h), base * (1 + h)]}
+        for rep, (w, e) in enumerate([(1.0, 1.5), (1.0, 1.2), (2.0, 2.2)])
+        for arm, base in (("wrapper", w), ("elastic", e))
+        for h in (0, 1)
+    ]
+    args = {"hosts": "2", "mb": "8.0", "quorum_every": "20", "warmup": "1"}
+    run = {"args": args, "load_avg_1m": 1.0, **summarize(records, 1), "records": records}
+    _write(tmp_path, "docs/results/elastic/cost-1gbit.json", run)
+    row = elastic_cost(Source(tmp_path), "1gbit").splitlines()[2]
+    assert row == (
+        "| 1gbit | 2 hosts, 8 MiB, quorum every 20 | 2000.0 | 3000.0 | **1.20x** (1.10 to 1.50) | 3 |"
+    )
+    assert cost_steps("1gbit", "elastic", max)(Source(tmp_path)) == 3.0  # 3.0, 2.4, 4.4

@@ -65,6 +65,11 @@ def test_off_by_default_and_composes_with_its_keys() -> None:
         (("fault_tolerance.replica_id='a:b'",), 1, r"^fault_tolerance.replica_id=a:b is invalid"),
         (("fault_tolerance.min_replicas=0",), 1, r"^fault_tolerance.min_replicas=0 is invalid"),
         (
+            ("train.global_batch_size=64",),
+            1,
+            r"^train.global_batch_size=64 cannot be elastic with fault_tolerance=torchft: the hosts",
+        ),
+        (
             ("train.shard_size=2",),
             2,
             r"^train.shard_size=2 cannot be elastic with fault_tolerance=torchft: a sharded",
@@ -120,11 +125,17 @@ def test_two_hosts_train_elastically_and_the_second_heals_from_the_first(tmp_pat
         assert summary["steps"] == 6 and summary["members"] == ["h0", "h1"]
         assert 0.0 <= summary["eval/acc_local"] <= 1.0
         lines = [json.loads(x) for x in (tmp_path / rid / "metrics.jsonl").read_text().splitlines()]
-        quorums = [x for x in lines if "consensus/distance" in x]
+        quorums = [x for x in lines if "elastic/members" in x]
         assert [x["step"] for x in quorums] == [1, 4]  # a quorum every 3 steps
         assert quorums[0]["consensus/distance"] == 0.0  # the first quorum aligned the models
         assert all(x["elastic/members"] == 2 for x in quorums)
-        assert [x["step"] for x in lines if "train/loss" in x] == [3, 6]
+        train = [x for x in lines if "train/loss" in x]
+        assert [x["step"] for x in train] == [3, 6]
+        # what every run logs: throughput, bytes, the learning rate
+        for x in train:
+            assert x["perf/samples_per_s"] > 0 and x["comm/bytes_per_step"] > 0, x
+        assert train[0]["train/lr"] > train[1]["train/lr"] >= 0  # the cosine schedule's
+        assert [x["step"] for x in lines if "eval/acc" in x] == [6]
         assert (tmp_path / rid / "summary.json").exists()
     # the members' average model, evaluated alike on both
     assert out["h0"]["eval/acc"] == out["h1"]["eval/acc"]

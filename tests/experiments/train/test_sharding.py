@@ -81,6 +81,8 @@ def test_two_replicas_of_two_shards_train_a_gpt_under_torchrun(
         "train.shard_size=2",
         "train.max_steps=8",
         "train.grad_clip_norm=1.0",
+        # HSDP's replicas are not saved, so no stop can save them
+        f"checkpoint.on_signal={topology != 'allreduce'}".lower(),
         f"hydra.run.dir={run_dir}",
         timeout=240,
     )
