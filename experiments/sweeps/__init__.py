@@ -1,0 +1,1 @@
+"""The paper-style sweeps (shell scripts) and the resumable workers study (``workers.py``)."""
