@@ -325,7 +325,16 @@ def plot(study: Study, path: Path) -> None:
             kind = "average" if arm.get("extra") else arm["topology"]
             gaps = study.gaps(budget, arm["name"])
             n = arm["workers"] * (1.06 if kind == "complete" else 0.94 if kind == "average" else 1)
-            ax.scatter([n] * len(gaps), list(gaps.values()), s=12, color=colours[kind], alpha=0.7)
+            # an arm still being tuned (its point may move, seeds missing): hollow
+            done = study.done(budget, arm["name"])
+            ax.scatter(
+                [n] * len(gaps),
+                list(gaps.values()),
+                s=12,
+                facecolors=colours[kind] if done else "none",
+                edgecolors=colours[kind],
+                alpha=0.7,
+            )
         for topology in ("one-peer-exp", "complete"):
             f = study.fit(budget, topology)
             if f is not None:
