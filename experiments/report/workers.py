@@ -171,13 +171,12 @@ class Study:
 
     def fit(self, budget: str, topology: str, seeds: int = 3) -> Fit | None:
         """The fit of ``topology``'s gap against its workers, over the arms with every seed."""
-        points = [
-            (arm["workers"], g)
-            for arm in self.arms()
-            if arm["topology"] == topology and not arm.get("extra")
-            for g in self.gaps(budget, arm["name"]).values()
-            if len(self.gaps(budget, arm["name"])) >= seeds
-        ]
+        points = []
+        for arm in self.arms():
+            if arm["topology"] == topology and not arm.get("extra"):
+                gaps = self.gaps(budget, arm["name"])
+                if len(gaps) >= seeds:
+                    points += [(arm["workers"], g) for g in gaps.values()]
         try:
             return fit(points)
         except ValueError:

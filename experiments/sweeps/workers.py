@@ -127,10 +127,7 @@ def final_loss(folder: Path) -> float | None:
     if not path.exists():
         return None
     summary = json.loads(path.read_text())
-    value = summary.get("eval/loss")
-    if summary.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return math.inf
-    return float(value)
+    return run_loss({"eval_loss": summary.get("eval/loss"), "diverged": summary.get("diverged")})
 
 
 Known = dict[tuple[str, str, float, float, int], float]
