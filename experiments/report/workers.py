@@ -37,12 +37,14 @@ __all__ = [
     "Fit",
     "Study",
     "best",
+    "beta1_next",
     "collect",
     "fit",
     "main",
     "run_key",
     "same_setting",
     "settings",
+    "start_points",
 ]
 
 BASE = "allreduce"
@@ -52,6 +54,47 @@ Point = tuple[float, float]  # (lr, beta1)
 def best(grid: dict[Point, float]) -> Point:
     """The ``(lr, beta1)`` of the lowest loss (ties: the smaller lr, then the smaller beta1)."""
     return min(grid, key=lambda k: (grid[k], k[0], k[1]))
+
+
+def beta1_next(beta1: float, up: bool, beta1s: Sequence[float]) -> float | None:
+    """The next beta1 out from ``beta1`` on the ladder through ``beta1s``; ``None`` below 0.
+
+    Past the grid's values the ladder doubles ``1 - beta1`` going down (to 0 at the most) and
+    halves it going up, on 3 digits: 0, 0.2, 0.6, 0.8, then the grid, then 0.987, 0.994, ...
+    """
+    ladder = set(beta1s)
+    low = min(beta1s)
+    while low > 0.0:
+        low = max(round(1 - (1 - low) * 2, 3), 0.0)
+        ladder.add(low)
+    high = max(beta1s)
+    while high <= beta1:
+        high = round(1 - (1 - high) / 2, 3)
+        ladder.add(high)
+    side = [v for v in ladder if (v > beta1 if up else v < beta1)]
+    if not side:
+        return None
+    return min(side) if up else max(side)
+
+
+def start_points(
+    lrs: Sequence[float], beta1s: Sequence[float], around: Point | None
+) -> list[Point]:
+    """The seed-0 points an arm's search starts from.
+
+    The whole ``lrs`` x ``beta1s`` grid, or, ``around`` a point (the arm's best at the budget
+    before), the cross through it: lr halved and doubled at its beta1, and beta1's next values
+    down and up at its lr.
+    """
+    if around is None:
+        return [(lr, b1) for lr in lrs for b1 in beta1s]
+    lr, b1 = around
+    cross = [(lr / 2, b1), (lr, b1), (lr * 2, b1)]
+    for up in (False, True):
+        other = beta1_next(b1, up, beta1s)
+        if other is not None:
+            cross.append((lr, other))
+    return cross
 
 
 @dataclass(frozen=True)
@@ -242,6 +285,7 @@ def settings() -> dict[str, Any]:
         "lrs": list(sweep.LRS),
         "beta1s": list(sweep.BETA1S),
         "beta2": sweep.BETA2,
+        "start_from": dict(sweep.START_FROM),
         "seeds": [0, *sweep.SEEDS],
         "arms": [
             {"name": a.name, "topology": a.topology, "workers": a.workers, "extra": list(a.extra)}

@@ -29,14 +29,23 @@ from experiments.report.workers import Study, collect, fit
 from experiments.sweeps import workers as sweep
 
 SMALL = sweep.BUDGETS["small"]
+LARGE = sweep.BUDGETS["large"]
 
 
 def _arm(name: str) -> sweep.Arm:
     return next(a for a in sweep.ARMS if a.name == name)
 
 
-def _finish(out: Path, arm: sweep.Arm, lr: float, beta1: float, seed: int, loss: float) -> None:
-    folder = sweep.Run(SMALL, arm, lr, beta1, seed).folder(out)
+def _finish(
+    out: Path,
+    arm: sweep.Arm,
+    lr: float,
+    beta1: float,
+    seed: int,
+    loss: float,
+    budget: sweep.Budget = SMALL,
+) -> None:
+    folder = sweep.Run(budget, arm, lr, beta1, seed).folder(out)
     folder.mkdir(parents=True)
     diverged = not math.isfinite(loss)
     summary = {"eval/loss": None if diverged else loss, "diverged": diverged}
@@ -248,3 +257,48 @@ def test_beta1_goes_down_to_zero_and_the_search_ends(tmp_path):
     assert state.best == (0.008, 0.0)
     tried = {float(f.name.split("_")[1][1:]) for f in (tmp_path / "small" / arm.name).iterdir()}
     assert sorted(tried) == [0.0, 0.2, 0.6, 0.8, 0.9, 0.95, 0.974]
+
+
+def test_the_large_budget_starts_at_the_cross_through_the_small_budgets_best(tmp_path):
+    arm = _arm("complete-8")
+    assert sweep.arm_state(tmp_path, LARGE, arm).todo == []  # the small budget goes first
+    _grid(tmp_path, arm, lambda lr, b1: 5 - lr - b1 / 10)  # best: (0.016, 0.974), an edge each
+    for lr, b1, seed in sweep.arm_state(tmp_path, SMALL, arm).todo:
+        _finish(tmp_path, arm, lr, b1, seed, 9.0)  # the points past the edges are worse
+    for lr, b1, seed in sweep.arm_state(tmp_path, SMALL, arm).todo:
+        _finish(tmp_path, arm, lr, b1, seed, 4.0)
+    assert sweep.arm_state(tmp_path, SMALL, arm).best == (0.016, 0.974)
+    # lr halved and doubled, beta1 one rung down (the grid's 0.95) and up (past it, 0.987)
+    cross = [(0.008, 0.974), (0.016, 0.974), (0.032, 0.974), (0.016, 0.95), (0.016, 0.987)]
+    assert sweep.arm_state(tmp_path, LARGE, arm).todo == [(lr, b1, 0) for lr, b1 in cross]
+
+    def large(lr: float, b1: float) -> float:  # the large budget's best is one lr further out
+        return 3 + abs(math.log2(lr / 0.064)) / 10 + abs(b1 - 0.974)
+
+    for lr, b1 in cross:
+        _finish(tmp_path, arm, lr, b1, 0, large(lr, b1), LARGE)
+    # the best, (0.032, 0.974), is on the lr edge, and alone on its beta1 axis: both sides
+    assert sweep.arm_state(tmp_path, LARGE, arm).todo == [
+        (0.064, 0.974, 0),
+        (0.032, 0.95, 0),
+        (0.032, 0.987, 0),
+    ]
+    for _ in range(10):
+        state = sweep.arm_state(tmp_path, LARGE, arm)
+        if state.best is not None:
+            break
+        for lr, b1, seed in state.todo:
+            _finish(tmp_path, arm, lr, b1, seed, large(lr, b1) + seed / 100, LARGE)
+    assert state.best == (0.064, 0.974) and state.todo == [(0.064, 0.974, 1), (0.064, 0.974, 2)]
+    for seed in (1, 2):
+        _finish(tmp_path, arm, 0.064, 0.974, seed, 3.0, LARGE)
+    assert sweep.arm_state(tmp_path, LARGE, arm).done
+    # the reading tunes the same point: the cross is its start, the walk's runs count
+    from experiments.report import workers as report
+
+    data = collect(tmp_path)
+    assert data["study"]["start_from"] == {"large": "small"}
+    study = Study(data)
+    assert study.tuned("small", arm.name) == (0.016, 0.974)
+    assert study.tuned("large", arm.name) == (0.064, 0.974)
+    assert report.start_points(sweep.LRS, sweep.BETA1S, (0.004, 0.0))[3:] == [(0.004, 0.2)]
