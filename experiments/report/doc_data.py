@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,32 @@ class Source:
         return gaps
 
 
-def md_table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
-    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+_ALIGN = {"l": "---", "r": "---:", "c": ":---:"}
+
+
+def md_table(
+    header: Sequence[str],
+    align: Sequence[str],
+    rows: Iterable[Sequence[str]],
+    *,
+    padded: bool = False,
+) -> str:
+    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``.
+
+    Args:
+        header: The column names.
+        align: One alignment cell per column, written as given (``---``, ``---:``), or one
+            letter per column: ``l`` (``---``), ``r`` (``---:``) or ``c`` (``:---:``); a
+            string of letters (``"llr"``) names them all at once.
+        rows: The rows' cells, as text.
+        padded: Write the alignment row like the others, ``| --- | ---: |``, where it is
+            ``|---|---:|`` by default.
+
+    Returns:
+        The table's lines, joined by newlines (no newline at the end).
+    """
+    cells = [_ALIGN.get(a, a) for a in align]
+    lines = ["| " + " | ".join(header) + " |"]
+    lines.append("| " + " | ".join(cells) + " |" if padded else "|" + "|".join(cells) + "|")
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.report.doc_data import md_table
 from experiments.report.plots import _pyplot
 
 
@@ -72,21 +73,16 @@ def _mean_sd(values: Sequence[float]) -> str:
 
 def table(gaps: Sequence[Gap], metric: str) -> str:
     """Markdown: each setting's two arms over their seeds and the gap paired by seed."""
-    lines = [
+    rows = [
+        [g.label, _mean_sd(list(g.base.values())), _mean_sd(list(g.other.values())),
+         _mean_sd(g.diffs()), ", ".join(f"{d:+.3f}" for d in g.diffs()) or "–", str(len(g.seeds()))]
+        for g in gaps
+    ]  # fmt: skip
+    head = ["setting", "base", "other", "gap", "gap per seed", "seeds"]
+    return (
         f"`{metric}` at the end, mean ± sd over seeds; the gap is other − base on each seed "
-        "both ran.",
-        "",
-        "| setting | base | other | gap | gap per seed | seeds |",
-        "|---|---:|---:|---:|---|---:|",
-    ]
-    for g in gaps:
-        per_seed = ", ".join(f"{d:+.3f}" for d in g.diffs()) or "–"
-        lines.append(
-            f"| {g.label} | {_mean_sd(list(g.base.values()))} | "
-            f"{_mean_sd(list(g.other.values()))} | {_mean_sd(g.diffs())} | {per_seed} | "
-            f"{len(g.seeds())} |"
-        )
-    return "\n".join(lines) + "\n"
+        f"both ran.\n\n{md_table(head, 'lrrrlr', rows)}\n"
+    )
 
 
 def plot(gaps: Sequence[Gap], path: Path, metric: str, title: str) -> None:

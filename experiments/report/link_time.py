@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments.report.doc_data import md_table
 from experiments.report.plots import _pyplot
 from experiments.report.runs import UNKNOWN_HOST, Run, load_all, load_run, num
 from experiments.report.tables import HOSTS_DIFFER
@@ -164,12 +165,10 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
     """
     ref = next((a for a in arms if a.name.startswith(REFERENCE)), arms[0])
     ref_time = time_to(ref, target)
-    lines = [
-        f"| arm | seeds | final eval/loss | mean MB/step | peak MB/step | peak vs {ref.name} "
-        f"| link tokens/s | link s/step | step at loss ≤ {target:.3f} | time on link (s) "
-        f"| speed-up vs {ref.name} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    head = ["arm", "seeds", "final eval/loss", "mean MB/step", "peak MB/step", f"peak vs {ref.name}",
+            "link tokens/s", "link s/step", f"step at loss ≤ {target:.3f}", "time on link (s)",
+            f"speed-up vs {ref.name}"]  # fmt: skip
+    rows = []
     for arm in arms:
         std = f" ± {arm.final_std:.3f}" if arm.final_std is not None else ""
         reached = time_to(arm, target)
@@ -183,11 +182,10 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
             step, secs = str(reached[0]), f"{reached[1]:,.0f}"
             speed = f"{ref_time[1] / reached[1]:.2f}×" if ref_time else "–"
             speed = speed if arm.host == ref.host else HOSTS_DIFFER
-        lines.append(
-            f"| {arm.name} | {arm.seeds} | {arm.final:.3f}{std} | {_mb(arm.bytes_mean)} "
-            f"| {_mb(arm.bytes_peak)} | {peak_ratio} | {tps} | {arm.step_s:.3f} | {step} "
-            f"| {secs} | {speed} |"
-        )
+        rows.append([arm.name, str(arm.seeds), f"{arm.final:.3f}{std}", _mb(arm.bytes_mean),
+                     _mb(arm.bytes_peak), peak_ratio, tps, f"{arm.step_s:.3f}", step, secs,
+                     speed])  # fmt: skip
+    lines = md_table(head, "l" + "r" * 10, rows).split("\n")
     hosts = sorted({a.host for a in arms})
     if len(hosts) > 1:
         lines += [

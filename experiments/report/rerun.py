@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from experiments.report.doc_data import md_table
 from experiments.report.runs import OVERRIDES_FILE, read_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,16 +128,18 @@ def rerun_one(run: Path, metric: str, work: Path, dry_run: bool = False) -> Reru
 
 def report(results: Sequence[Rerun], metric: str, tol: float) -> str:
     """Markdown: each run's committed and rerun values, the difference and the verdict."""
-    lines = [f"Reran with each run's own overrides; a run holds when |rerun − committed| ≤ {tol} "
-             f"(`{metric}`).", "",
-             "| run | committed | rerun | difference | holds |", "|---|---:|---:|---:|---|"]  # fmt: skip
+    rows = []
     for r in results:
         d = r.diff()
         rerun = f"{r.rerun:.6f}" if r.rerun is not None else f"– ({r.error})"
         diff = f"{d:.2g}" if d is not None else "–"
         ok = "yes" if d is not None and d <= tol else "**no**"
-        lines.append(f"| {r.run} | {r.committed:.6f} | {rerun} | {diff} | {ok} |")
-    return "\n".join(lines) + "\n"
+        rows.append([r.run, f"{r.committed:.6f}", rerun, diff, ok])
+    head = ["run", "committed", "rerun", "difference", "holds"]
+    return (
+        f"Reran with each run's own overrides; a run holds when |rerun − committed| ≤ {tol} "
+        f"(`{metric}`).\n\n{md_table(head, 'lrrrl', rows)}\n"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

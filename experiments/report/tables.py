@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from experiments.report.configs import Config, Section
+from experiments.report.doc_data import md_table
 from experiments.report.runs import Run, count
 
 __all__ = ["HOSTS_DIFFER", "config_table", "host_note", "reference", "run_table"]
@@ -108,14 +109,11 @@ def _factor_columns(section: Section) -> list[tuple[str, Callable[[Config], str]
     return [(f.title, f.value) for f in section.factors if not set(f.keys) & _SHOWN]
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _align(head: Sequence[str], text: set[str]) -> str:
-    """The separator row: names left, numbers right."""
+def _table(head: Sequence[str], text: set[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The table's lines: the columns of names (``text`` and the fixed ones) left, numbers right."""
     left = text | {"configuration", "dataset", "model", "dir"}
-    return _row(["---" if h in left else "---:" for h in head])
+    align = ["l" if h in left else "r" for h in head]
+    return md_table(head, align, rows, padded=True).split("\n")
 
 
 def config_table(section: Section, target: float) -> list[str]:
@@ -138,7 +136,7 @@ def config_table(section: Section, target: float) -> list[str]:
                 "final eval/acc", "eval/acc_local", f"time to acc {target:g}", "samples/s",
                 "speedup vs allreduce", "consensus distance (mean)",
                 "consensus distance (final)"]  # fmt: skip
-    lines = [_row(head), _align(head, {t for t, _ in extra})]
+    rows = []
     for config in section.configs:
         first = config.runs[0].summary
         one, with_refs = _one_host(config.runs), _one_host(_with_refs(section, config))
@@ -171,8 +169,8 @@ def config_table(section: Section, target: float) -> list[str]:
                 _f(_mean(config.means("consensus/distance")), ".3e"),
                 _f(_mean(config.lasts("consensus/distance")), ".3e"),
             ]  # fmt: skip
-        lines.append(_row(cells))
-    return lines
+        rows.append(cells)
+    return _table(head, {t for t, _ in extra}, rows)
 
 
 def _where(run: Run, out: Path) -> str:
@@ -202,7 +200,7 @@ def run_table(section: Section, target: float, out: Path) -> list[str]:
         head = [*first, "final eval/acc",
                 "eval/acc_local", f"time to acc {target:g}", "samples/s",
                 "consensus distance (mean)", "consensus distance (final)", "dir"]  # fmt: skip
-    lines = [_row(head), _align(head, {t for t, _ in extra})]
+    rows = []
     for config in section.configs:
         for run in config.runs:
             s = run.summary
@@ -223,5 +221,5 @@ def run_table(section: Section, target: float, out: Path) -> list[str]:
                     _f(run.mean("consensus/distance"), ".3e"),
                     _f(run.last("consensus/distance"), ".3e"),
                 ]  # fmt: skip
-            lines.append(_row([*cells, _where(run, out)]))
-    return lines
+            rows.append([*cells, _where(run, out)])
+    return _table(head, {t for t, _ in extra}, rows)

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.report.doc_data import md_table
 from experiments.report.plots import _pyplot
 
 KEYS = ("train/loss", "consensus/distance_sketch", "train/update_norm", "train/lr")
@@ -44,11 +45,10 @@ def table(runs: Sequence[Path], at: Sequence[int], max_step: int) -> str:
         for run in runs:
             values = dict(series(run, key, max_step))
             if values:
-                cells = [f"{values[s]:.4g}" if s in values else "–" for s in at]
-                rows.append(f"| {run.name} | " + " | ".join(cells) + " |")
+                rows.append([run.name, *(f"{values[s]:.4g}" if s in values else "–" for s in at)])
         if rows:
-            lines += [f"**{key}**", "", "| run | " + " | ".join(f"step {s}" for s in at) + " |"]
-            lines += ["|---|" + "---:|" * len(at), *rows, ""]
+            head = ["run", *(f"step {s}" for s in at)]
+            lines += [f"**{key}**", "", md_table(head, "l" + "r" * len(at), rows), ""]
     return "\n".join(lines)
 
 

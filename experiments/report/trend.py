@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Sequence
 
 from experiments.report.configs import Config, Section
+from experiments.report.doc_data import md_table
 from experiments.report.runs import Run, num
 from experiments.report.tables import reference
 
@@ -64,10 +65,7 @@ def gap_trend_table(section: Section, fractions: Sequence[float] = FRACTIONS) ->
     steps = [max(1, round(f * last)) for f in fractions]
     labels = [f"1/{round(1 / f)}" if f < 1 else "all" for f in fractions]
     head = ["configuration", *(f"{lab} (step {s})" for lab, s in zip(labels, steps, strict=True))]
-    lines = [
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * len(steps),
-    ]
+    rows = []
     for config in section.configs:
         refs = reference(section, config, network=False)
         cells = [section.label(config)]
@@ -80,5 +78,5 @@ def gap_trend_table(section: Section, fractions: Sequence[float] = FRACTIONS) ->
                 cells.append(f"{mine:.3f}")
             else:
                 cells.append(f"{mine:.3f} ({mine - statistics.fmean(ref_values):+.3f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return md_table(head, "l" + "r" * len(steps), rows).split("\n")

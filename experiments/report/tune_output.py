@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report.configs import Factor, Section, find_factors
+from experiments.report.doc_data import md_table
 from experiments.report.plots import (
     _NEUTRAL,
     DPI,
@@ -102,10 +103,6 @@ def _stat(value: GridValue) -> str:
     return _fmt(value.mean) if std is None else f"{_fmt(value.mean)} ± {_fmt(std, value.mean)}"
 
 
-def _row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
 def _summary_table(groups: Sequence[TunedGroup], section: Section) -> list[str]:
     """One row per group: its factors, the best value, its metric, seeds, the grid, the flag."""
     key = groups[0].key
@@ -113,7 +110,8 @@ def _summary_table(groups: Sequence[TunedGroup], section: Section) -> list[str]:
     head = [f.title for f in section.factors] + [key]
     head += [f"final {metric}" if metric else "metric", "seeds", "tried (mean)", "note"]
     numbers = {"final", "seeds"}
-    lines = [_row(head), _row(["---:" if h.split()[0] in numbers else "---" for h in head])]
+    align = ["r" if h.split()[0] in numbers else "l" for h in head]
+    rows = []
     for group, config in zip(groups, section.configs):
         best = group.best
         tried = ", ".join(
@@ -122,8 +120,8 @@ def _summary_table(groups: Sequence[TunedGroup], section: Section) -> list[str]:
         )
         stat = _stat(best) if metric else f"{group.metric} {_stat(best)}"
         cells = [f.value(config) for f in section.factors]
-        lines.append(_row([*cells, best.text, stat, str(best.n), tried, group.flag]))
-    return lines
+        rows.append([*cells, best.text, stat, str(best.n), tried, group.flag])
+    return md_table(head, align, rows, padded=True).split("\n")
 
 
 def grid_tables(groups: Sequence[TunedGroup]) -> list[str]:
@@ -146,22 +144,13 @@ def grid_tables(groups: Sequence[TunedGroup]) -> list[str]:
             f"Final `{group.metric}` ({better} is better); best {group.key}={group.best.text}"
             f"{note}.",
             "",
-            _row([group.key, "mean", "std", "seeds", "best"]),
-            _row(["---:", "---:", "---:", "---:", "---"]),
         ]
-        lines += [
-            _row(
-                [
-                    v.text,
-                    _fmt(v.mean),
-                    _fmt(v.std, v.mean),
-                    str(v.n),
-                    "best" if v is group.best else "",
-                ]
-            )
+        rows = [
+            [v.text, _fmt(v.mean), _fmt(v.std, v.mean), str(v.n), "best" if v is group.best else ""]
             for v in group.grid
         ]
-        lines.append("")
+        head = [group.key, "mean", "std", "seeds", "best"]
+        lines += [*md_table(head, "rrrrl", rows, padded=True).split("\n"), ""]
     return lines[:-1]
 
 
