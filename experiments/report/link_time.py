@@ -42,7 +42,7 @@ from experiments.report.runs import UNKNOWN_HOST, Run, load_all, load_run, num
 from experiments.report.tables import HOSTS_DIFFER
 from experiments.report.trend import evals
 
-__all__ = ["Arm", "load_arms", "main", "table", "time_to"]
+__all__ = ["Arm", "default_target", "link_name", "load_arms", "main", "page", "table", "time_to"]
 
 REFERENCE = "allreduce"
 
@@ -144,6 +144,11 @@ def load_arms(root: str | Path) -> list[Arm]:
     return arms
 
 
+def default_target(arms: Sequence[Arm]) -> float:
+    """The highest final mean loss of the arms: every arm reaches it."""
+    return max(a.final for a in arms)
+
+
 def time_to(arm: Arm, target: float) -> tuple[int, float] | None:
     """``(step, seconds on the link)`` of the first evaluation at or below ``target``, or ``None``."""
     for step, loss in arm.curve:
@@ -196,6 +201,18 @@ def table(arms: Sequence[Arm], target: float) -> list[str]:
     return lines
 
 
+def link_name(gbps: float | None, latency_ms: float | None) -> str:
+    """The link for titles: ``50 Mb/s, 10 ms``, or ``the emulated link`` without both."""
+    if gbps is None or latency_ms is None:
+        return "the emulated link"
+    return f"{gbps * 1000:g} Mb/s, {latency_ms:g} ms"
+
+
+def page(arms: Sequence[Arm], target: float, link: str) -> str:
+    """The text of ``link_time.md``: a title naming the target and the link, then the table."""
+    return "\n".join([f"# Time to eval/loss {target:.3f} on {link}", "", *table(arms, target), ""])
+
+
 def _plot(arms: Sequence[Arm], target: float, title: str, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -235,17 +252,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    target = args.target if args.target is not None else max(a.final for a in arms)
+    target = args.target if args.target is not None else default_target(arms)
     if not math.isfinite(target):
         print(f"error: --target {target} is not a finite loss", file=sys.stderr)
         return 2
-    link = "the emulated link"
-    if args.gbps is not None and args.latency_ms is not None:
-        link = f"{args.gbps * 1000:g} Mb/s, {args.latency_ms:g} ms"
+    link = link_name(args.gbps, args.latency_ms)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Time to eval/loss {target:.3f} on {link}", "", *table(arms, target), ""]
-    (out / "link_time.md").write_text("\n".join(lines))
+    text = page(arms, target, link)
+    (out / "link_time.md").write_text(text)
     record = {
         "target": target,
         "link": link,
@@ -253,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     (out / "link_time.json").write_text(json.dumps(record, indent=1) + "\n")
     _plot(arms, target, f"lm_small on {link}", out / "link_time.png")
-    print("\n".join(lines))
+    print(text)
     return 0
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["Drawn", "Plot", "Styles", "lm_figures", "save", "vision_figures"]
+__all__ = ["Drawn", "Plot", "Styles", "lm_figures", "save", "titles", "vision_figures"]
 
 DPI = 150
 BAND_ALPHA = 0.18
@@ -28,6 +28,15 @@ LINE_STYLES: list[Any] = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1,
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 HATCHES = ["", "//", "..", "xx", "\\\\", "--"]
 _NEUTRAL = "0.35"
+# what each plot shows (the first line of its title), by its key in vision_figures / lm_figures
+VISION_TITLES = {
+    "consensus": "Consensus distance between workers",
+    "loss": "Training loss against wall-clock time",
+    "acc": "Evaluation accuracy against epochs",
+    "throughput": "Mean training throughput",
+}
+LM_TITLES = {"tokens": "Loss against tokens", "time": "Loss against wall-clock time"}
+_THROUGHPUT = "perf/samples_per_s"
 
 
 def _pyplot() -> Any:
@@ -296,10 +305,29 @@ def _notes(seeds: int, main_label: str, thin_label: str) -> tuple[list[Any], lis
     return (handles, labels) if handles else None
 
 
+def _bar_title(section: Section, key: str, title: str) -> str:
+    """``title``, saying what the error bars are when a bar has more than one seed."""
+    if any(len(c.means(key)) > 1 for c in section.configs):
+        return title + " (error bars: min–max over seeds)"
+    return title
+
+
+def titles(section: Section) -> dict[str, str]:
+    """What each plot of ``section`` shows (the first line of its title), without drawing it.
+
+    The keys and their order are those of :func:`vision_figures` or :func:`lm_figures`.
+    """
+    if section.kind == "lm":
+        return dict(LM_TITLES)
+    throughput = _bar_title(section, _THROUGHPUT, VISION_TITLES["throughput"])
+    return {**VISION_TITLES, "throughput": throughput}
+
+
 def bar_plot(section: Section, styles: Styles, key: str, ylabel: str, title: str) -> Plot:
     """Mean of every run's mean ``key`` per configuration, with min-max error bars."""
     plt = _pyplot()
 
+    title = _bar_title(section, key, title)
     bars = [(c, c.means(key)) for c in section.configs]
     bars = [(c, v) for c, v in bars if v]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(bars) + 2.5), 4.6))
@@ -313,8 +341,6 @@ def bar_plot(section: Section, styles: Styles, key: str, ylabel: str, title: str
             plot.drawn.append(Drawn(section.label(config), key, 1, len(values)))
         ax.set_xticks(range(len(bars)))
         ax.set_xticklabels([section.label(c) for c, _ in bars], rotation=30, ha="right", fontsize=8)
-        if any(len(v) > 1 for _, v in bars):
-            title += " (error bars: min–max over seeds)"
     else:
         ax.text(0.5, 0.5, f"no run logged {key}", ha="center", transform=ax.transAxes)
     ax.set_ylabel(ylabel)
@@ -332,22 +358,22 @@ def vision_figures(section: Section) -> dict[str, Plot]:
         "consensus": line_plot(
             section, styles, "step", "consensus/distance", xlabel="optimizer step",
             ylabel="consensus distance (1/n) Σ‖x_i − x̄‖²", logy=True,
-            title="Consensus distance between workers",
+            title=VISION_TITLES["consensus"],
             thin="consensus/distance_sketch", thin_label="count-sketch estimate",
             main_label="exact",
         ),
         "loss": line_plot(
             section, styles, "time_s", "train/loss", xlabel="wall-clock time (s)",
-            ylabel="training loss (nats)", title="Training loss against wall-clock time",
+            ylabel="training loss (nats)", title=VISION_TITLES["loss"],
         ),
         "acc": line_plot(
             section, styles, "epoch", "eval/acc", xlabel="epoch", scale=100.0,
             ylabel="eval accuracy of the averaged model (%)",
-            title="Evaluation accuracy against epochs",
+            title=VISION_TITLES["acc"],
         ),
         "throughput": bar_plot(
-            section, styles, "perf/samples_per_s", "throughput (samples/s, all workers)",
-            "Mean training throughput",
+            section, styles, _THROUGHPUT, "throughput (samples/s, all workers)",
+            VISION_TITLES["throughput"],
         ),
     }  # fmt: skip
 
@@ -365,11 +391,11 @@ def lm_figures(section: Section) -> dict[str, Plot]:
     return {
         "tokens": line_plot(
             section, styles, "tokens", "eval/loss", xlabel="tokens (all workers)",
-            title="Loss against tokens", x_format=count, **common,
+            title=LM_TITLES["tokens"], x_format=count, **common,
         ),
         "time": line_plot(
             section, styles, "time_s", "eval/loss", xlabel="wall-clock time (s)",
-            title="Loss against wall-clock time", **common,
+            title=LM_TITLES["time"], **common,
         ),
     }  # fmt: skip
 

@@ -45,6 +45,11 @@ _WIDE = 8.0  # a grid spanning this factor or more reads better on a log axis to
 _MAX_TICKS = 12  # up to this many values, each gets its own tick, labelled by its text
 
 
+def _plot_title(groups: Sequence[TunedGroup]) -> str:
+    """What :func:`tune_plot` shows, the first line of its title."""
+    return f"Final {_metric_of(groups) or 'metric'} against {groups[0].key}"
+
+
 def plot_name(key: str) -> str:
     """The plot's file name for ``key``: ``optim.lr`` gives ``tune_optim_lr.png``."""
     return "tune_" + re.sub(r"[^A-Za-z0-9_-]", "_", key) + ".png"
@@ -280,7 +285,7 @@ def tune_plot(groups: Sequence[TunedGroup]) -> Plot:
     better = _better(groups)
     ax.set_xlabel(key)
     ax.set_ylabel(f"final {metric or 'metric'}" + (f" ({better})" if better else ""))
-    title = f"Final {metric or 'metric'} against {key}"
+    title = _plot_title(groups)
     context = _context(section)
     ax.set_title(f"{title}\n{context}" if context else title, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
@@ -299,22 +304,22 @@ def tune_plot(groups: Sequence[TunedGroup]) -> Plot:
     return plot
 
 
-def report_section(groups: Sequence[TunedGroup], out: Path) -> list[str]:
-    """Write ``tuned.json`` and the plot into ``out``; the report's ``Tuned`` section.
+def report_section(groups: Sequence[TunedGroup], out: Path | None = None) -> list[str]:
+    """The report's ``Tuned`` section; with ``out``, write ``tuned.json`` and the plot there.
 
     Args:
         groups: From :func:`tune_runs` (at least one).
-        out: The report's directory.
+        out: The report's directory; ``None`` for the markdown alone.
 
     Returns:
         Markdown lines, from the ``## Tuned: <key>`` heading on.
     """
     key = groups[0].key
-    (out / TUNED_FILE).write_text(json.dumps(tuned_json(groups), indent=2) + "\n")
-    plot = tune_plot(groups)
-    path = out / plot_name(key)
-    plot.figure.savefig(path, dpi=DPI, bbox_inches="tight")
-    _pyplot().close(plot.figure)
+    if out is not None:
+        (out / TUNED_FILE).write_text(json.dumps(tuned_json(groups), indent=2) + "\n")
+        plot = tune_plot(groups)
+        plot.figure.savefig(out / plot_name(key), dpi=DPI, bbox_inches="tight")
+        _pyplot().close(plot.figure)
     metric, better = _metric_of(groups), _better(groups)
     what = f"final `{metric}`" if metric else "final metric"
     if better:
@@ -330,7 +335,7 @@ def report_section(groups: Sequence[TunedGroup], out: Path) -> list[str]:
         "",
         *_summary_table(groups, tuned_section(groups)),
         "",
-        f"![{plot.title}]({path.name})",
+        f"![{_plot_title(groups)}]({plot_name(key)})",
         "",
     ]
     return lines
