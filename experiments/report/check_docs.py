@@ -16,6 +16,9 @@ Three kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
   names a :class:`~experiments.report.figures.Figure` of :data:`~experiments.report.figures.FIGURES`
   (its source and format). ``--write`` fills every span; the check regenerates and diffs them. An
   unknown id, a figure whose data is missing and a data file that does not parse each fail.
+- **Pages written whole** by a command from committed data (a ``report.md`` of ``make report``,
+  the wire study's ``table.md``, ...; :data:`experiments.report.whole_pages.PAGES`): each is
+  written again in memory from its data and diffed line by line; ``--write`` rewrites it.
 - **Claims**, only those of the elastic pages (:mod:`experiments.report.claims`, to be turned
   into spans): a pattern on the page whose groups are checked against their values.
 
@@ -38,6 +41,7 @@ from experiments.report.claims import CLAIMS, Claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import VIEWS
 from experiments.report.figures import TABLES, figure, table
+from experiments.report.whole_pages import check_page
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -253,6 +257,7 @@ def check(
     texts: dict[str, str] = {}
     for page in pages(root):
         rel = page.relative_to(root).as_posix()
+        problems += check_page(page, rel, data_root, write=write)
         problems += check_blocks(page, rel, data_root, write=write)
         problems += check_spans(page, rel, data_root, write=write)
         texts[rel] = page.read_text()
