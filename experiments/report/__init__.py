@@ -42,11 +42,21 @@ scripts and ``tune_optim_lr.png`` plots the metric against the key; for a shell 
 ``python -m experiments.report.tune DIR... --key optim.lr --best`` prints the best value
 alone (:mod:`experiments.report.tune`).
 
+``report_markdown`` gives the text of ``report.md`` alone, drawing and writing nothing (``make
+check-docs`` compares the committed reports with it).
+
 A run without a readable ``summary.json`` or without any valid metrics line is
 skipped with a warning; single malformed lines are skipped too.
 """
 
-from experiments.report.build import LM_PLOTS, PLOTS, REPORT_FILE, build_report, main
+from experiments.report.build import (
+    LM_PLOTS,
+    PLOTS,
+    REPORT_FILE,
+    build_report,
+    main,
+    report_markdown,
+)
 from experiments.report.configs import Band, Config, Factor, Section, band, make_section
 from experiments.report.runs import Run, find_run_dirs, load_run
 
@@ -65,4 +75,5 @@ __all__ = [
     "load_run",
     "main",
     "make_section",
+    "report_markdown",
 ]

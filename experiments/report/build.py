@@ -197,7 +197,9 @@ def report_markdown(
     Raises:
         ValueError: As :func:`build_report`.
     """
-    return _report(dirs, target_acc, out, tune, metric, False, None if root is None else Path(root))[1]
+    return _report(
+        dirs, target_acc, out, tune, metric, False, None if root is None else Path(root)
+    )[1]
 
 
 def build_report(

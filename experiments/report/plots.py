@@ -28,14 +28,14 @@ LINE_STYLES: list[Any] = ["-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1,
 MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 HATCHES = ["", "//", "..", "xx", "\\\\", "--"]
 _NEUTRAL = "0.35"
-# what each plot shows (the first line of its title), by its key in vision_figures / lm_figures
-VISION_TITLES = {
-    "consensus": "Consensus distance between workers",
-    "loss": "Training loss against wall-clock time",
-    "acc": "Evaluation accuracy against epochs",
-    "throughput": "Mean training throughput",
-}
-LM_TITLES = {"tokens": "Loss against tokens", "time": "Loss against wall-clock time"}
+# what each plot of a section's kind shows (the first line of its title), by its key in
+# vision_figures and lm_figures
+TITLES = {
+    "vision": {"consensus": "Consensus distance between workers",
+               "loss": "Training loss against wall-clock time",
+               "acc": "Evaluation accuracy against epochs", "throughput": "Mean training throughput"},
+    "lm": {"tokens": "Loss against tokens", "time": "Loss against wall-clock time"},
+}  # fmt: skip
 _THROUGHPUT = "perf/samples_per_s"
 
 
@@ -317,10 +317,10 @@ def titles(section: Section) -> dict[str, str]:
 
     The keys and their order are those of :func:`vision_figures` or :func:`lm_figures`.
     """
-    if section.kind == "lm":
-        return dict(LM_TITLES)
-    throughput = _bar_title(section, _THROUGHPUT, VISION_TITLES["throughput"])
-    return {**VISION_TITLES, "throughput": throughput}
+    shown = dict(TITLES[section.kind])
+    if "throughput" in shown:
+        shown["throughput"] = _bar_title(section, _THROUGHPUT, shown["throughput"])
+    return shown
 
 
 def bar_plot(section: Section, styles: Styles, key: str, ylabel: str, title: str) -> Plot:
@@ -358,22 +358,22 @@ def vision_figures(section: Section) -> dict[str, Plot]:
         "consensus": line_plot(
             section, styles, "step", "consensus/distance", xlabel="optimizer step",
             ylabel="consensus distance (1/n) Σ‖x_i − x̄‖²", logy=True,
-            title=VISION_TITLES["consensus"],
+            title=TITLES["vision"]["consensus"],
             thin="consensus/distance_sketch", thin_label="count-sketch estimate",
             main_label="exact",
         ),
         "loss": line_plot(
             section, styles, "time_s", "train/loss", xlabel="wall-clock time (s)",
-            ylabel="training loss (nats)", title=VISION_TITLES["loss"],
+            ylabel="training loss (nats)", title=TITLES["vision"]["loss"],
         ),
         "acc": line_plot(
             section, styles, "epoch", "eval/acc", xlabel="epoch", scale=100.0,
             ylabel="eval accuracy of the averaged model (%)",
-            title=VISION_TITLES["acc"],
+            title=TITLES["vision"]["acc"],
         ),
         "throughput": bar_plot(
             section, styles, _THROUGHPUT, "throughput (samples/s, all workers)",
-            VISION_TITLES["throughput"],
+            TITLES["vision"]["throughput"],
         ),
     }  # fmt: skip
 
@@ -391,11 +391,11 @@ def lm_figures(section: Section) -> dict[str, Plot]:
     return {
         "tokens": line_plot(
             section, styles, "tokens", "eval/loss", xlabel="tokens (all workers)",
-            title=LM_TITLES["tokens"], x_format=count, **common,
+            title=TITLES["lm"]["tokens"], x_format=count, **common,
         ),
         "time": line_plot(
             section, styles, "time_s", "eval/loss", xlabel="wall-clock time (s)",
-            title=LM_TITLES["time"], **common,
+            title=TITLES["lm"]["time"], **common,
         ),
     }  # fmt: skip
 

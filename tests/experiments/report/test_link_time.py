@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from experiments.report.link_time import load_arms, main, table, time_to
+from experiments.report.link_time import (
+    default_target,
+    link_name,
+    load_arms,
+    main,
+    page,
+    table,
+    time_to,
+)
 from tests.experiments.report.common import write_overrides, write_summary
 
 
@@ -89,7 +97,11 @@ def test_the_command_writes_table_json_and_plot_with_the_worst_final_as_target(
     record = json.loads((out / "link_time.json").read_text())
     assert record["target"] == pytest.approx(3.9) and record["link"] == "50 Mb/s, 10 ms"
     assert (out / "link_time.png").stat().st_size > 0
-    assert "50 Mb/s, 10 ms" in (out / "link_time.md").read_text()
+    arms = load_arms(runs)
+    text = page(arms, default_target(arms), link_name(0.05, 10))
+    assert (out / "link_time.md").read_text() == text
+    assert text.startswith("# Time to eval/loss 3.900 on 50 Mb/s, 10 ms\n\n| arm |")
+    assert link_name(None, 10) == "the emulated link"
 
 
 def test_a_directory_without_link_runs_exits_2_with_one_line(

@@ -107,6 +107,24 @@ def test_consensus_plot_draws_exact_values_and_the_sketch_thin(sweep: Path) -> N
     plots.save(figures, {k: sweep / f"{k}.png" for k in figures})
 
 
+def test_report_markdown_writes_nothing_and_names_the_plots_as_drawn(
+    sweep: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with warnings.catch_warnings():  # the two broken runs and the malformed line
+        warnings.simplefilter("ignore")
+        text = report.report_markdown([sweep], out=out, root=sweep.parent)
+        assert not out.exists()
+        assert "`12-00-00`; 2 skipped" in text and "- `12-00-00/7`: " in text
+        path = report.build_report([sweep], out=out)
+        assert path.read_text() == report.report_markdown([sweep], out=out)
+        runs = [r for r in map(report.load_run, report.find_run_dirs([sweep])) if r]
+    section = report.make_section("vision", runs)
+    drawn = {key: figure.title for key, figure in plots.vision_figures(section).items()}
+    assert plots.titles(section) == drawn
+    assert drawn["throughput"] == "Mean training throughput"  # one seed each: no error bars
+
+
 def test_report_into_another_dir_with_another_target(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with warnings.catch_warnings():

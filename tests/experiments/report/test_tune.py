@@ -378,3 +378,11 @@ def test_module_runs_as_a_script_with_stderr_clean(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, cwd=Path(__file__).parents[3],
     )  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (0, "4e-3\n", "")
+
+
+def test_report_markdown_is_the_tuned_report_without_any_file(tmp_path: Path) -> None:
+    sweep, out = _vision(tmp_path / "sweep"), tmp_path / "report"
+    text = report.report_markdown([sweep], out=out, tune="optim.lr")
+    assert not out.exists()
+    assert "![Final eval/acc against optim.lr](tune_optim_lr.png)" in text
+    assert report.build_report([sweep], out=out, tune="optim.lr").read_text() == text
