@@ -153,7 +153,9 @@ def _simulate(folder: str) -> tuple[str, WholePage]:
         variants = simulate.sensitivity(cfg)
         return sim_report.format_markdown(saved["rows"], cfg, profs, saved["calibration"], variants)
 
-    return f"{folder}/simulate.md", WholePage("python -m experiments.network.simulate", (data,), text)
+    return f"{folder}/simulate.md", WholePage(
+        "python -m experiments.network.simulate", (data,), text
+    )
 
 
 def _validation(folder: str) -> tuple[str, WholePage]:
@@ -379,6 +381,8 @@ def check_page(page: Path, rel: str, data_root: Path, write: bool = False) -> li
         wanted = render(whole, data_root)
     except DataError as err:
         return [f"{rel}: written whole by `{whole.command}`: {err}"]
-    if write:
+    written = page.read_text()
+    if write and written != wanted:
         page.write_text(wanted)
-    return diff(rel, page.read_text(), wanted, whole.source)
+        written = wanted
+    return diff(rel, written, wanted, whole.source)

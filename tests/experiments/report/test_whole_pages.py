@@ -1,0 +1,129 @@
+"""make check-docs on the pages a command writes whole: regenerated from their data and diffed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments.report.check_docs import check, main
+from experiments.report.doc_data import md_table
+from experiments.report.whole_pages import PAGES, diff
+from tests.experiments.report.common import write_lm_run
+from tests.support.doc_pages import copy_page, edit_once
+
+ROOT = Path(__file__).resolve().parents[3]
+REPORT = "docs/results/outer/lm/report.md"  # make report over docs/results/outer/runs/lm
+RUNS = "docs/results/outer/runs/lm"
+RERUN = "docs/results/lm_gap/rerun"
+
+
+def _runs(root: Path) -> Path:
+    """Two arms of two seeds each, where the registered report page expects its runs."""
+    for topology, loss in (("allreduce", 3.0), ("ring", 3.2)):
+        for seed in (0, 1):
+            write_lm_run(root / RUNS / f"{topology}/seed{seed}", topology, "adamw", seed,
+                         final_loss=loss + 0.01 * seed, tokens_per_s=1000.0,
+                         overrides=[f"topology={topology}", f"train.seed={seed}"])  # fmt: skip
+    return root / RUNS / "ring/seed1/summary.json"
+
+
+def _written(root: Path, page: str) -> Path:
+    """``page`` under ``root``, written from its data by ``--write``."""
+    path = root / page
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    assert check(root, write=True) == []
+    return path
+
+
+def test_every_registered_page_is_committed() -> None:
+    assert [p for p in PAGES if not (ROOT / p).is_file()] == []
+
+
+def test_a_report_whose_data_changes_fails_and_write_restores_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary = _runs(tmp_path)
+    page = _written(tmp_path, REPORT)
+    before = page.read_text()
+    assert "| ring | 4 | gpt | tokens | 2 | 3.2050 ± 0.0071 | +0.2000 |" in before
+    data = json.loads(summary.read_text())
+    data["eval/loss"] = 3.31  # seed 1 of ring ends worse than it did
+    summary.write_text(json.dumps(data))
+    problems = check(tmp_path)
+    line = before.split("\n").index(next(x for x in before.split("\n") if x.startswith("| ring")))
+    assert problems[:2] == [
+        f"{REPORT}:{line + 1}: '3.2050 ± 0.0071' (row 'ring', column 'final eval/loss (nats)') "
+        f"but {RUNS} gives '3.2550 ± 0.0778'",
+        f"{REPORT}:{line + 1}: '+0.2000' (row 'ring', column 'gap to allreduce (nats)') "
+        f"but {RUNS} gives '+0.2500'",
+    ]
+    assert main(["--root", str(tmp_path), "--write"]) == 0
+    assert "| ring | 4 | gpt | tokens | 2 | 3.2550 ± 0.0778 | +0.2500 |" in page.read_text()
+    assert check(tmp_path) == []
+    assert capsys.readouterr().out.startswith("check-docs: 1 pages")
+
+
+def test_a_run_that_does_not_parse_fails_in_one_line(tmp_path: Path) -> None:
+    summary = _runs(tmp_path)
+    page = _written(tmp_path, REPORT)
+    summary.write_text('{"topology": "ring",')
+    assert check(tmp_path) == [
+        f"{REPORT}: written whole by `python -m experiments.report {RUNS} --out "
+        f"docs/results/outer/lm`: {RUNS}/ring/seed1/summary.json: does not parse (Expecting "
+        "property name enclosed in double quotes: line 1 column 21 (char 20))"
+    ]
+    text = page.read_text()
+    assert check(tmp_path, write=True) != [] and page.read_text() == text  # refused: kept
+
+
+def test_a_data_file_that_does_not_parse_or_is_missing_fails_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / RERUN / "rerun.json"
+    data.parent.mkdir(parents=True)
+    data.write_text(json.dumps([{"run": "a/seed0", "committed": 3.25, "rerun": 3.25}]))
+    page = _written(tmp_path, f"{RERUN}/rerun.md")
+    assert "| a/seed0 | 3.250000 | 3.250000 | 0 | yes |" in page.read_text()
+    data.write_text("[{")
+    (problem,) = check(tmp_path)
+    assert problem.startswith(
+        f"{RERUN}/rerun.md: written whole by `python -m experiments.report.rerun`: "
+        f"{RERUN}/rerun.json: does not parse ("
+    )
+    data.unlink()
+    assert check(tmp_path) == [
+        f"{RERUN}/rerun.md: written whole by `python -m experiments.report.rerun`: "
+        f"{RERUN}/rerun.json: no such file or folder"
+    ]
+
+
+def test_a_drifted_cell_of_a_committed_page_names_page_cell_and_data(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, "docs/results/lm_gap/gap/gap.md")
+    line = edit_once(page, "| 0.194 ± 0.033 |", "| 0.149 ± 0.033 |")
+    assert check(tmp_path, data_root=ROOT) == [
+        f"docs/results/lm_gap/gap/gap.md:{line}: '0.149 ± 0.033' (row 'AdamW, W=32', column "
+        "'gap') but docs/results/lm_gap/runs/allreduce-w8/final, "
+        "docs/results/lm_gap/runs/complete-w8/final, docs/results/lm_gap/runs/allreduce-adamw/"
+        "final, docs/results/lm_gap/runs/complete-adamw-lr0.004/final, "
+        "docs/results/lm_gap/runs/allreduce-w128/final, docs/results/lm_gap/runs/complete-w128/"
+        "final, docs/results/lm_gap/runs/allreduce-sgd/final, "
+        "docs/results/lm_gap/runs/complete-sgd/final, docs/results/lm_gap/runs/allreduce-delayed/"
+        "final gives '0.194 ± 0.033'"
+    ]
+
+
+def test_lines_added_or_dropped_are_named_and_many_are_counted() -> None:
+    assert diff("p.md", "a\nb\nc", "a\nc\nd", "data.json") == [
+        "p.md:2: 'b' but data.json gives no such line",
+        "p.md:4: data.json gives 'd' here, which the page lacks",
+    ]
+    problems = diff("p.md", "x", "\n".join(str(i) for i in range(20)), "data.json")
+    assert len(problems) == 13 and problems[-1].startswith("p.md: 9 more difference(s)")
+
+
+def test_md_table_takes_letters_and_writes_a_padded_separator_on_request() -> None:
+    rows = [["a", "1"]]
+    assert md_table(["k", "v"], ["---", "---:"], rows) == "| k | v |\n|---|---:|\n| a | 1 |"
+    assert md_table(["k", "v"], "lr", rows) == "| k | v |\n|---|---:|\n| a | 1 |"
+    assert md_table(["k", "v"], "lc", rows, padded=True).split("\n")[1] == "| --- | :---: |"
