@@ -38,7 +38,7 @@ from experiments.report import gap, link_time, rerun, trajectory
 from experiments.report.build import report_markdown
 from experiments.report.doc_data import DataError
 
-__all__ = ["PAGES", "WholePage", "check_page", "render"]
+__all__ = ["PAGES", "WholePage", "check_page", "diff", "render"]
 
 _MAX_LINES = 12  # differences shown per page; the rest are counted
 _WRITE = "python -m experiments.report.check_docs --write"
