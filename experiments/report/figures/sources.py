@@ -13,12 +13,12 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from experiments.report.claims.base import F0, Fn, diff, ratio
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, step_s
 from experiments.report.doc_views_wire import PAIRBENCH, pair_ratio
 
-__all__ = ["F0", "Figure", "Fn", "diff", "ratio"]
+Fn = Callable[[Source], float]
+F0 = "{:,.0f}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,16 @@ class Figure:
         """The figure as the page writes it, read through ``src``."""
         text = self.fmt.format(self.fn(src))
         return "\u2212" + text[1:] if self.minus and text.startswith("-") else text
+
+
+def diff(a: Fn, b: Fn) -> Fn:
+    """``a - b``."""
+    return lambda s: a(s) - b(s)
+
+
+def ratio(a: Fn, b: Fn) -> Fn:
+    """``a / b``."""
+    return lambda s: a(s) / b(s)
 
 
 def run(rel_dir: str, key: str = "eval/loss") -> Fn:
