@@ -21,6 +21,7 @@ from experiments.report import doc_views_packed as packed
 from experiments.report import doc_views_wire as wire
 from experiments.report import doc_views_workers as workers
 from experiments.report.doc_data import DataError, Source, md_table
+from experiments.report.doc_views_wire import grid, rate_label
 
 WIRE = "docs/results/network/table.json"
 HIER = "docs/results/hierarchical/table.json"
@@ -28,14 +29,6 @@ LM = "docs/results/lm/runs"
 GAP = "docs/results/lm_gap/runs"
 COMPRESSION = "docs/results/compression/runs"
 UPSTREAM = "docs/results/bench-upstream/gpt.json"
-
-
-def rate_label(rate: str) -> str:
-    """``5mbit`` -> ``5 Mb/s``, ``1gbit`` -> ``1 Gb/s``."""
-    for suffix, unit in (("gbit", "Gb/s"), ("mbit", "Mb/s"), ("kbit", "kb/s")):
-        if rate.endswith(suffix):
-            return f"{rate.removesuffix(suffix)} {unit}"
-    return rate
 
 
 def lr_label(value: str) -> str:
@@ -106,25 +99,20 @@ def wire_rates(
     return _table(header, ["---", *["---:"] * (len(header) - 1)], rows)
 
 
-def wire_shapes(
-    src: Source,
-    file: str = HIER,
-    shapes: str = "4x2,2x4",
-    rates: str = "10mbit,100mbit",
-    arms: str = "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
-    ratios: str = "",
-) -> str:
-    """Samples/s of several shapes, a row per shape and rate, a column per arm and ratio."""
-    arm_list = arms.split(",")
+def wire_shapes(src: Source, file: str = HIER, ratios: str = "", **cells: str) -> str:
+    """Samples/s of several shapes (``shapes``, ``rates``, ``arms``:
+    :func:`~experiments.report.doc_views_wire.grid`), a row per shape and rate, a column per arm
+    and per ratio of ``ratios`` (``a/b,...``)."""
+    shapes, rates, arms = grid(cells)
     ratio_list = [r.split("/") for r in ratios.split(",") if r]
-    header = ["shape", "link", *(f"`{a}`" for a in arm_list)]
+    header = ["shape", "link", *(f"`{a}`" for a in arms)]
     header += [f"`{a}` / `{b}`" for a, b in ratio_list]
     rows = []
-    for shape in shapes.split(","):
+    for shape in shapes:
         hosts, _, procs = shape.partition("x")
-        for rate in rates.split(","):
+        for rate in rates:
             row = [f"{hosts} hosts x {procs}", rate_label(rate)]
-            row += [_n(src.wire(file, shape, rate, a)) for a in arm_list]
+            row += [_n(src.wire(file, shape, rate, a)) for a in arms]
             row += [
                 _ratio(src.wire(file, shape, rate, a), src.wire(file, shape, rate, b))
                 for a, b in ratio_list

@@ -95,27 +95,45 @@ def _ratio_cell(value: float | None, mark: bool = False) -> str:
     return f"{text} †" if mark else text
 
 
-def emulator_hosts(
-    src: Source,
-    shapes: str = "4x2,2x4",
-    rates: str = "10mbit,100mbit",
-    arms: str = "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
-    before: str = "10mbit",
-    dagger: str = "",
-) -> str:
-    """Predicted over measured step time per shape, rate and arm: a link per rank (``before``'s
-    rates only) and with hosts; bold within 20%; ``dagger`` (``ARM@RATE``) marks cells."""
+def rate_label(rate: str) -> str:
+    """``5mbit`` -> ``5 Mb/s``, ``1gbit`` -> ``1 Gb/s``."""
+    for suffix, unit in (("gbit", "Gb/s"), ("mbit", "Mb/s"), ("kbit", "kb/s")):
+        if rate.endswith(suffix):
+            return f"{rate.removesuffix(suffix)} {unit}"
+    return rate
+
+
+# the hierarchical study's cells: what a view of them shows unless its marker says otherwise
+HIER_GRID = {
+    "shapes": "4x2,2x4",
+    "rates": "10mbit,100mbit",
+    "arms": "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
+}
+
+
+def grid(given: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """The shapes, rates and arms a marker gives a view of the hierarchical study's cells, each
+    a list (:data:`HIER_GRID`'s where it gives none); any other argument is a ``TypeError``, as
+    a function's own unexpected keyword is."""
+    unknown = sorted(set(given) - set(HIER_GRID))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument '{unknown[0]}'")
+    merged = {**HIER_GRID, **given}
+    return merged["shapes"].split(","), merged["rates"].split(","), merged["arms"].split(",")
+
+
+def emulator_hosts(src: Source, before: str = "10mbit", dagger: str = "", **cells: str) -> str:
+    """Predicted over measured step time per shape, rate and arm (``shapes``, ``rates``,
+    ``arms``: :func:`grid`): a link per rank (``before``'s rates only) and with hosts; bold
+    within 20%; ``dagger`` (``ARM@RATE``) marks cells."""
+    shapes, rates, arms = grid(cells)
     marked = set(dagger.split(",")) if dagger else set()
     rows = []
-    for rate in rates.split(","):
-        for shape in shapes.split(","):
+    for rate in rates:
+        for shape in shapes:
             hosts, procs = (int(x) for x in shape.split("x"))
-            for arm in arms.split(","):
-                with_hosts = float(
-                    src.row(HIER, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)[
-                        "emulated_ratio"
-                    ]
-                )
+            for arm in arms:
+                row = src.row(HIER, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)
                 own = (
                     _ratio_cell(_own_link(src, hosts, procs, rate, arm))
                     if rate in before.split(",")
@@ -124,19 +142,14 @@ def emulator_hosts(
                 rows.append(
                     [
                         f"{hosts} x {procs}",
-                        src_rate(rate),
+                        rate_label(rate),
                         f"`{arm}`",
                         own,
-                        _ratio_cell(with_hosts, f"{arm}@{rate}" in marked),
+                        _ratio_cell(float(row["emulated_ratio"]), f"{arm}@{rate}" in marked),
                     ]
                 )
     header = ["shape", "link", "arm", "a link per rank (before)", "hosts (`procs_per_host`)"]
     return md_table(header, ["---", "---", "---", "---:", "---:"], rows)
-
-
-def src_rate(rate: str) -> str:
-    """``10mbit`` -> ``10 Mb/s``."""
-    return rate.replace("mbit", " Mb/s").replace("gbit", " Gb/s")
 
 
 PAPER = "docs/results/simulate/paper_transformer_fig6/simulate.json"
