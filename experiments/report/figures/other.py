@@ -15,6 +15,7 @@ from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, UPSTREAM_RUN, profile_ms
 from experiments.report.figures.families import each, row, slots
 from experiments.report.figures.sources import (
+    BENCH,
     CHOOSE_25G,
     COMP,
     WIRE,
@@ -113,17 +114,88 @@ def _upstream(procs: int) -> dict[str, Figure]:
     return out
 
 
-def _bench(model: str, procs: int, impl: str, key: str = "median_step_s") -> Fn:
-    """A field (seconds, given in ms) of ``make bench-upstream``'s ``gpt.json``."""
+def _bench(
+    model: str, procs: int, impl: str, key: str = "median_step_s", file: str = UPSTREAM
+) -> Fn:
+    """A field (seconds, given in ms) of a ``make bench-upstream`` JSON (``gpt.json``; a
+    ``model`` of ``""``: a file of one model, which its configs do not name)."""
 
     def value(s: Source) -> float:
-        for i, config in enumerate(s.json(UPSTREAM)["configs"]):
+        for i, config in enumerate(s.json(file)["configs"]):
             for j, entry in enumerate(config["rows"]):
-                if config["model"] == model and config["procs"] == procs and entry["impl"] == impl:
-                    return 1e3 * float(s.key(UPSTREAM, f"configs.{i}.rows.{j}.{key}"))
-        raise DataError(UPSTREAM, f"no row model={model} procs={procs} impl={impl}")
+                if (
+                    config.get("model", "") == model
+                    and config["procs"] == procs
+                    and entry["impl"] == impl
+                ):
+                    return 1e3 * float(s.key(file, f"configs.{i}.rows.{j}.{key}"))
+        raise DataError(file, f"no row model={model} procs={procs} impl={impl}")
 
     return value
+
+
+THREADS2 = "docs/results/bench-upstream/threads2.json"
+GPT_PROFILE = "docs/results/bench-upstream/gpt-profile.json"
+PROFILED = {
+    "mix": "mix",
+    "optimizer": "optimizer",
+    "accumulate": "grad_accumulate",
+    "zero": "zero",
+    "compute": "compute",
+    "python": "python_other",
+    "gloo-cpu": "cpu_other_threads",
+}
+
+
+def _at_target(s: Source) -> float:
+    """0.65x torch DDP's CPU time per step at 4 processes (ms), the issue's target."""
+    return 0.65 * upstream_run(4, "torch-ddp", "cpu_step_s")(s)
+
+
+def _old_vs_ddp(s: Source) -> list[float]:
+    """0.2.3's median step over torch DDP's in every side-by-side run of the page's files."""
+    out = []
+    for file in (UPSTREAM_RUN, UPSTREAM, THREADS2):
+        for config in s.json(file)["configs"]:
+            steps = {r["impl"]: r["median_step_s"] for r in config["rows"]}
+            out.append(steps["0.2.3"] / steps["torch-ddp"])
+    return out
+
+
+def _local_sgd_vs_local(s: Source) -> list[float]:
+    """``make bench``'s local SGD step over ``local``'s, each model and process count."""
+    rows = s.json(BENCH)
+    local = {
+        (r["model"], r["world_size"]): r["median_step_s"] for r in rows if r["variant"] == "local"
+    }
+    return [
+        r["median_step_s"] / local[r["model"], r["world_size"]]
+        for r in rows
+        if r["variant"] == "decent/local-sgd"
+    ]
+
+
+def _gpt_params(s: Source) -> float:
+    """The gpt model's parameters in ``gpt.json``."""
+    for config in s.json(UPSTREAM)["configs"]:
+        if config["model"] == "gpt":
+            return 1e6 * float(config["rows"][0]["params_m"])
+    raise DataError(UPSTREAM, "no gpt config")
+
+
+def _to_target(s: Source, procs: int) -> float:
+    """How much faster (ms) ours would have to be to reach 0.85x 0.2.3 on the gpt model."""
+    return _bench("gpt", procs, "ours")(s) - 0.85 * _bench("gpt", procs, "0.2.3")(s)
+
+
+def _compute_share(s: Source) -> list[float]:
+    """Each implementation's forward and backward pass, % of its profiled gpt step."""
+    return [
+        100
+        * profile_ms(s, GPT_PROFILE, 2, i, "compute")
+        / profile_ms(s, GPT_PROFILE, 2, i, "step_profiled")
+        for i in ("ours", "0.2.3", "torch-ddp")
+    ]
 
 
 def _gpt_json(model: str, procs: int) -> dict[str, Figure]:
@@ -217,21 +289,80 @@ FIGURES: dict[str, Figure] = {
     ),
     **{
         f"perf.upstream.p4.{impl}.{part}-ms": Figure(
-            lambda s, i=impl, p=part: profile_ms(s, UPSTREAM_RUN, 4, i, p), "{:.1f}"
+            lambda s, i=impl, k=PROFILED[part]: profile_ms(s, UPSTREAM_RUN, 4, i, k), "{:.1f}"
         )
-        for impl in ("before", "ours")
-        for part in ("mix", "optimizer")
+        for impl, parts in (
+            ("before", "mix optimizer accumulate zero"),
+            ("ours", "mix optimizer compute python gloo-cpu"),
+            ("torch-ddp", "gloo-cpu"),
+        )
+        for part in parts.split()
     },
     **{
-        f"perf.upstream.p4.{impl}.kfaults": Figure(
-            lambda s, i=impl: upstream_run(4, i, "faults_per_step")(s) / 1000.0, "{:,.0f}"
+        f"perf.upstream.p4.{impl}.faults": Figure(
+            lambda s, i=impl: upstream_run(4, i, "faults_per_step")(s) / 1e3, "{:,.0f}"
         )
-        for impl in ("before", "ours")
+        for impl in ("before", "ours", "0.2.3", "torch-ddp")
     },
     **{
         f"perf.upstream.p4.{impl}.cpu-ms": Figure(upstream_run(4, impl, "cpu_step_s"), "{:.0f}")
         for impl in ("ours", "torch-ddp")
     },
+    # the CPU time per step that 0.65x torch DDP's would be, and how far ours is above it
+    "perf.upstream.p4.cpu-ms-at-target": Figure(_at_target, "{:.0f}"),
+    "perf.upstream.p4.cpu-ms-missing": Figure(
+        diff(upstream_run(4, "ours", "cpu_step_s"), _at_target), "{:.0f}"
+    ),
+    **each(
+        "perf.upstream.0.2.3-vs-torch-ddp",
+        "{:.2f}",
+        min=lambda s: min(_old_vs_ddp(s)),
+        max=lambda s: max(_old_vs_ddp(s)),
+    ),
+    **{
+        f"perf.threads2.p4.ours-vs-{other}": Figure(
+            ratio(_bench("", 4, "ours", file=THREADS2), _bench("", 4, other, file=THREADS2)),
+            "{:.2f}",
+        )
+        for other in ("0.2.3", "torch-ddp")
+    },
+    **each(
+        "perf.bench.local-sgd-vs-local",
+        "{:.2f}",
+        min=lambda s: min(_local_sgd_vs_local(s)),
+        max=lambda s: max(_local_sgd_vs_local(s)),
+    ),
+    "perf.bench.mlp.mb": Figure(
+        lambda s: 4 * next(r["params_m"] for r in s.json(BENCH) if r["model"] == "mlp"), "{:.0f}"
+    ),
+    "perf.gpt.params-m": Figure(lambda s: _gpt_params(s) / 1e6, "{:.2f}"),
+    "perf.gpt.mib": Figure(lambda s: 4 * _gpt_params(s) / 2**20, "{:.1f}"),
+    **each(
+        "perf.gpt-json.load",
+        "{:.1f}",
+        min=lambda s: min(x for c in s.json(UPSTREAM)["configs"] for x in c["load_avg"]),
+        max=lambda s: max(x for c in s.json(UPSTREAM)["configs"] for x in c["load_avg"]),
+    ),
+    "perf.gpt-json.gpt.p2.ours.cpu-ms": Figure(_bench("gpt", 2, "ours", "cpu_step_s"), "{:.0f}"),
+    # ours less 0.85x 0.2.3's median step, the issue's target for the gpt model
+    **each(
+        "perf.gpt-json.gpt.to-target-ms",
+        "{:.0f}",
+        min=lambda s: min(_to_target(s, p) for p in (2, 4)),
+        max=lambda s: max(_to_target(s, p) for p in (2, 4)),
+    ),
+    **{
+        f"perf.gpt-profile.{impl}.cpu-main-ms": Figure(
+            lambda s, i=impl: profile_ms(s, GPT_PROFILE, 2, i, "cpu_main_thread"), "{:.1f}"
+        )
+        for impl in ("ours", "0.2.3")
+    },
+    **each(
+        "perf.gpt-profile.compute-pct",
+        "{:.0f}",
+        min=lambda s: min(_compute_share(s)),
+        max=lambda s: max(_compute_share(s)),
+    ),
     # cluster
     **each(
         "wire.simulated-cal.ratio",
