@@ -10,8 +10,10 @@ with their pages.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
+from experiments.report.doc_data import DataError, Source
 from experiments.report.figures.families import each, slots
 from experiments.report.figures.sources import (
     BEFORE,
@@ -68,6 +70,40 @@ def _before(shape: str, rate: str) -> Callable:
     return lambda s: s.run(f"{BEFORE}/{shape}/{rate}/hierarchical/wire", "perf/samples_per_s")
 
 
+LM_QUICK = "docs/results/lm_quick/runs"
+QUICK_GOSSIP = ("complete", "one-peer-exp", "base-k", "ring", "local-sgd")
+
+
+def _quick(s: Source, topology: str, key: str) -> list[float]:
+    """``key`` of each ``lm_quick`` run of ``topology`` (its seeds)."""
+    runs = [
+        f.parent.parent.name
+        for f in sorted((s.root / LM_QUICK).glob("*/.hydra/overrides.yaml"))
+        if f"- topology={topology}" in f.read_text().splitlines()
+    ]
+    if not runs:
+        raise DataError(LM_QUICK, f"no run with topology={topology}")
+    return [s.run(f"{LM_QUICK}/{r}", key) for r in runs]
+
+
+def _quick_mean(topology: str, key: str = "eval/loss") -> Fn:
+    return lambda s: statistics.mean(_quick(s, topology, key))
+
+
+def _quick_range(prefix: str, fmt: str, fn: Callable[[str], Fn]) -> dict[str, Figure]:
+    """``prefix.min`` and ``.max`` of ``fn(topology)`` over the decentralized topologies."""
+    return each(
+        prefix,
+        fmt,
+        min=lambda s: min(fn(t)(s) for t in QUICK_GOSSIP),
+        max=lambda s: max(fn(t)(s) for t in QUICK_GOSSIP),
+    )
+
+
+def _quick_gap(topology: str) -> Fn:
+    return diff(_quick_mean(topology), _quick_mean("allreduce"))
+
+
 FIGURES: dict[str, Figure] = {
     "readme.version": Figure(version),
     # the wire study's models against the wire
@@ -89,6 +125,25 @@ FIGURES: dict[str, Figure] = {
     **_range("synthetic.speedup.loopback", SYNTHETIC, ""),
     **_range("synthetic.speedup.ethernet-25g", SYNTHETIC, "ethernet_25g"),
     **_range("synthetic.speedup.custom", SYNTHETIC, "custom"),
+    "lm-quick.one-peer-exp.wall-s.max": Figure(
+        lambda s: max(_quick(s, "one-peer-exp", "wall_time_s")), "{:.0f}"
+    ),
+    **{
+        f"lm-quick.{t}.gap": Figure(_quick_gap(t), "{:.3f}")
+        for t in ("complete", "one-peer-exp", "ring")
+    },
+    # how far each decentralized arm misses the 0.05-nat target
+    **_quick_range(
+        "lm-quick.gap-over-target", "{:.2f}", lambda t: lambda s: _quick_gap(t)(s) - 0.05
+    ),
+    **_quick_range("lm-quick.consensus", "{:.2f}", lambda t: _quick_mean(t, "consensus/distance")),
+    **_quick_range(
+        "lm-quick.speedup",
+        "{:.2f}",
+        lambda t: ratio(
+            _quick_mean(t, "perf/tokens_per_s"), _quick_mean("allreduce", "perf/tokens_per_s")
+        ),
+    ),
     "lm-quick.unigram-entropy": Figure(
         lambda s: s.run("docs/results/lm_quick/runs/0", "unigram_entropy"), "{:.3f}"
     ),
