@@ -8,6 +8,7 @@ outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing
 
 from __future__ import annotations
 
+from experiments.report.doc_data import Source
 from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
 from experiments.report.figures.sources import (
     DILOCO,
@@ -37,6 +38,13 @@ SCALED = f"{STREAM}/slowmo-ope-f4-scaled/final"
 def _mean_mb(runs: str, key: str = MB) -> Fn:
     """The mean over seeds of bytes per step, in MB."""
     return lambda s: s.mean(runs, key) / 1e6
+
+
+def _h64_speed(s: Source) -> float:
+    """The H=64 arms' mean tokens/s over ``allreduce``'s (both arms ran on the same host)."""
+    key = "perf/tokens_per_s"
+    h64 = [s.mean(f"{OUTER}/{arm}-H64/final", key) for arm in ("local-sgd", "diloco")]
+    return sum(h64) / len(h64) / s.mean(f"{OUTER}/allreduce-adamw/final", key)
 
 
 def _outer(arm: str) -> dict[str, Figure]:
@@ -196,6 +204,13 @@ FIGURES: dict[str, Figure] = {
         )
         for arm in ("local-sgd", "diloco")
     },
+    # the H=64 runs ran on a slower host: their tokens/s against allreduce's, and the inverse
+    **each(
+        "outer.h64.tokens-s",
+        "{:.2f}",
+        vs_allreduce=_h64_speed,
+        slower=lambda s: 1 / _h64_speed(s),
+    ),
     **each(
         "outer.diloco-behind-local",
         "{:.2f}",

@@ -64,23 +64,48 @@ def _comp(topology: str, level: str) -> dict[str, Figure]:
     }
 
 
-def _consensus(alpha: str, topology: str, optim: str) -> Callable[[Source], str]:
-    """The mean over seeds of a non-IID arm's mean consensus distance (its ``report.md``), to 3
-    decimals under 1 and 2 above."""
-    rel = f"docs/results/noniid/alpha{alpha}/report.md"
+def _exchange_s(s: Source) -> float:
+    """One uncompressed exchange of the ``ring`` runs over the sweep's 5 Mb/s link: its bytes
+    per step at the link's rate, in seconds."""
+    return 8 * s.mean(f"{COMP}/ring_none_seed*", MB) / 5e6
 
-    def value(s: Source) -> float:
-        cells_ = [
-            float(r["consensus distance (mean)"])
-            for r in s.md_rows(rel)
-            if f"/{topology}_{optim}_alpha{alpha}_seed" in r["dir"]
-        ]
-        if not cells_:
-            raise DataError(rel, f"no run {topology}_{optim}_alpha{alpha}")
-        mean_ = sum(cells_) / len(cells_)
+
+def _noniid_runs(s: Source, alpha: str, topology: str, optim: str, column: str) -> list[float]:
+    """A column of a non-IID arm's runs (its seeds) in the sweep's ``report.md``."""
+    rel = f"docs/results/noniid/alpha{alpha}/report.md"
+    cells_ = [
+        float(r[column])
+        for r in s.md_rows(rel)
+        if f"/{topology}_{optim}_alpha{alpha}_seed" in r["dir"]
+    ]
+    if not cells_:
+        raise DataError(rel, f"no run {topology}_{optim}_alpha{alpha}")
+    return cells_
+
+
+def _mean_consensus(s: Source, alpha: str, topology: str, optim: str) -> float:
+    """The mean over seeds of a non-IID arm's mean consensus distance."""
+    cells_ = _noniid_runs(s, alpha, topology, optim, "consensus distance (mean)")
+    return sum(cells_) / len(cells_)
+
+
+def _consensus(alpha: str, topology: str, optim: str) -> Callable[[Source], str]:
+    """:func:`_mean_consensus`, to 3 decimals under 1 and 2 above."""
+
+    def value(s: Source) -> str:
+        mean_ = _mean_consensus(s, alpha, topology, optim)
         return f"{mean_:.3f}" if mean_ < 1 else f"{mean_:.2f}"
 
     return value
+
+
+def _closer(s: Source) -> list[float]:
+    """SGD's mean consensus distance over QGM's, per topology and alpha."""
+    return [
+        _mean_consensus(s, a, t, "sgd") / _mean_consensus(s, a, t, "qgm_sgd")
+        for a in ("0.1", "1.0")
+        for t in TOPOLOGIES
+    ]
 
 
 def _noniid(alpha: str, topology: str, optim: str) -> dict[str, Figure]:
@@ -246,6 +271,16 @@ FIGURES: dict[str, Figure] = {
         for k, v in _noniid(a, t, o).items()
     },
     **{f"noniid.a0.1.{t}.qgm-closes-pct": Figure(closed("0.1", t), "{:,.0f}") for t in TOPOLOGIES},
+    # how many times closer QGM keeps the workers than SGD, over the topologies and both alphas
+    **each(
+        "noniid.qgm-closer",
+        "{:.0f}",
+        min=lambda s: min(_closer(s)),
+        max=lambda s: max(_closer(s)),
+    ),
+    "noniid.a0.1.local-sgd.sgd.lowest-pct": Figure(
+        lambda s: 100 * min(_noniid_runs(s, "0.1", "local-sgd", "sgd", "final eval/acc")), "{:.0f}"
+    ),
     **{
         f"noniid.a1.0.{t}.qgm-behind-sgd": Figure(
             diff(noniid("1.0", t, "sgd", 2), noniid("1.0", t, "qgm_sgd", 2)), "{:.2f}"
@@ -264,6 +299,7 @@ FIGURES: dict[str, Figure] = {
         for level in LEVELS
         for k, v in _comp(t, level).items()
     },
+    "comp.ring.none.exchange-s": Figure(_exchange_s, "{:.2f}"),
     # performance
     **_upstream(2),
     **_upstream(4),
