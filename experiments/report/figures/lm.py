@@ -8,7 +8,9 @@ outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing
 
 from __future__ import annotations
 
-from experiments.report.doc_data import Source
+from collections.abc import Callable
+
+from experiments.report.doc_data import DataError, Source
 from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
 from experiments.report.figures.sources import (
     DILOCO,
@@ -23,6 +25,7 @@ from experiments.report.figures.sources import (
     diff,
     gpt_tiny_params,
     link_arm,
+    logged,
     mean,
     ratio,
     run,
@@ -45,6 +48,35 @@ def _h64_speed(s: Source) -> float:
     key = "perf/tokens_per_s"
     h64 = [s.mean(f"{OUTER}/{arm}-H64/final", key) for arm in ("local-sgd", "diloco")]
     return sum(h64) / len(h64) / s.mean(f"{OUTER}/allreduce-adamw/final", key)
+
+
+def _along(arm: str, step: int) -> Fn:
+    """An lm arm's mean ``eval/loss`` over its seeds at ``step`` less ``allreduce``'s (the
+    report's table along training)."""
+
+    def at(s: Source, runs: str) -> float:
+        seeds = sorted(p.name for p in (s.root / runs).glob("seed*"))
+        if not seeds:
+            raise DataError(runs, "no seed folder")
+        values = [logged(f"{runs}/{x}/metrics.jsonl", step, "eval/loss")(s) for x in seeds]
+        return sum(values) / len(values)
+
+    return lambda s: at(s, f"{LM}/{arm}/final") - at(s, f"{LM}/allreduce-adamw/final")
+
+
+def _tokens_s(pick: Callable) -> Fn:
+    """``pick`` over the headline arms of their mean tokens/s."""
+    return lambda s: pick(s.mean(f"{LM}/{arm}/final", "perf/tokens_per_s") for arm in LM_ARMS)
+
+
+LM_ARMS = (
+    "allreduce-adamw",
+    "complete-adamw-lr0.004",
+    "one-peer-exp-adamw-lr0.004",
+    "complete-adamw",
+    "one-peer-exp-adamw",
+    "one-peer-exp-accum",
+)
 
 
 def _outer(arm: str) -> dict[str, Figure]:
@@ -91,6 +123,31 @@ FIGURES: dict[str, Figure] = {
     **stats("lm.complete.lr8e-3", f"{LM}/complete-adamw/final", "{:.2f}", names="seed1 seed2"),
     **stats(
         "lm.one-peer-exp.lr8e-3", f"{LM}/one-peer-exp-adamw/final", "{:.2f}", names="seed1 seed2"
+    ),
+    **{
+        f"lm.{name}.gap.step{step}": Figure(_along(arm, step), "{:+.3f}")
+        for name, arm in (
+            ("complete", "complete-adamw-lr0.004"),
+            ("one-peer-exp", "one-peer-exp-adamw-lr0.004"),
+        )
+        for step in (64, 128, 256, 512)
+    },
+    "lm.one-peer-exp.behind-complete": Figure(
+        diff(
+            mean(f"{LM}/one-peer-exp-adamw-lr0.004/final"),
+            mean(f"{LM}/complete-adamw-lr0.004/final"),
+        ),
+        "{:.2f}",
+    ),
+    "lm.complete.gap": Figure(
+        diff(mean(f"{LM}/complete-adamw-lr0.004/final"), mean(f"{LM}/allreduce-adamw/final")),
+        "{:.2f}",
+    ),
+    **each(
+        "lm.tokens-s-k",
+        "{:.0f}",
+        min=lambda s: _tokens_s(min)(s) / 1e3,
+        max=lambda s: _tokens_s(max)(s) / 1e3,
     ),
     "lm.allreduce.sd": Figure(lambda s: s.sd(f"{LM}/allreduce-adamw/final"), L3),
     **grid("lm.allreduce.lr", f"{LM}/allreduce-adamw/stage1", "1e-3 2e-3 4e-3 8e-3"),
@@ -160,6 +217,12 @@ FIGURES: dict[str, Figure] = {
             ),
         )
     },
+    # the link model: bytes at the link's 50 Mb/s, plus 10 ms per message (two buckets' here)
+    "stream.diloco.round-s": Figure(lambda s: 8 * s.mean(DILOCO, PEAK) / 50e6, "{:.1f}"),
+    "stream.f4.fits-above-mbit": Figure(
+        lambda s: 8 * s.mean(F4, PEAK) / (link_arm("streaming-f4", "step_s")(s) - 0.020) / 1e6,
+        "{:.0f}",
+    ),
     **{
         f"stream.link.{arm}.end-s": Figure(_end_s(arm), "{:.0f}")
         for arm in ("allreduce-adamw", "slowmo-ope-f4")
