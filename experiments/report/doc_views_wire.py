@@ -75,16 +75,19 @@ def pair_exchange(src: Source) -> str:
     )
 
 
-def _own_link(src: Source, hosts: int, procs: int, rate: str, arm: str) -> float | None:
-    """The emulator's ratio of one cell of ``own-link/table.md`` (None: no emulated run)."""
+def own_link(
+    src: Source, hosts: int, procs: int, rate: str, arm: str
+) -> tuple[float, float] | None:
+    """The emulated step (s) and its ratio to the wire of one cell of ``own-link/table.md``
+    (None: no emulated run)."""
     section = ""
     for line in src.text(OWN_LINK).splitlines():
         if line.startswith("## "):
             section = line
         cells = [c.strip() for c in line.strip("|").split("|")]
         if f"{hosts} hosts x {procs} processes" in section and cells[:2] == [rate, arm]:
-            got = re.search(r"\(([\d.]+)", cells[-2])
-            return float(got[1]) if got else None
+            got = re.search(r"([\d.]+) \(([\d.]+)", cells[-2])
+            return (float(got[1]), float(got[2])) if got else None
     raise DataError(OWN_LINK, f"no row {hosts}x{procs} {rate} {arm}")
 
 
@@ -134,11 +137,10 @@ def emulator_hosts(src: Source, before: str = "10mbit", dagger: str = "", **cell
             hosts, procs = (int(x) for x in shape.split("x"))
             for arm in arms:
                 row = src.row(HIER, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)
-                own = (
-                    _ratio_cell(_own_link(src, hosts, procs, rate, arm))
-                    if rate in before.split(",")
-                    else ""
-                )
+                own = ""
+                if rate in before.split(","):
+                    cell = own_link(src, hosts, procs, rate, arm)
+                    own = _ratio_cell(None if cell is None else cell[1])
                 rows.append(
                     [
                         f"{hosts} x {procs}",

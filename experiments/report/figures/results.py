@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views_wire import OWN_LINK, own_link, rate_label
 from experiments.report.figures.families import each, slots
 from experiments.report.figures.sources import (
     BEFORE,
@@ -102,6 +103,76 @@ def _quick_range(prefix: str, fmt: str, fn: Callable[[str], Fn]) -> dict[str, Fi
 
 def _quick_gap(topology: str) -> Fn:
     return diff(_quick_mean(topology), _quick_mean("allreduce"))
+
+
+HIER_RUNS = "docs/results/hierarchical/runs/digits"
+SHAPES = ("4x2", "2x4")
+RATES = ("10mbit", "100mbit")
+# what each arm sends per host link per step at 4 x 2, in models: 1, 4/3 and the ring's 7/4
+SHARE = {"hierarchical": 1.0, "one-peer-exp": 4 / 3, "allreduce": 7 / 4}
+
+
+def _logged_median(rel: str, key: str) -> Fn:
+    """The median of ``key`` over a run's logged windows after the first (``metrics.jsonl``)."""
+
+    def value(s: Source) -> float:
+        values = [float(r[key]) for r in s.jsonl(rel) if r.get(key) is not None]
+        if len(values) < 2:
+            raise DataError(rel, f"fewer than two windows logging '{key}'")
+        return statistics.median(values[1:])
+
+    return value
+
+
+def _wait(shape: str, rate: str, before: bool) -> Fn:
+    """``hierarchical``'s wait for the exchange per step, before the phase driver or after."""
+    root = BEFORE if before else HIER_RUNS
+    return _logged_median(f"{root}/{shape}/{rate}/hierarchical/wire/metrics.jsonl", "comm/wait_s")
+
+
+def _wait_fall(s: Source) -> list[float]:
+    """How much (%) the phase driver cut ``hierarchical``'s wait, per shape and rate."""
+    return [
+        100 * (1 - _wait(sh, r, False)(s) / _wait(sh, r, True)(s)) for sh in SHAPES for r in RATES
+    ]
+
+
+def _own_link_slower(shape: str) -> Fn:
+    """How much longer the own-link column's ``allreduce`` emulation at 100 Mb/s took than the
+    one with hosts (the change does not touch ``allreduce``: the machine was slower)."""
+    hosts, procs = (int(x) for x in shape.split("x"))
+
+    def value(s: Source) -> float:
+        cell = own_link(s, hosts, procs, "100mbit", "allreduce")
+        if cell is None:
+            raise DataError(OWN_LINK, f"no emulated allreduce at {shape} 100mbit")
+        return cell[0] / wire_field(shape, "100mbit", "allreduce", "emulated_step_s", HIER)(s)
+
+    return value
+
+
+def _sps_change(s: Source) -> list[float]:
+    """How much (%) samples/s moved with the phase driver, per shape and rate."""
+    return [
+        100 * (sps(sh, r, "hierarchical", HIER)(s) / _before(sh, r)(s) - 1)
+        for sh in SHAPES
+        for r in RATES
+    ]
+
+
+def _model_bytes(s: Source) -> float:
+    """The model's bytes as the library counts one payload (``one-peer-exp``'s bytes per step)."""
+    return s.wire(HIER, "4x2", "10mbit", "one-peer-exp", "lib_bytes_per_step")
+
+
+def _predicted(arm: str) -> Fn:
+    """The bytes an arm's training sends per host link per step at 4 x 2, with 5% for TCP/IP
+    headers, to the hundred."""
+    return lambda s: round(_model_bytes(s) * SHARE[arm] * 1.05, -2)
+
+
+def _hundreds(fn: Fn) -> Fn:
+    return lambda s: round(fn(s), -2)
 
 
 FIGURES: dict[str, Figure] = {
@@ -208,6 +279,56 @@ FIGURES: dict[str, Figure] = {
         )
         for shape in ("2x4", "4x2")
     },
+    **{
+        f"hier.4x2.10mbit.{arm}.{name}": Figure(fn, "{:,.0f}")
+        for arm in SHARE
+        for name, fn in (
+            ("predicted-bytes", _predicted(arm)),
+            ("rest-bytes", _hundreds(diff(_bytes(arm, HIER), _predicted(arm)))),
+        )
+    },
+    "hier.4x2.10mbit.one-peer-exp-over-hierarchical.predicted-bytes": Figure(
+        diff(_predicted("one-peer-exp"), _predicted("hierarchical")), "{:,.0f}"
+    ),
+    # every 5 steps the averaged model and the consensus distance each all-reduce the model
+    "hier.4x2.eval-bytes": Figure(
+        _hundreds(lambda s: 2 * 7 / 4 * _model_bytes(s) * 1.05 / 5), "{:,.0f}"
+    ),
+    **{
+        f"hier.{shape}.{rate}.hierarchical.{name}": Figure(_wait(shape, rate, before), "{:.3f}")
+        for shape in SHAPES
+        for rate in RATES
+        for name, before in (("before-wait-s", True), ("wait-s", False))
+    },
+    **each(
+        "hier.driver.wait-fall-pct",
+        "{:.0f}",
+        min=lambda s: min(_wait_fall(s)),
+        max=lambda s: max(_wait_fall(s)),
+    ),
+    **each(
+        "hier.driver.sps-change-pct",
+        "{:+.0f}",
+        min=lambda s: min(_sps_change(s)),
+        max=lambda s: max(_sps_change(s)),
+    ),
+    "hier.10mbit.model-s": Figure(lambda s: 8 * _model_bytes(s) / 10e6, "{:.2f}"),
+    **{
+        f"hier.{shape}.10mbit.hierarchical.step-s": Figure(
+            wire_field(shape, "10mbit", "hierarchical", "step_s", HIER), "{:.3f}"
+        )
+        for shape in SHAPES
+    },
+    **{
+        f"hier.{shape}.compute-step-s": Figure(
+            _logged_median(f"{HIER_RUNS}/{shape}/compute/metrics.jsonl", "perf/step_s"), "{:.3f}"
+        )
+        for shape in SHAPES
+    },
+    **{
+        f"hier.own-link.{shape}.allreduce-100mbit-slower": Figure(_own_link_slower(shape), "{:.1f}")
+        for shape in SHAPES
+    },
     "hier.4x2.10mbit.hierarchical-vs-one-peer-exp": Figure(
         _vs("4x2", "10mbit", "hierarchical", "one-peer-exp", HIER), "{:.2f}"
     ),
@@ -228,9 +349,15 @@ TABLES: dict[str, str] = {
         [
             "| arm | wire bytes per step | of which training (prediction x 1.05 for TCP/IP headers) | the rest |",
             "|---|---:|---:|---:|",
-            "| `hierarchical` | {{hier.4x2.10mbit.hierarchical.wire-bytes}} | 223,600 (1 S) | 158,600 |",
-            "| `one-peer-exp` | {{hier.4x2.10mbit.one-peer-exp.wire-bytes}} | 298,200 (4/3 S) | 159,000 |",
-            "| `allreduce` (torch DDP) | {{hier.4x2.10mbit.allreduce.wire-bytes}} | 391,400 (7/4 S) | 17,400 |",
+            *(
+                f"| {label} | {{{{{p}.wire-bytes}}}} | {{{{{p}.predicted-bytes}}}} ({share}) | {{{{{p}.rest-bytes}}}} |"
+                for label, arm, share in (
+                    ("`hierarchical`", "hierarchical", "1 S"),
+                    ("`one-peer-exp`", "one-peer-exp", "4/3 S"),
+                    ("`allreduce` (torch DDP)", "allreduce", "7/4 S"),
+                )
+                for p in [f"hier.4x2.10mbit.{arm}"]
+            ),
         ]
     ),
     "hier.driver": "\n".join(
@@ -238,13 +365,10 @@ TABLES: dict[str, str] = {
             "| shape | link | before: samples/s | after | before: `comm/wait_s` per step | after |",
             "|---|---|---:|---:|---:|---:|",
             *(
-                f"| {shape.replace('x', ' x ')} | {label} | {slots(f'hier.{shape}.{rate}.hierarchical', 'before-sps sps')} | {wait} |"
-                for shape, rate, label, wait in (
-                    ("4x2", "10mbit", "10 Mb/s", "0.191 | 0.147"),
-                    ("4x2", "100mbit", "100 Mb/s", "0.028 | 0.022"),
-                    ("2x4", "10mbit", "10 Mb/s", "0.196 | 0.161"),
-                    ("2x4", "100mbit", "100 Mb/s", "0.032 | 0.028"),
-                )
+                f"| {shape.replace('x', ' x ')} | {rate_label(rate)} | "
+                f"{slots(f'hier.{shape}.{rate}.hierarchical', 'before-sps sps before-wait-s wait-s')} |"
+                for shape in SHAPES
+                for rate in RATES
             ),
         ]
     ),
