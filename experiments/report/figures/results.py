@@ -151,6 +151,44 @@ def _own_link_slower(shape: str) -> Fn:
     return value
 
 
+CAL = "calibrated_ratio"
+WIRE_RUNS = "docs/results/network/runs/digits"
+
+
+def _cell(model: str, shape: str, rate: str, arm: str, field: str) -> Fn:
+    """A field of one row of the wire study's ``table.json``, of any model."""
+    hosts, procs = (int(x) for x in shape.split("x"))
+    return lambda s: float(
+        s.row(WIRE, model=model, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)[field]
+    )
+
+
+def _gbit_misses(s: Source) -> list[float]:
+    """The steps (ms) of the cells at 4 x 1 and 1 Gb/s that the calibrated emulator misses."""
+    return [
+        1e3 * float(r["step_s"])
+        for r in s.json(WIRE)
+        if (r["model"], r["hosts"], r["procs_per_host"], r["rate"]) == ("digits", 4, 1, "1gbit")
+        and r.get(CAL) is not None
+        and abs(r[CAL] - 1) > 0.2
+    ]
+
+
+def _spread(s: Source) -> float:
+    """The widest spread (±%) of a cell measured several times: half its range over its mid."""
+    rows = [r for r in s.json(WIRE) if (r.get("wire_runs") or 1) > 1]
+    if not rows:
+        raise DataError(WIRE, "no cell measured more than once")
+    return max(
+        100 * (r["step_max_s"] - r["step_min_s"]) / (r["step_max_s"] + r["step_min_s"])
+        for r in rows
+    )
+
+
+def _bytes_4x1(arm: str) -> Fn:
+    return wire_field("4x1", "10mbit", arm, BYTES)
+
+
 def _sps_change(s: Source) -> list[float]:
     """How much (%) samples/s moved with the phase driver, per shape and rate."""
     return [
@@ -250,6 +288,46 @@ FIGURES: dict[str, Figure] = {
     **_calibration("efficiency", ("{:.2f}", "{:.2f}", "{:.1f}")),
     **_calibration("collective_ms", ("{:.0f}", "{:.1f}", "{:.1f}")),
     **_calibration("stack_cpu_ms_per_mb", ("{:.0f}", "{:.0f}", "{:.0f}")),
+    "wire.calibrated.misses": Figure(
+        lambda s: cells("calibrated_ratio")(s) - within_20("calibrated_ratio")(s), "{:.0f}"
+    ),
+    # the calibrated emulator's misses, cell by cell (the GPT's is lm_quick's)
+    **{
+        f"wire.{'' if model == 'digits' else 'lm-quick.'}{shape}.{rate}.{arm}."
+        f"{field.removesuffix('_ratio').replace('_', '-')}": Figure(
+            _cell(model, shape, rate, arm, field), "{:.2f}"
+        )
+        for model, shape, rate, arm, field in (
+            *(("digits", "4x1", "1gbit", a, CAL) for a in ("allreduce", "complete", "ring-int8")),
+            ("digits", "4x1", "10mbit", "ring-int8", CAL),
+            ("digits", "4x1", "100mbit", "diloco", CAL),
+            ("lm_quick", "4x1", "100mbit", "local-sgd", CAL),
+            *(("digits", sh, "100mbit", "hierarchical", CAL) for sh in ("4x2", "2x4")),
+            *(
+                ("digits", "4x2", "100mbit", a, CAL)
+                for a in ("alternating-exp-ring", "one-peer-exp")
+            ),
+            ("digits", "4x1", "100mbit", "allreduce", "simulated_cal_ratio"),
+        )
+    },
+    **each(
+        "wire.4x1.1gbit.cal-misses.step-ms",
+        "{:.0f}",
+        min=lambda s: min(_gbit_misses(s)),
+        max=lambda s: max(_gbit_misses(s)),
+    ),
+    "wire.repeats.spread-pct": Figure(_spread, "{:.0f}"),
+    **{
+        f"wire.4x1.10mbit.{arm}.kb": Figure(kb(_bytes_4x1(arm)), "{:,.0f}")
+        for arm in ("ring", "local-sgd")
+    },
+    "wire.4x1.5mbit.ring.optim-ms": Figure(
+        lambda s: (
+            1e3
+            * _logged_median(f"{WIRE_RUNS}/4x1/5mbit/ring/wire/metrics.jsonl", "comm/optim_s")(s)
+        ),
+        "{:.1f}",
+    ),
     **each(
         "wire.4x1.100mbit.one-peer-exp",
         "{:.3f}",
