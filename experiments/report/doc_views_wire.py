@@ -7,7 +7,9 @@
   ``emulated_ratio``), on ``docs/results/hierarchical/README.md``;
 - ``sim-calibration`` and ``sim-validation``: the scale simulator against the reference
   paper's measured step times (``simulate/paper_transformer_fig6/simulate.json``) and against
-  emulated runs (``simulate/validation/*/validation.json``).
+  emulated runs (``simulate/validation/*/validation.json``);
+- ``sim-sensitivity``: that calibration with one input changed at a time (the table
+  ``simulate --sensitivity`` writes into ``paper_transformer_fig6/simulate.md``).
 """
 
 from __future__ import annotations
@@ -203,6 +205,41 @@ def sim_calibration(src: Source, file: str = PAPER) -> str:
     return md_table(header, ["---", "---:", "---", "---:", "---:", "---:", "---"], rows)
 
 
+PAPER_MD = "docs/results/simulate/paper_transformer_fig6/simulate.md"
+_NO_FIT = re.compile(r"no fit: the all-reduce takes ([\d.]+ ms) even at line rate.*")
+
+
+def sensitivity_rows(src: Source, file: str = PAPER_MD) -> list[list[str]]:
+    """The rows of the sensitivity table that ``simulate --sensitivity`` wrote into
+    ``simulate.md``: the variant, the fitted efficiency (or why there is no fit), then the
+    error of each calibration point."""
+    lines = src.text(file).splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## Sensitivity")), None)
+    if start is None:
+        raise DataError(file, "no '## Sensitivity' section")
+    first = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("|")), len(lines))
+    rows = []
+    for line in lines[first + 2 :]:  # past the header and the alignment row
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    if not rows:
+        raise DataError(file, "an empty sensitivity table")
+    return rows
+
+
+def sim_sensitivity(src: Source, file: str = PAPER_MD) -> str:
+    """The sensitivity table of ``simulate.md``, its columns named by cluster and a variant
+    without a fit saying only the all-reduce's time at line rate."""
+    rows = [
+        [row[0], _NO_FIT.sub(r"no fit: all-reduce \1 at line rate", row[1]), *row[2:]]
+        for row in sensitivity_rows(src, file)
+    ]
+    header = ["variant", "fitted efficiency", "A40 allreduce", "A40 alternating-exp-ring"]
+    header += ["A100 allreduce", "A100 alternating-exp-ring"]
+    return md_table(header, ["---", *["---:"] * 5], rows)
+
+
 def sim_validation(src: Source, file: str) -> str:
     """The simulator against emulated runs (``sim_validate``'s ``validation.json``), a row per
     world size and method."""
@@ -226,6 +263,7 @@ def sim_validation(src: Source, file: str) -> str:
 VIEWS: dict[str, Callable[..., str]] = {
     "pair-exchange": pair_exchange,
     "emulator-hosts": emulator_hosts,
+    "sim-sensitivity": sim_sensitivity,
     "sim-calibration": sim_calibration,
     "sim-validation": sim_validation,
 }

@@ -12,6 +12,7 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, step_s
@@ -441,17 +442,18 @@ def predicted_within_20(total: bool) -> Callable[[Source], str]:
     return value
 
 
+def validation_row(s: Source, run: str, n: int, method: str) -> dict[str, Any]:
+    """A row of a simulator validation (``validation/RUN/validation.json``)."""
+    rel = f"{VALIDATION}/{run}/validation.json"
+    for r in s.json(rel)["rows"]:
+        if r["n"] == n and r["method"] == method:
+            return dict(r)
+    raise DataError(rel, f"no row n={n} method={method}")
+
+
 def validation(run: str, n: int, method: str, key: str) -> Fn:
     """A row's ``key`` (seconds, given in ms) of a simulator validation (``validation.json``)."""
-
-    def value(s: Source) -> float:
-        rel = f"{VALIDATION}/{run}/validation.json"
-        for r in s.json(rel)["rows"]:
-            if r["n"] == n and r["method"] == method:
-                return float(r[key]) * 1e3
-        raise DataError(rel, f"no row n={n} method={method}")
-
-    return value
+    return lambda s: float(validation_row(s, run, n, method)[key]) * 1e3
 
 
 A40 = ("a40_ethernet_25g", "allreduce"), ("a40_ethernet_25g", "alternating-exp-ring")

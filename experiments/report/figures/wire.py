@@ -2,13 +2,16 @@
 :mod:`experiments.report.figures`).
 
 Ids: ``pairbench.*`` (the testbed's pair-exchange benchmark), ``hier.emulated.*`` (the emulator
-with hosts against the wire), ``sim.paper.*`` and ``sim.validation.*`` (the scale simulator).
+with hosts against the wire), ``sim.paper.*``, ``sim.sensitivity.*`` and ``sim.validation.*`` (the scale
+simulator).
 """
 
 from __future__ import annotations
 
 import statistics
 
+from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views_wire import PAPER_MD, sensitivity_rows
 from experiments.report.figures.families import each
 from experiments.report.figures.sources import (
     A40,
@@ -22,11 +25,23 @@ from experiments.report.figures.sources import (
     predicted_within_20,
     shallow_hosts,
     validation,
+    validation_row,
 )
 
 SHALLOW = ("shallow_5mbit",)
 NICQUEUE = ("nicqueue_5mbit", "nicqueue_50mbit", "nicqueue_500mbit")
 MODES = ("allreduce-same", "allreduce-ring", "sendrecv-same", "sendrecv-ring")
+
+RUNS = ("slow_link", "balanced")
+
+
+def _sensitivity(s: Source, variant: str, column: int) -> float:
+    """A point's error (%) in one variant of the simulator's sensitivity table."""
+    for row in sensitivity_rows(s):
+        if row[0] == variant:
+            return float(row[column].split("%")[0])
+    raise DataError(PAPER_MD, f"no sensitivity variant '{variant}'")
+
 
 FIGURES: dict[str, Figure] = {
     **each(
@@ -68,6 +83,34 @@ FIGURES: dict[str, Figure] = {
     "sim.paper.predicted-points": Figure(predicted_within_20(True)),
     "sim.paper.a40.alternating-exp-ring.error-pct": Figure(
         lambda s: 100 * calibration(*A40[1], "error")(s), "{:,.0f}"
+    ),
+    "sim.sensitivity.infiniband-100g.a100-allreduce-pct": Figure(
+        lambda s: _sensitivity(s, "InfiniBand 100 Gb/s", 4), "{:+.0f}"
+    ),
+    # where the link decides: every link-bound run, and the balanced link's at 2 workers
+    "sim.validation.link-bound.error-pct.max": Figure(
+        lambda s: max(
+            abs(100 * validation_row(s, run, n, m)["error"])
+            for run, ns in (("slow_link", (2, 4)), ("balanced", (2,)))
+            for n in ns
+            for m in ("allreduce", "ring", "one-peer-exp")
+        ),
+        "{:.0f}",
+    ),
+    "sim.validation.compute-drift.max": Figure(
+        lambda s: max(
+            max(c) / min(c)
+            for n in (2, 4)
+            for c in [[validation_row(s, run, n, "allreduce")["compute_s"] for run in RUNS]]
+        ),
+        "{:.1f}",
+    ),
+    "sim.validation.balanced.n4.one-peer-exp.vs-compute": Figure(
+        lambda s: (
+            validation_row(s, "balanced", 4, "one-peer-exp")["measured_s"]
+            / validation_row(s, "balanced", 4, "one-peer-exp")["compute_s"]
+        ),
+        "{:.1f}",
     ),
     **{
         f"sim.validation.{run.replace('_', '-')}.n{n}.{method}.{key.replace('_s', '-ms')}": Figure(
