@@ -9,6 +9,7 @@ and ``perf.gpt-json.MODEL.pN.IMPL.ms`` (the two ``make bench-upstream`` files),
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
@@ -19,6 +20,7 @@ from experiments.report.figures.sources import (
     CHOOSE_25G,
     COMP,
     WIRE,
+    WORDS,
     Figure,
     Fn,
     bench_vs_ddp,
@@ -185,6 +187,41 @@ def _old_vs_ddp(s: Source) -> list[float]:
             steps = {r["impl"]: r["median_step_s"] for r in config["rows"]}
             out.append(steps["0.2.3"] / steps["torch-ddp"])
     return out
+
+
+CHECK = "docs/results/cluster/check.txt"
+
+
+def _slower_gossip(s: Source) -> str:
+    """How many gossip topologies (not ``allreduce``, not ``local-sgd``) the 25 Gb/s ResNet-50
+    chooser predicts slower than the compute alone, as a word."""
+    compute = float(s.key(CHOOSE_25G, "inputs.compute_s"))
+    slower = [
+        r
+        for r in s.json(CHOOSE_25G)["rows"]
+        if r["topology"] not in ("allreduce", "local-sgd")
+        and f"{r['step_s']:.3f}" != f"{compute:.3f}"
+    ]
+    return WORDS[len(slower)]
+
+
+def _stop_s(s: Source) -> float:
+    """How long after the SIGSTOP the cluster check's node 0 exited (its transcript)."""
+    found = re.search(r"node 0 exit \d+, (\d+) s after the SIGSTOP", s.text(CHECK))
+    if found is None:
+        raise DataError(CHECK, "no 'node 0 exit N, S s after the SIGSTOP'")
+    return float(found[1])
+
+
+MUTATE = "docs/results/mutate"
+
+
+def _baselines(s: Source) -> list[float]:
+    """How long each mutated module's tests took unmutated (``make mutate``'s ``baseline_s``)."""
+    files = sorted((s.root / MUTATE).glob("*.json"))
+    if not files:
+        raise DataError(MUTATE, "no results")
+    return [float(s.key(f"{MUTATE}/{f.name}", "baseline_s")) for f in files]
 
 
 def _local_sgd_vs_local(s: Source) -> list[float]:
@@ -409,6 +446,26 @@ FIGURES: dict[str, Figure] = {
     **{
         f"cluster.choose-25g-resnet50.{t}.mb": Figure(chooser_mb(CHOOSE_25G, t), "{:,.0f}")
         for t in ("hierarchical", "complete")
+    },
+    "cluster.choose-25g-resnet50.slower-gossip": Figure(_slower_gossip),
+    "cluster.check.stop-s": Figure(_stop_s, "{:.0f}"),
+    **each(
+        "testing.mutate.baseline-s",
+        "{:.1f}",
+        min=lambda s: min(_baselines(s)),
+        max=lambda s: max(_baselines(s)),
+    ),
+    **{
+        f"testing.mutate.{module.rsplit('.', 1)[-1].lstrip('_')}.{count}": Figure(
+            lambda s, m=module, c=count: float(s.key(f"{MUTATE}/{m}.json", f"counts.{c}")), "{:.0f}"
+        )
+        for module, counts in (
+            ("decent_dp.mixing", ("survived", "killed")),
+            ("decent_dp._lagged_adamw", ("survived",)),
+            ("decent_dp._state_sync", ("survived",)),
+            ("experiments.network.calibrate", ("survived",)),
+        )
+        for count in counts
     },
     # network and simulation
     **{k: v for k, v in _netsim(A40, "allreduce").items() if not k.endswith("error-pct")},  # fitted
