@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
-from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
+from experiments.report.figures.families import (
+    L3,
+    each,
+    gaps,
+    grid,
+    mean_sd,
+    slot_cells,
+    slots,
+    stats,
+    table,
+)
 from experiments.report.figures.sources import (
     DILOCO,
     DILOCO_T,
@@ -284,80 +294,94 @@ FIGURES: dict[str, Figure] = {
 
 
 TABLES: dict[str, str] = {
-    "stream.arms": "\n".join(
+    "stream.arms": table(
+        "arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed"
+        " | mean MB/step | peak MB/step",
+        "---|---|---:|---|---|---:|---:",
         [
-            "| arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed | mean MB/step | peak MB/step |",
-            "|---|---|---:|---|---|---:|---:|",
-            *(
-                row(
-                    label,
-                    grid_,
-                    mean_sd(f"stream.{arm}"),
-                    slots(f"stream.{arm}", sep=", "),
-                    vs,
-                    slots(f"stream.{arm}", "mb mb" if arm == "allreduce" else "mb peak-mb"),
-                )
-                for label, grid_, arm, vs in (
-                    ("`allreduce`", "–", "allreduce", ""),
-                    ("DiLoCo, F=1", "0.5 (0.3, 0.5, 0.7, 1.0)", "diloco", "0"),
-                    (
-                        "streaming DiLoCo, F=4, float32",
-                        "0.5 (0.3, 0.5, 0.7)",
-                        "f4",
-                        slots("stream.f4-vs-diloco", sep=", "),
-                    ),
-                    (
-                        "streaming DiLoCo, F=4, int8",
-                        "0.5 (0.3, 0.5, 0.7)",
-                        "f4-int8",
-                        slots("stream.f4-int8-vs-diloco", sep=", "),
-                    ),
-                    (
-                        "streaming SlowMo over `one-peer-exp`, F=4",
-                        "1.0 (0.5, 1.0, 1.5)",
-                        "slowmo-f4",
-                        "",
-                    ),
-                    (
-                        "the same, SlowMo's own update scaled by the inner lr (`outer.scale_by_inner_lr=true`)",
-                        "1.0 (0.5, 1.0, 1.5)",
-                        "slowmo-f4-scaled",
-                        "",
-                    ),
-                )
-            ),
-        ]
+            [
+                label,
+                grid_,
+                mean_sd(f"stream.{arm}"),
+                slots(f"stream.{arm}"),
+                vs,
+                *slot_cells(f"stream.{arm}", "mb mb" if arm == "allreduce" else "mb peak-mb"),
+            ]
+            for label, grid_, arm, vs in (
+                ("`allreduce`", "–", "allreduce", ""),
+                ("DiLoCo, F=1", "0.5 (0.3, 0.5, 0.7, 1.0)", "diloco", "0"),
+                (
+                    "streaming DiLoCo, F=4, float32",
+                    "0.5 (0.3, 0.5, 0.7)",
+                    "f4",
+                    slots("stream.f4-vs-diloco"),
+                ),
+                (
+                    "streaming DiLoCo, F=4, int8",
+                    "0.5 (0.3, 0.5, 0.7)",
+                    "f4-int8",
+                    slots("stream.f4-int8-vs-diloco"),
+                ),
+                (
+                    "streaming SlowMo over `one-peer-exp`, F=4",
+                    "1.0 (0.5, 1.0, 1.5)",
+                    "slowmo-f4",
+                    "",
+                ),
+                (
+                    "the same, SlowMo's own update scaled by the inner lr"
+                    " (`outer.scale_by_inner_lr=true`)",
+                    "1.0 (0.5, 1.0, 1.5)",
+                    "slowmo-f4-scaled",
+                    "",
+                ),
+            )
+        ],
     ),
-    "stream.link": "\n".join(
+    "stream.link": table(
+        "arm | s/step on the link | tokens/s on the link"
+        " | time to {{stream.link.target}} (DiLoCo's final mean) | vs `allreduce`",
+        "---|---:|---:|---:|---:",
         [
-            "| arm | s/step on the link | tokens/s on the link | time to {{stream.link.target}} (DiLoCo's final mean) | vs `allreduce` |",
-            "|---|---:|---:|---:|---:|",
-            *(
-                f"| {label} | "
-                + slots(f"stream.link.{arm}", "step-s tokens-s time-to-target-s")
-                + " s (step {{"
+            [
+                label,
+                *slot_cells(f"stream.link.{arm}", "step-s tokens-s"),
+                "{{"
+                + f"stream.link.{arm}.time-to-target-s"
+                + "}} s (step {{"
                 + f"stream.link.{arm}.time-to-target-step"
-                + "}}) | {{"
-                + f"stream.link.{arm}.speedup"
-                + "}}× |"
-                for label, arm in (
-                    ("`allreduce`", "allreduce-adamw"),
-                    ("DiLoCo, F=1", "diloco-H16"),
-                    ("streaming, F=4, float32", "streaming-f4"),
-                    ("streaming, F=4, int8", "streaming-f4-int8"),
-                    ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
-                )
-            ),
-        ]
+                + "}})",
+                "{{" + f"stream.link.{arm}.speedup" + "}}×",
+            ]
+            for label, arm in (
+                ("`allreduce`", "allreduce-adamw"),
+                ("DiLoCo, F=1", "diloco-H16"),
+                ("streaming, F=4, float32", "streaming-f4"),
+                ("streaming, F=4, int8", "streaming-f4-int8"),
+                ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
+            )
+        ],
     ),
-    "outer.arms": "\n".join(
+    "outer.arms": table(
+        "arm (4 workers) | seeds | final eval/loss | gap to allreduce"
+        " | bytes per step and rank (mean / peak)",
+        "---|---:|---:|---:|---:",
         [
-            "| arm (4 workers) | seeds | final eval/loss | gap to allreduce | bytes per step and rank (mean / peak) |",
-            "|---|---:|---:|---:|---:|",
-            f"| `allreduce`, AdamW 4e-3 | 3 | {mean_sd('outer.allreduce')} | 0 | {{{{outer.allreduce.mb}}}} MB / {{{{outer.allreduce.mb}}}} MB |",
+            [
+                "`allreduce`, AdamW 4e-3",
+                "3",
+                mean_sd("outer.allreduce"),
+                "0",
+                "{{outer.allreduce.mb}} MB / {{outer.allreduce.mb}} MB",
+            ],
             *(
-                f"| {label} | 3 | {mean_sd('outer.' + arm)} ({slots('outer.' + arm, sep=', ')}) | {{{{outer.{arm}.vs-allreduce}}}} | "
-                + f"{{{{outer.{arm}.mb}}}} MB / {{{{outer.{arm}.peak-mb}}}} MB |"
+                [
+                    label,
+                    "3",
+                    f"{mean_sd('outer.' + arm)} ({slots('outer.' + arm)})",
+                    "{{" + f"outer.{arm}.vs-allreduce" + "}}",
+                    "{{" + f"outer.{arm}.mb" + "}} MB / {{" + f"outer.{arm}.peak-mb" + "}} MB",
+                ]
                 for label, arm in (
                     ("`local-sgd` H=16", "local-sgd-h16"),
                     ("DiLoCo H=16, outer lr 0.5", "diloco-h16"),
@@ -365,6 +389,6 @@ TABLES: dict[str, str] = {
                     ("DiLoCo H=64, outer lr 0.5", "diloco-h64"),
                 )
             ),
-        ]
+        ],
     ),
 }

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, UPSTREAM_RUN, profile_ms
-from experiments.report.figures.families import each, row, slots
+from experiments.report.figures.families import each, slot_cells, table
 from experiments.report.figures.sources import (
     BENCH,
     CHOOSE_25G,
@@ -500,96 +500,130 @@ FIGURES: dict[str, Figure] = {
 }
 
 
-def _perf1(procs: int, topology: str, targets: tuple[str, str], bold: bool = False) -> str:
+def _slot(name: str, bold: bool = False) -> str:
+    """The cell of figure ``name`` (``bold``: between ``**``)."""
+    cell = "{{" + name + "}}"
+    return f"**{cell}**" if bold else cell
+
+
+def _perf1(procs: int, topology: str, targets: tuple[str, str], bold: bool = False) -> list[str]:
     p = f"perf.upstream.p{procs}"
-    ddp = "{{" + p + ".ours-vs-torch-ddp}}"
-    return row(
+    return [
         str(procs),
         topology,
-        slots(p, "ours.ms 0.2.3.ms torch-ddp.ms before.ms"),
-        "**{{" + p + ".ours-vs-0.2.3}}**",
+        *slot_cells(p, "ours.ms 0.2.3.ms torch-ddp.ms before.ms"),
+        _slot(f"{p}.ours-vs-0.2.3", True),
         targets[0],
-        f"**{ddp}**" if bold else ddp,
+        _slot(f"{p}.ours-vs-torch-ddp", bold),
         targets[1],
-    )
+    ]
+
+
+def _acc(p: str) -> str:
+    return _slot(f"{p}.acc") + " ± " + _slot(f"{p}.acc-sd")
 
 
 TABLES: dict[str, str] = {
-    "perf.upstream": "\n".join(
+    "perf.upstream": table(
+        "processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | before (ms)"
+        " | ours / 0.2.3 | target | ours / torch DDP | target",
+        "---:|---|---:|---:|---:|---:|---:|---:|---:|---:",
         [
-            "| processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | before (ms) | ours / 0.2.3 | target | ours / torch DDP | target |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             _perf1(2, "ring", ("<= 1.0, met", "")),
             _perf1(4, "one-peer-exp", ("<= 0.90, met", "<= 0.65, **missed**"), bold=True),
-        ]
+        ],
     ),
-    "perf.gpt-json": "\n".join(
+    "perf.gpt-json": table(
+        "model | processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | ours / 0.2.3"
+        " | target | CPU ours / 0.2.3 | ours / torch DDP",
+        "---|---:|---|---:|---:|---:|---:|---:|---:|---:",
         [
-            "| model | processes | topology | ours (ms) | 0.2.3 (ms) | torch DDP (ms) | ours / 0.2.3 | target | CPU ours / 0.2.3 | ours / torch DDP |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-            *(
-                f"| {m} | {p} | {topo} | {slots(f'perf.gpt-json.{m}.p{p}', 'ours.ms 0.2.3.ms torch-ddp.ms')} | "
-                + (
-                    f"**{{{{perf.gpt-json.{m}.p{p}.ours-vs-0.2.3}}}}**"
-                    if m == "gpt"
-                    else f"{{{{perf.gpt-json.{m}.p{p}.ours-vs-0.2.3}}}}"
-                )
-                + f" | {target} | {slots(f'perf.gpt-json.{m}.p{p}', 'cpu-ours-vs-0.2.3 ours-vs-torch-ddp')} |"
-                for m, p, topo, target in (
-                    ("gpt", 2, "ring", "<= 0.85, **missed**"),
-                    ("gpt", 4, "one-peer-exp", "<= 0.85, **missed**"),
-                    ("mlp", 2, "ring", "<= 1.00, met"),
-                    ("mlp", 4, "one-peer-exp", "<= 0.90, met"),
-                )
-            ),
-        ]
+            [
+                m,
+                str(procs),
+                topo,
+                *slot_cells(p, "ours.ms 0.2.3.ms torch-ddp.ms"),
+                _slot(f"{p}.ours-vs-0.2.3", m == "gpt"),
+                target,
+                *slot_cells(p, "cpu-ours-vs-0.2.3 ours-vs-torch-ddp"),
+            ]
+            for m, procs, topo, target in (
+                ("gpt", 2, "ring", "<= 0.85, **missed**"),
+                ("gpt", 4, "one-peer-exp", "<= 0.85, **missed**"),
+                ("mlp", 2, "ring", "<= 1.00, met"),
+                ("mlp", 4, "one-peer-exp", "<= 0.90, met"),
+            )
+            for p in [f"perf.gpt-json.{m}.p{procs}"]
+        ],
     ),
-    "noniid.summary": "\n".join(
+    "noniid.summary": table(
+        "alpha | topology | optim | eval/acc (mean ± std, 3 seeds) | gap to allreduce"
+        " | mean consensus distance",
+        "---:|---|---|---:|---:|---:",
         [
-            "| alpha | topology | optim | eval/acc (mean ± std, 3 seeds) | gap to allreduce | mean consensus distance |",
-            "|---:|---|---|---:|---:|---:|",
-            *(
-                f"| {a} | {label} | {o} | {{{{{p}.acc}}}} ± {{{{{p}.acc-sd}}}} | "
-                + (
-                    "0 | n/a |"
-                    if t == "allreduce"
-                    else f"{{{{{p}.gap}}}} | {{{{{p}.consensus}}}} |"
-                )
-                for a in ("0.1", "1.0")
-                for t, label in (
-                    ("allreduce", "allreduce"),
-                    ("ring", "ring"),
-                    ("one-peer-exp", "one-peer-exp"),
-                    ("local-sgd", "local-sgd (H=8)"),
-                )
-                for o in (("sgd",) if t == "allreduce" else ("sgd", "qgm_sgd"))
-                for p in [f"noniid.a{a}.{t}.{o}"]
-            ),
-        ]
+            [
+                a,
+                label,
+                o,
+                _acc(p),
+                *(["0", "n/a"] if t == "allreduce" else slot_cells(p, "gap consensus")),
+            ]
+            for a in ("0.1", "1.0")
+            for t, label in (
+                ("allreduce", "allreduce"),
+                ("ring", "ring"),
+                ("one-peer-exp", "one-peer-exp"),
+                ("local-sgd", "local-sgd (H=8)"),
+            )
+            for o in (("sgd",) if t == "allreduce" else ("sgd", "qgm_sgd"))
+            for p in [f"noniid.a{a}.{t}.{o}"]
+        ],
     ),
-    "comp.summary": "\n".join(
+    "comp.summary": table(
+        "topology | compression | seeds | final eval/acc | gap (points) | comm/bytes_per_step"
+        " | bytes vs none | samples/s | throughput vs none",
+        "---|---|---:|---:|---:|---:|---:|---:|---:",
         [
-            "| topology | compression | seeds | final eval/acc | gap (points) | comm/bytes_per_step | bytes vs none | samples/s | throughput vs none |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-            *(
-                f"| {t} | {label} | 3 | {{{{{p}.acc}}}} ± {{{{{p}.acc-sd}}}} | {slots(p, 'gap-pts bytes')} | {{{{{p}.bytes-vs-none}}}}x | "
-                f"{{{{{p}.sps}}}} ± {{{{{p}.sps-sd}}}} | {{{{{p}.sps-vs-none}}}}x |"
-                for t in ("one-peer-exp", "ring")
-                for level, label in zip(LEVELS, ("none", "bf16", "int8", "randk:0.1"), strict=True)
-                for p in [f"comp.{t}.{level}"]
-            ),
-        ]
+            [
+                t,
+                label,
+                "3",
+                _acc(p),
+                *slot_cells(p, "gap-pts bytes"),
+                _slot(f"{p}.bytes-vs-none") + "x",
+                _slot(f"{p}.sps") + " ± " + _slot(f"{p}.sps-sd"),
+                _slot(f"{p}.sps-vs-none") + "x",
+            ]
+            for t in ("one-peer-exp", "ring")
+            for level, label in zip(LEVELS, ("none", "bf16", "int8", "randk:0.1"), strict=True)
+            for p in [f"comp.{t}.{level}"]
+        ],
     ),
-    "netsim.calibration": "\n".join(
+    "netsim.calibration": table(
+        "cluster | method | measured (ms) | predicted (ms) | error",
+        "---|---|---:|---:|---:",
         [
-            "| cluster | method | measured (ms) | predicted (ms) | error |",
-            "|---|---|---:|---:|---:|",
-            f"| A40, 25 GbE | allreduce | {slots('netsim.a40-25g.allreduce', 'measured-ms predicted-ms')} | fitted |",
-            f"| A40, 25 GbE | alternating-exp-ring | {slots('netsim.a40-25g.alternating-exp-ring', 'measured-ms predicted-ms')} | **{{{{netsim.a40-25g.alternating-exp-ring.error-pct}}}}%** |",
+            [
+                "A40, 25 GbE",
+                "allreduce",
+                *slot_cells("netsim.a40-25g.allreduce", "measured-ms predicted-ms"),
+                "fitted",
+            ],
+            [
+                "A40, 25 GbE",
+                "alternating-exp-ring",
+                *slot_cells("netsim.a40-25g.alternating-exp-ring", "measured-ms predicted-ms"),
+                "**{{netsim.a40-25g.alternating-exp-ring.error-pct}}%**",
+            ],
             *(
-                f"| A100, InfiniBand | {m} | {slots(f'netsim.a100-ib.{m}', 'measured-ms predicted-ms error-pct')}% |"
+                [
+                    "A100, InfiniBand",
+                    m,
+                    *slot_cells(f"netsim.a100-ib.{m}", "measured-ms predicted-ms"),
+                    _slot(f"netsim.a100-ib.{m}.error-pct") + "%",
+                ]
                 for m in ("allreduce", "alternating-exp-ring")
             ),
-        ]
+        ],
     ),
 }

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_wire import OWN_LINK, own_link, rate_label
-from experiments.report.figures.families import each, slots
+from experiments.report.figures.families import each, slot_cells, table
 from experiments.report.figures.sources import (
     BEFORE,
     DIGITS,
@@ -412,42 +412,54 @@ FIGURES: dict[str, Figure] = {
     ),
 }
 
+
+def _within(model: str) -> str:
+    return "{{" + f"wire.{model}.within-20" + "}} of {{" + f"wire.{model}.cells" + "}}"
+
+
 TABLES: dict[str, str] = {
-    "wire.models": "\n".join(
+    "wire.models": table(
+        "model | within 20% of the wire",
+        "---|---:",
         [
-            "| model | within 20% of the wire |",
-            "|---|---:|",
-            "| emulator, line rate | {{wire.emulated.within-20}} of {{wire.emulated.cells}} cells |",
-            "| emulator, calibrated | **{{wire.calibrated.within-20}} of {{wire.calibrated.cells}}** |",
-            "| simulator, line rate | {{wire.simulated.within-20}} of {{wire.simulated.cells}} |",
-            "| simulator, calibrated | {{wire.simulated-cal.within-20}} of {{wire.simulated-cal.cells}} |",
-        ]
+            ["emulator, line rate", _within("emulated") + " cells"],
+            ["emulator, calibrated", f"**{_within('calibrated')}**"],
+            ["simulator, line rate", _within("simulated")],
+            ["simulator, calibrated", _within("simulated-cal")],
+        ],
     ),
-    "hier.bytes": "\n".join(
+    "hier.bytes": table(
+        "arm | wire bytes per step | of which training (prediction x 1.05 for TCP/IP headers)"
+        " | the rest",
+        "---|---:|---:|---:",
         [
-            "| arm | wire bytes per step | of which training (prediction x 1.05 for TCP/IP headers) | the rest |",
-            "|---|---:|---:|---:|",
-            *(
-                f"| {label} | {{{{{p}.wire-bytes}}}} | {{{{{p}.predicted-bytes}}}} ({share}) | {{{{{p}.rest-bytes}}}} |"
-                for label, arm, share in (
-                    ("`hierarchical`", "hierarchical", "1 S"),
-                    ("`one-peer-exp`", "one-peer-exp", "4/3 S"),
-                    ("`allreduce` (torch DDP)", "allreduce", "7/4 S"),
-                )
-                for p in [f"hier.4x2.10mbit.{arm}"]
-            ),
-        ]
+            [
+                label,
+                "{{" + p + ".wire-bytes}}",
+                "{{" + p + ".predicted-bytes}} " + f"({share})",
+                "{{" + p + ".rest-bytes}}",
+            ]
+            for label, arm, share in (
+                ("`hierarchical`", "hierarchical", "1 S"),
+                ("`one-peer-exp`", "one-peer-exp", "4/3 S"),
+                ("`allreduce` (torch DDP)", "allreduce", "7/4 S"),
+            )
+            for p in [f"hier.4x2.10mbit.{arm}"]
+        ],
     ),
-    "hier.driver": "\n".join(
+    "hier.driver": table(
+        "shape | link | before: samples/s | after | before: `comm/wait_s` per step | after",
+        "---|---|---:|---:|---:|---:",
         [
-            "| shape | link | before: samples/s | after | before: `comm/wait_s` per step | after |",
-            "|---|---|---:|---:|---:|---:|",
-            *(
-                f"| {shape.replace('x', ' x ')} | {rate_label(rate)} | "
-                f"{slots(f'hier.{shape}.{rate}.hierarchical', 'before-sps sps before-wait-s wait-s')} |"
-                for shape in SHAPES
-                for rate in RATES
-            ),
-        ]
+            [
+                shape.replace("x", " x "),
+                rate_label(rate),
+                *slot_cells(
+                    f"hier.{shape}.{rate}.hierarchical", "before-sps sps before-wait-s wait-s"
+                ),
+            ]
+            for shape in SHAPES
+            for rate in RATES
+        ],
     ),
 }
