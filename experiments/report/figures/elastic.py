@@ -29,7 +29,7 @@ from experiments.report.doc_views_hosts import (
     elastic_worst,
     final_metric,
 )
-from experiments.report.figures.families import each
+from experiments.report.figures.families import picked
 from experiments.report.figures.sources import F0, Figure, Fn
 
 SEEDS = [0, 1, 2]
@@ -234,7 +234,7 @@ FIGURES: dict[str, Figure] = {
     "elastic.loopback.pause-s": Figure(
         lambda s: max(elastic_field(n, "survivor_gap_s")(s) for n in LOOPBACK), F0
     ),
-    **each("elastic.loopback.rejoin-s", F0, min=rejoin(min, LOOPBACK), max=rejoin(max, LOOPBACK)),
+    **picked("elastic.loopback.rejoin-s", F0, lambda pick: rejoin(pick, LOOPBACK)),
     **{
         f"elastic.{name.replace('-', '.', 1)}.healed-after": Figure(
             elastic_field(name, "healed_after"), F0
@@ -249,11 +249,10 @@ FIGURES: dict[str, Figure] = {
     f"{_digits('gossip')}.runs": Figure(gossip_count(None), F0),
     f"{_digits('gossip')}.between-quorums": Figure(gossip_count(False), F0),
     f"{_digits('gossip')}.in-quorum": Figure(gossip_count(True), F0),
-    **each(
+    **picked(
         f"{_digits('gossip')}.rejoin-between-s",
         F0,
-        min=gossip("rejoin_s", min, False),
-        max=gossip("rejoin_s", max, False),
+        lambda pick: gossip("rejoin_s", pick, False),
     ),
     f"{_digits('gossip')}.pause-in-quorum-s": Figure(gossip("survivor_gap_s", max, True), F0),
     f"{_digits('torchft-ddp')}.runs": Figure(counted("digits", "torchft-ddp"), F0),
@@ -278,11 +277,10 @@ FIGURES: dict[str, Figure] = {
     f"{_gpt('gossip')}.lost": Figure(lost_word(gossip("survivor_steps_lost", max, task="gpt"))),
     f"{_gpt('gossip')}.runs": Figure(gossip_count(None, "gpt"), F0),
     f"{_gpt('gossip')}.in-quorum": Figure(gossip_count(True, "gpt"), F0),
-    **each(
+    **picked(
         f"{_gpt('gossip')}.pause-in-quorum-s",
         F0,
-        min=gossip("survivor_gap_s", min, True, "gpt"),
-        max=gossip("survivor_gap_s", max, True, "gpt"),
+        lambda pick: gossip("survivor_gap_s", pick, True, "gpt"),
     ),
     f"{_gpt('gossip')}.rejoin-s": Figure(gossip("rejoin_s", max, True, "gpt"), F0),
     f"{_gpt('torchft-diloco')}.pause-s": Figure(
@@ -295,11 +293,10 @@ FIGURES: dict[str, Figure] = {
         one_value("restart", "survivor_steps_lost", "gpt"), F0
     ),
     f"{_gpt('restart')}.resumed-step": Figure(one_value("restart", "resumed_from_step", "gpt"), F0),
-    **each(
+    **picked(
         f"{_gpt('restart')}.pause-s",
         F0,
-        min=cmp("restart", "survivor_gap_s", min, "gpt"),
-        max=cmp("restart", "survivor_gap_s", max, "gpt"),
+        lambda pick: cmp("restart", "survivor_gap_s", pick, "gpt"),
     ),
     f"{_gpt('torchft-allreduce')}.pause-s.min": Figure(
         cmp("torchft-allreduce", "survivor_gap_s", min, "gpt"), F0
@@ -316,15 +313,14 @@ FIGURES: dict[str, Figure] = {
     "recovery.testbed.survivors-lost": Figure(lost_word(elastic_worst("survivor_steps_lost"))),
     "recovery.testbed.pause-between-quorums-s": Figure(elastic_worst("survivor_gap_s", False), F0),
     "recovery.testbed.pause-inside-quorum-s": Figure(elastic_worst("survivor_gap_s", True), F0),
-    **each("recovery.testbed.rejoin-s", F0, min=rejoin(min, TESTBED), max=rejoin(max, TESTBED)),
-    **each(
+    **picked("recovery.testbed.rejoin-s", F0, lambda pick: rejoin(pick, TESTBED)),
+    **picked(
         "recovery.restart.pause-s",
         F0,
-        min=cmp("restart", "survivor_gap_s", min),
-        max=cmp("restart", "survivor_gap_s", max),
+        lambda pick: cmp("restart", "survivor_gap_s", pick),
     ),
     "recovery.restart.steps-recomputed": Figure(one_value("restart", "survivor_steps_lost"), F0),
-    **each("recovery.restart.extra-s", F0, min=restart_extra(min), max=restart_extra(max)),
+    **picked("recovery.restart.extra-s", F0, lambda pick: restart_extra(pick)),
     "recovery.elastic.pause-between-quorums-s": Figure(gossip("survivor_gap_s", max, False), F0),
     "recovery.torchft-allreduce.pause-s": Figure(
         cmp("torchft-allreduce", "survivor_gap_s", max), F0

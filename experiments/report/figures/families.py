@@ -9,7 +9,9 @@ cells of them, and :func:`table` the table.
 
 from __future__ import annotations
 
-from experiments.report.doc_data import md_table
+from collections.abc import Callable, Iterable
+
+from experiments.report.doc_data import Source, md_table
 from experiments.report.figures.sources import (
     Figure,
     Fn,
@@ -64,6 +66,19 @@ def grid(
 def each(prefix: str, fmt: str, **fns: Fn) -> dict[str, Figure]:
     """``prefix.NAME`` for each keyword (``-`` for ``_`` in the name), all in one format."""
     return {f"{prefix}.{name.replace('_', '-')}": Figure(fn, fmt) for name, fn in fns.items()}
+
+
+def extremes(
+    prefix: str, fmt: str, values: Callable[[Source], Iterable[float]]
+) -> dict[str, Figure]:
+    """``prefix.min`` and ``prefix.max`` of the ``values`` a function of the data gives."""
+    return each(prefix, fmt, min=lambda s: min(values(s)), max=lambda s: max(values(s)))
+
+
+def picked(prefix: str, fmt: str, make: Callable[[Callable], Fn]) -> dict[str, Figure]:
+    """``prefix.min`` and ``prefix.max``: ``make(min)`` and ``make(max)``, a figure that picks
+    one of several values with the function it is given."""
+    return each(prefix, fmt, min=make(min), max=make(max))
 
 
 def slot_cells(prefix: str, names: str = "seed0 seed1 seed2") -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_hosts import HSDP, STUDY, params_m, peak_mb, study
-from experiments.report.figures.families import each
+from experiments.report.figures.families import extremes
 from experiments.report.figures.sources import Figure, Fn, diff, ratio
 
 RUNS = "docs/results/sharded/runs"
@@ -77,11 +77,10 @@ FIGURES: dict[str, Figure] = {
             ("4x2", "hsdp", "allreduce"),
         )
     },
-    **each(
+    **extremes(
         "sharded.4x2.gossip.loss",
         "{:.2f}",
-        min=lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
-        max=lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
+        lambda s: [study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")],
     ),
 }
 

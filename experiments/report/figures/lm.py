@@ -8,12 +8,11 @@ outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from experiments.report.doc_data import DataError, Source
 from experiments.report.figures.families import (
     L3,
     each,
+    extremes,
     gaps,
     grid,
     mean_sd,
@@ -74,9 +73,9 @@ def _along(arm: str, step: int) -> Fn:
     return lambda s: at(s, f"{LM}/{arm}/final") - at(s, f"{LM}/allreduce-adamw/final")
 
 
-def _tokens_s(pick: Callable) -> Fn:
-    """``pick`` over the headline arms of their mean tokens/s."""
-    return lambda s: pick(s.mean(f"{LM}/{arm}/final", "perf/tokens_per_s") for arm in LM_ARMS)
+def _tokens_s(s: Source) -> list[float]:
+    """The headline arms' mean tokens/s."""
+    return [s.mean(f"{LM}/{arm}/final", "perf/tokens_per_s") for arm in LM_ARMS]
 
 
 LM_ARMS = (
@@ -153,12 +152,7 @@ FIGURES: dict[str, Figure] = {
         diff(mean(f"{LM}/complete-adamw-lr0.004/final"), mean(f"{LM}/allreduce-adamw/final")),
         "{:.2f}",
     ),
-    **each(
-        "lm.tokens-s-k",
-        "{:.0f}",
-        min=lambda s: _tokens_s(min)(s) / 1e3,
-        max=lambda s: _tokens_s(max)(s) / 1e3,
-    ),
+    **extremes("lm.tokens-s-k", "{:.0f}", lambda s: [t / 1e3 for t in _tokens_s(s)]),
     "lm.allreduce.sd": Figure(lambda s: s.sd(f"{LM}/allreduce-adamw/final"), L3),
     **grid("lm.allreduce.lr", f"{LM}/allreduce-adamw/stage1", "1e-3 2e-3 4e-3 8e-3"),
     # streaming
@@ -237,11 +231,10 @@ FIGURES: dict[str, Figure] = {
         f"stream.link.{arm}.end-s": Figure(_end_s(arm), "{:.0f}")
         for arm in ("allreduce-adamw", "slowmo-ope-f4")
     },
-    **each(
+    **extremes(
         "stream.link.diloco-arms.end-s",
         "{:.0f}",
-        min=lambda s: min(_end_s(a)(s) for a in DILOCO_ARMS),
-        max=lambda s: max(_end_s(a)(s) for a in DILOCO_ARMS),
+        lambda s: [_end_s(a)(s) for a in DILOCO_ARMS],
     ),
     # outer
     **stats("outer.allreduce", f"{OUTER}/allreduce-adamw/final", names="seed1 mean sd"),

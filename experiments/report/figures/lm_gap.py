@@ -14,6 +14,7 @@ from experiments.report.doc_data import Source
 from experiments.report.figures.families import (
     L3,
     each,
+    extremes,
     gaps,
     grid,
     mean_sd,
@@ -225,20 +226,18 @@ FIGURES: dict[str, Figure] = {
         step22=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 22, "train/lr")(s),
         step26=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 26, "train/lr")(s),
     ),
-    **each(
+    **extremes(
         "gap.stall.consensus-before-average",
         "{:.0f}",
-        min=lambda s: min(_peaks(s)),
-        max=lambda s: max(_peaks(s)),
+        lambda s: _peaks(s),
     ),
     "gap.stall.update-norm.local-mean": Figure(
         lambda s: statistics.mean(_norms(s, False)), "{:.1f}"
     ),
-    **each(
+    **extremes(
         "gap.stall.update-norm.averaging",
         "{:.1f}",
-        min=lambda s: min(_norms(s, True)),
-        max=lambda s: max(_norms(s, True)),
+        lambda s: _norms(s, True),
     ),
     "gap.unigram-entropy": Figure(
         lambda s: s.run(f"{GAP}/allreduce-adamw/final/seed0", "unigram_entropy"), "{:.2f}"

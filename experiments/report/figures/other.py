@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, UPSTREAM_RUN, profile_ms
-from experiments.report.figures.families import each, slot_cells, table
+from experiments.report.figures.families import each, extremes, picked, slot_cells, table
 from experiments.report.figures.sources import (
     BENCH,
     CHOOSE_25G,
@@ -309,11 +309,10 @@ FIGURES: dict[str, Figure] = {
     },
     **{f"noniid.a0.1.{t}.qgm-closes-pct": Figure(closed("0.1", t), "{:,.0f}") for t in TOPOLOGIES},
     # how many times closer QGM keeps the workers than SGD, over the topologies and both alphas
-    **each(
+    **extremes(
         "noniid.qgm-closer",
         "{:.0f}",
-        min=lambda s: min(_closer(s)),
-        max=lambda s: max(_closer(s)),
+        lambda s: _closer(s),
     ),
     "noniid.a0.1.local-sgd.sgd.lowest-pct": Figure(
         lambda s: 100 * min(_noniid_runs(s, "0.1", "local-sgd", "sgd", "final eval/acc")), "{:.0f}"
@@ -348,17 +347,11 @@ FIGURES: dict[str, Figure] = {
         max=bench_vs_ddp("mlp", 4, pick=max),
         one_peer_exp=bench_vs_ddp("mlp", 4, "decent/one-peer-exp"),
     ),
-    **each(
-        "perf.bench.mlp.p2-vs-ddp",
-        "{:.2f}",
-        min=bench_vs_ddp("mlp", 2),
-        max=bench_vs_ddp("mlp", 2, pick=max),
-    ),
-    **each(
+    **picked("perf.bench.mlp.p2-vs-ddp", "{:.2f}", lambda pick: bench_vs_ddp("mlp", 2, pick=pick)),
+    **picked(
         "perf.bench.resnet18-vs-ddp",
         "{:.2f}",
-        min=bench_vs_ddp("resnet18", None),
-        max=bench_vs_ddp("resnet18", None, pick=max),
+        lambda pick: bench_vs_ddp("resnet18", None, pick=pick),
     ),
     **{
         f"perf.upstream.p4.{impl}.{part}-ms": Figure(
@@ -386,11 +379,10 @@ FIGURES: dict[str, Figure] = {
     "perf.upstream.p4.cpu-ms-missing": Figure(
         diff(upstream_run(4, "ours", "cpu_step_s"), _at_target), "{:.0f}"
     ),
-    **each(
+    **extremes(
         "perf.upstream.0.2.3-vs-torch-ddp",
         "{:.2f}",
-        min=lambda s: min(_old_vs_ddp(s)),
-        max=lambda s: max(_old_vs_ddp(s)),
+        lambda s: _old_vs_ddp(s),
     ),
     **{
         f"perf.threads2.p4.ours-vs-{other}": Figure(
@@ -399,30 +391,27 @@ FIGURES: dict[str, Figure] = {
         )
         for other in ("0.2.3", "torch-ddp")
     },
-    **each(
+    **extremes(
         "perf.bench.local-sgd-vs-local",
         "{:.2f}",
-        min=lambda s: min(_local_sgd_vs_local(s)),
-        max=lambda s: max(_local_sgd_vs_local(s)),
+        lambda s: _local_sgd_vs_local(s),
     ),
     "perf.bench.mlp.mb": Figure(
         lambda s: 4 * next(r["params_m"] for r in s.json(BENCH) if r["model"] == "mlp"), "{:.0f}"
     ),
     "perf.gpt.params-m": Figure(lambda s: _gpt_params(s) / 1e6, "{:.2f}"),
     "perf.gpt.mib": Figure(lambda s: 4 * _gpt_params(s) / 2**20, "{:.1f}"),
-    **each(
+    **extremes(
         "perf.gpt-json.load",
         "{:.1f}",
-        min=lambda s: min(x for c in s.json(UPSTREAM)["configs"] for x in c["load_avg"]),
-        max=lambda s: max(x for c in s.json(UPSTREAM)["configs"] for x in c["load_avg"]),
+        lambda s: [x for c in s.json(UPSTREAM)["configs"] for x in c["load_avg"]],
     ),
     "perf.gpt-json.gpt.p2.ours.cpu-ms": Figure(_bench("gpt", 2, "ours", "cpu_step_s"), "{:.0f}"),
     # ours less 0.85x 0.2.3's median step, the issue's target for the gpt model
-    **each(
+    **extremes(
         "perf.gpt-json.gpt.to-target-ms",
         "{:.0f}",
-        min=lambda s: min(_to_target(s, p) for p in (2, 4)),
-        max=lambda s: max(_to_target(s, p) for p in (2, 4)),
+        lambda s: [_to_target(s, p) for p in (2, 4)],
     ),
     **{
         f"perf.gpt-profile.{impl}.cpu-main-ms": Figure(
@@ -430,18 +419,16 @@ FIGURES: dict[str, Figure] = {
         )
         for impl in ("ours", "0.2.3")
     },
-    **each(
+    **extremes(
         "perf.gpt-profile.compute-pct",
         "{:.0f}",
-        min=lambda s: min(_compute_share(s)),
-        max=lambda s: max(_compute_share(s)),
+        lambda s: _compute_share(s),
     ),
     # cluster
-    **each(
+    **extremes(
         "wire.simulated-cal.ratio",
         "{:.2f}",
-        min=lambda s: min(r[SIM_RATIO] for r in s.json(WIRE) if r.get(SIM_RATIO)),
-        max=lambda s: max(r[SIM_RATIO] for r in s.json(WIRE) if r.get(SIM_RATIO)),
+        lambda s: [r[SIM_RATIO] for r in s.json(WIRE) if r.get(SIM_RATIO)],
     ),
     **{
         f"cluster.choose-25g-resnet50.{t}.mb": Figure(chooser_mb(CHOOSE_25G, t), "{:,.0f}")
@@ -449,11 +436,10 @@ FIGURES: dict[str, Figure] = {
     },
     "cluster.choose-25g-resnet50.slower-gossip": Figure(_slower_gossip),
     "cluster.check.stop-s": Figure(_stop_s, "{:.0f}"),
-    **each(
+    **extremes(
         "testing.mutate.baseline-s",
         "{:.1f}",
-        min=lambda s: min(_baselines(s)),
-        max=lambda s: max(_baselines(s)),
+        lambda s: _baselines(s),
     ),
     **{
         f"testing.mutate.{module.rsplit('.', 1)[-1].lstrip('_')}.{count}": Figure(

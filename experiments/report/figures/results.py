@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_wire import OWN_LINK, own_link, rate_label
-from experiments.report.figures.families import each, slot_cells, table
+from experiments.report.figures.families import each, extremes, picked, slot_cells, table
 from experiments.report.figures.sources import (
     BEFORE,
     DIGITS,
@@ -44,12 +44,7 @@ def _range(
     prefix: str, file: str, network: str, column: str = "speedup vs allreduce"
 ) -> dict[str, Figure]:
     """``prefix.min`` and ``prefix.max`` of a run report's column over its decentralized rows."""
-    return each(
-        prefix,
-        "{:.2f}",
-        min=report_range(file, network, column),
-        max=report_range(file, network, column, max),
-    )
+    return picked(prefix, "{:.2f}", lambda pick: report_range(file, network, column, pick))
 
 
 def _vs(shape: str, rate: str, arm: str, base: str, file: str = WIRE) -> Fn:
@@ -93,12 +88,7 @@ def _quick_mean(topology: str, key: str = "eval/loss") -> Fn:
 
 def _quick_range(prefix: str, fmt: str, fn: Callable[[str], Fn]) -> dict[str, Figure]:
     """``prefix.min`` and ``.max`` of ``fn(topology)`` over the decentralized topologies."""
-    return each(
-        prefix,
-        fmt,
-        min=lambda s: min(fn(t)(s) for t in QUICK_GOSSIP),
-        max=lambda s: max(fn(t)(s) for t in QUICK_GOSSIP),
-    )
+    return extremes(prefix, fmt, lambda s: [fn(t)(s) for t in QUICK_GOSSIP])
 
 
 def _quick_gap(topology: str) -> Fn:
@@ -223,11 +213,10 @@ FIGURES: dict[str, Figure] = {
     },
     "wire.4x2.10mbit.one-peer-exp.drops": Figure(drops("4x2", "10mbit", "one-peer-exp"), "{:.0f}"),
     # the CPU sweeps' run reports
-    **each(
+    **extremes(
         "digits.acc",
         "{:.3f}",
-        min=lambda s: min(float(r["final eval/acc"]) for r in s.md_rows(DIGITS)),
-        max=lambda s: max(float(r["final eval/acc"]) for r in s.md_rows(DIGITS)),
+        lambda s: [float(r["final eval/acc"]) for r in s.md_rows(DIGITS)],
     ),
     **_range("digits.speedup.loopback", DIGITS, ""),
     **_range("digits.speedup.ethernet-25g", DIGITS, "ethernet_25g"),
@@ -310,11 +299,10 @@ FIGURES: dict[str, Figure] = {
             ("digits", "4x1", "100mbit", "allreduce", "simulated_cal_ratio"),
         )
     },
-    **each(
+    **extremes(
         "wire.4x1.1gbit.cal-misses.step-ms",
         "{:.0f}",
-        min=lambda s: min(_gbit_misses(s)),
-        max=lambda s: max(_gbit_misses(s)),
+        lambda s: _gbit_misses(s),
     ),
     "wire.repeats.spread-pct": Figure(_spread, "{:.0f}"),
     **{
@@ -378,17 +366,15 @@ FIGURES: dict[str, Figure] = {
         for rate in RATES
         for name, before in (("before-wait-s", True), ("wait-s", False))
     },
-    **each(
+    **extremes(
         "hier.driver.wait-fall-pct",
         "{:.0f}",
-        min=lambda s: min(_wait_fall(s)),
-        max=lambda s: max(_wait_fall(s)),
+        lambda s: _wait_fall(s),
     ),
-    **each(
+    **extremes(
         "hier.driver.sps-change-pct",
         "{:+.0f}",
-        min=lambda s: min(_sps_change(s)),
-        max=lambda s: max(_sps_change(s)),
+        lambda s: _sps_change(s),
     ),
     "hier.10mbit.model-s": Figure(lambda s: 8 * _model_bytes(s) / 10e6, "{:.2f}"),
     **{

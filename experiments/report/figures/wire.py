@@ -12,7 +12,7 @@ import statistics
 
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views_wire import PAPER_MD, sensitivity_rows
-from experiments.report.figures.families import each
+from experiments.report.figures.families import extremes, picked
 from experiments.report.figures.sources import (
     A40,
     GOSSIP,
@@ -44,34 +44,30 @@ def _sensitivity(s: Source, variant: str, column: int) -> float:
 
 
 FIGURES: dict[str, Figure] = {
-    **each(
+    **extremes(
         "pairbench.shallow-5mbit.drops-per-host",
         "{:,.0f}",
-        min=lambda s: min(shallow_hosts(s, "tx_drops")),
-        max=lambda s: max(shallow_hosts(s, "tx_drops")),
+        lambda s: shallow_hosts(s, "tx_drops"),
     ),
     "pairbench.shallow-5mbit.packets-per-host": Figure(
         lambda s: round(statistics.mean(shallow_hosts(s, "tx_packets")), -2), "{:,.0f}"
     ),
-    **each(
+    **picked(
         "pairbench.shallow-5mbit.ratio",
         "{:.2f}",
-        min=pairs(min, SHALLOW, MODES),
-        max=pairs(max, SHALLOW, MODES),
+        lambda pick: pairs(pick, SHALLOW, MODES),
     ),
-    **each(
+    **picked(
         "pairbench.nicqueue.allreduce-ring.ratio",
         "{:.2f}",
-        min=pairs(min, NICQUEUE, ("allreduce-ring",)),
-        max=pairs(max, NICQUEUE, ("allreduce-ring",)),
+        lambda pick: pairs(pick, NICQUEUE, ("allreduce-ring",)),
     ),
     "hier.emulated.10mbit.within-20": Figure(emulated_within_20, "{:,.0f}"),
     "hier.emulated.10mbit.gossip-cells": Figure(lambda s: 2 * len(GOSSIP), "{:,.0f}"),
-    **each(
+    **picked(
         "hier.emulated.10mbit.hierarchical-short-pct",
         "{:,.0f}",
-        min=optimistic(min),
-        max=optimistic(max),
+        lambda pick: optimistic(pick),
     ),
     **{
         f"hier.emulated.{shape}.{rate}.alternating-exp-ring": Figure(
