@@ -3,7 +3,8 @@
 
 An id names its study, arm and statistic: ``stream.f4-int8.mean`` is the mean final
 ``eval/loss`` of the streaming study's int8 arm, ``outer.diloco-h16.outer-lr0.5`` one run of the
-outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing.
+outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing,
+``lm.complete.gap.step64`` the lm study's gap to ``allreduce`` at one logged step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""The figures of compression, non-IID, performance, cluster and network-and-simulation (see
-:mod:`experiments.report.figures`).
+"""The figures of compression, non-IID, performance, cluster, testing and
+network-and-simulation (see :mod:`experiments.report.figures`).
 
 Ids: ``comp.TOPOLOGY.LEVEL.STAT`` (the compression sweep, mean over seeds),
-``noniid.aALPHA.TOPOLOGY.OPTIM.STAT`` (the non-IID sweep's summary), ``perf.upstream.pN.IMPL.ms``
-and ``perf.gpt-json.MODEL.pN.IMPL.ms`` (the two ``make bench-upstream`` files),
-``netsim.CLUSTER.METHOD.STAT`` (the simulator's calibration against the reference paper).
+``noniid.aALPHA.TOPOLOGY.OPTIM.STAT`` (the non-IID sweep's summary and reports),
+``perf.bench.*`` (``make bench``'s ``bench.json``), ``perf.upstream.pN.IMPL.STAT``,
+``perf.gpt-json.MODEL.pN.IMPL.STAT``, ``perf.threads2.*`` and ``perf.gpt-profile.*`` (the
+``make bench-upstream`` files), ``cluster.*`` (the chooser's JSON and the cluster check's
+transcript), ``testing.mutate.*`` (``make mutate``'s summaries), ``netsim.CLUSTER.METHOD.STAT``
+(the simulator's calibration against the reference paper).
 """
 
 from __future__ import annotations

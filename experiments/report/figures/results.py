@@ -3,8 +3,8 @@
 
 Ids: ``wire.SHAPE.RATE.ARM.STAT`` (the wire study, ``docs/results/network/table.json``),
 ``wire.MODEL.within-20`` / ``.cells`` (a prediction against the wire), ``hier.SHAPE.RATE...``
-(the hierarchical study's ``table.json``), ``digits.*`` and ``synthetic.*`` (ranges over the
-CPU sweeps' run reports). Most figures of the results page are the studies' own ids, declared
+(the hierarchical study's ``table.json`` and runs), ``digits.*`` and ``synthetic.*`` (ranges over
+the CPU sweeps' run reports), ``lm-quick.*`` (the untuned ``lm_quick`` runs). Most figures of the results page are the studies' own ids, declared
 with their pages.
 """
 
