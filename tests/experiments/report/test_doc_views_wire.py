@@ -95,3 +95,17 @@ def test_a_drifted_validation_cell_names_its_file(tmp_path: Path) -> None:
     assert len(problems) == 1, problems
     assert "'150.0' (row '4', column 'measured (ms)')" in problems[0]
     assert problems[0].endswith(f"but {rel} gives '{measured}'")
+
+
+def test_a_drifted_sensitivity_cell_names_the_simulators_page(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, "docs/results/simulate/README.md")
+    rows = [r for r in page.read_text().splitlines() if r.startswith("| InfiniBand 100 Gb/s |")]
+    assert len(rows) == 1
+    cells = rows[0].split(" | ")
+    line = edit_once(page, rows[0], rows[0].replace(f" | {cells[4]} | ", " | +9.9% | "))
+    problems = check(tmp_path, data_root=ROOT)
+    assert problems == [
+        f"docs/results/simulate/README.md:{line}: '+9.9%' (row 'InfiniBand 100 Gb/s', column "
+        f"'A100 allreduce') but docs/results/simulate/paper_transformer_fig6/simulate.md gives "
+        f"'{cells[4]}'"
+    ]
