@@ -19,8 +19,6 @@ Three kinds of figure are checked, on ``README.md`` and every ``docs/**/*.md``:
 - **Pages written whole** by a command from committed data (a ``report.md`` of ``make report``,
   the wire study's ``table.md``, ...; :data:`experiments.report.whole_pages.PAGES`): each is
   written again in memory from its data and diffed line by line; ``--write`` rewrites it.
-- **Claims**, only those of the elastic pages (:mod:`experiments.report.claims`, to be turned
-  into spans): a pattern on the page whose groups are checked against their values.
 
 Each problem is one line: the page and line, the figure (its id for a span) as written, the value
 from the data and the file it comes from. The exit status is 1 on any problem::
@@ -37,7 +35,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.report.claims import CLAIMS, Claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import VIEWS
 from experiments.report.figures import TABLES, figure, table
@@ -210,60 +207,15 @@ def check_spans(page: Path, rel: str, data_root: Path, write: bool = False) -> l
     return problems
 
 
-def _line_of(text: str, index: int) -> int:
-    return text.count("\n", 0, index) + 1
-
-
-def check_claim(claim: Claim, text: str, data_root: Path) -> list[str]:
-    """Problems of one claim on its page's ``text``."""
-    matches = list(re.finditer(claim.pattern, text, flags=re.MULTILINE))
-    if not matches:
-        return [
-            f"{claim.page}: the phrase /{claim.pattern}/ is not on the page "
-            "(update its claim in experiments/report/claims/)"
-        ]
-    problems = []
-    for match in matches:
-        for group, value in enumerate(claim.values, start=1):
-            src = Source(data_root)
-            where = f"{claim.page}:{_line_of(text, match.start(group))}"
-            try:
-                wanted = value.fmt.format(value.fn(src))
-            except DataError as err:
-                problems.append(f"{where}: '{match[group]}': {err}")
-                continue
-            written = match[group].replace("\u2212", "-").replace(",", "")
-            if written != wanted.replace(",", ""):
-                problems.append(
-                    f"{where}: '{match[group]}' in \"{match[0].strip()}\" but "
-                    f"{', '.join(src.read)} gives '{wanted}'"
-                )
-    return problems
-
-
-def check(
-    root: Path = ROOT,
-    data_root: Path | None = None,
-    write: bool = False,
-    claims: Sequence[Claim] = CLAIMS,
-) -> list[str]:
-    """Every problem of the pages under ``root`` against the data under ``data_root``.
-
-    Claims of pages that ``root`` does not hold are skipped, so that a copy of one page can be
-    checked alone.
-    """
+def check(root: Path = ROOT, data_root: Path | None = None, write: bool = False) -> list[str]:
+    """Every problem of the pages under ``root`` against the data under ``data_root``."""
     data_root = data_root or root
     problems: list[str] = []
-    texts: dict[str, str] = {}
     for page in pages(root):
         rel = page.relative_to(root).as_posix()
         problems += check_page(page, rel, data_root, write=write)
         problems += check_blocks(page, rel, data_root, write=write)
         problems += check_spans(page, rel, data_root, write=write)
-        texts[rel] = page.read_text()
-    for claim in claims:
-        if claim.page in texts:
-            problems += check_claim(claim, texts[claim.page], data_root)
     return problems
 
 
@@ -281,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         print(f"check-docs: {len(problems)} figure(s) differ from their data", file=sys.stderr)
         return 1
-    print(f"check-docs: {n} pages, every generated block, span and claim matches its data")
+    print(f"check-docs: {n} pages, every generated block, span and whole page matches its data")
     return 0
 
 

@@ -21,6 +21,7 @@ from experiments.report import doc_views_packed as packed
 from experiments.report import doc_views_wire as wire
 from experiments.report import doc_views_workers as workers
 from experiments.report.doc_data import DataError, Source, md_table
+from experiments.report.doc_views_wire import grid, rate_label
 
 WIRE = "docs/results/network/table.json"
 HIER = "docs/results/hierarchical/table.json"
@@ -30,21 +31,10 @@ COMPRESSION = "docs/results/compression/runs"
 UPSTREAM = "docs/results/bench-upstream/gpt.json"
 
 
-def rate_label(rate: str) -> str:
-    """``5mbit`` -> ``5 Mb/s``, ``1gbit`` -> ``1 Gb/s``."""
-    for suffix, unit in (("gbit", "Gb/s"), ("mbit", "Mb/s"), ("kbit", "kb/s")):
-        if rate.endswith(suffix):
-            return f"{rate.removesuffix(suffix)} {unit}"
-    return rate
-
-
 def lr_label(value: str) -> str:
     """An lr as the docs write it: ``0.004`` -> ``4e-3``."""
     mantissa, _, exponent = f"{float(value):.0e}".partition("e")
     return f"{mantissa}e{int(exponent)}"
-
-
-_table = md_table
 
 
 def _arm_present(src: Source, rel: str, arm: str) -> None:
@@ -103,34 +93,29 @@ def wire_rates(
             em_bottom = src.wire(file, shape, rate, bottom, "emulated_step_s")
             row.append(_ratio(em_bottom, em_top))
         rows.append(row)
-    return _table(header, ["---", *["---:"] * (len(header) - 1)], rows)
+    return md_table(header, ["---", *["---:"] * (len(header) - 1)], rows)
 
 
-def wire_shapes(
-    src: Source,
-    file: str = HIER,
-    shapes: str = "4x2,2x4",
-    rates: str = "10mbit,100mbit",
-    arms: str = "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
-    ratios: str = "",
-) -> str:
-    """Samples/s of several shapes, a row per shape and rate, a column per arm and ratio."""
-    arm_list = arms.split(",")
+def wire_shapes(src: Source, file: str = HIER, ratios: str = "", **cells: str) -> str:
+    """Samples/s of several shapes (``shapes``, ``rates``, ``arms``:
+    :func:`~experiments.report.doc_views_wire.grid`), a row per shape and rate, a column per arm
+    and per ratio of ``ratios`` (``a/b,...``)."""
+    shapes, rates, arms = grid(cells)
     ratio_list = [r.split("/") for r in ratios.split(",") if r]
-    header = ["shape", "link", *(f"`{a}`" for a in arm_list)]
+    header = ["shape", "link", *(f"`{a}`" for a in arms)]
     header += [f"`{a}` / `{b}`" for a, b in ratio_list]
     rows = []
-    for shape in shapes.split(","):
+    for shape in shapes:
         hosts, _, procs = shape.partition("x")
-        for rate in rates.split(","):
+        for rate in rates:
             row = [f"{hosts} hosts x {procs}", rate_label(rate)]
-            row += [_n(src.wire(file, shape, rate, a)) for a in arm_list]
+            row += [_n(src.wire(file, shape, rate, a)) for a in arms]
             row += [
                 _ratio(src.wire(file, shape, rate, a), src.wire(file, shape, rate, b))
                 for a, b in ratio_list
             ]
             rows.append(row)
-    return _table(header, ["---", "---", *["---:"] * (len(header) - 2)], rows)
+    return md_table(header, ["---", "---", *["---:"] * (len(header) - 2)], rows)
 
 
 def _ms(src: Source, runs: str) -> str:
@@ -170,7 +155,7 @@ def lm_tuned(src: Source, runs: str = LM, rows: str = "all") -> str:
         "final eval/loss (nats)",
         "gap to allreduce",
     ]
-    return _table(header, ["---", "---:", "---:", "---:"], out)
+    return md_table(header, ["---", "---:", "---:", "---:"], out)
 
 
 def outer_h(src: Source, runs: str = "docs/results/outer/lm_small/runs") -> str:
@@ -184,7 +169,7 @@ def outer_h(src: Source, runs: str = "docs/results/outer/lm_small/runs") -> str:
         ["DiLoCo", cell("diloco-H16"), cell("diloco-H64")],
         ["plain `local-sgd`, same H and bytes", cell("local-sgd-H16"), cell("local-sgd-H64")],
     ]
-    return _table(["arm", "H=16", "H=64"], ["---", "---:", "---:"], rows)
+    return md_table(["arm", "H=16", "H=64"], ["---", "---:", "---:"], rows)
 
 
 def step_s(src: Source, file: str, model: str, procs: int, impl: str) -> float:
@@ -215,7 +200,7 @@ def upstream(src: Source, file: str = UPSTREAM) -> str:
         )
     header = ["model", "procs", "ours (ms)", "0.2.3 (ms)", "torch DDP (ms)", "ours / 0.2.3"]
     header.append("ours / torch DDP")
-    return _table(header, ["---", *["---:"] * 6], rows)
+    return md_table(header, ["---", *["---:"] * 6], rows)
 
 
 UPSTREAM_RUN = "docs/results/bench-upstream/results.json"
@@ -266,7 +251,7 @@ def profile(src: Source, file: str = UPSTREAM_RUN, procs: str = "4") -> str:
     faults = {r["impl"]: r["faults_per_step"] for r in config["rows"]}
     rows.append(["minor page faults per step", *(f"{faults[i]:,.0f}" for i in _PROFILE_IMPLS)])
     header = ["", *_PROFILE_IMPLS.values()]
-    return _table(header, ["---", *["---:"] * len(_PROFILE_IMPLS)], rows)
+    return md_table(header, ["---", *["---:"] * len(_PROFILE_IMPLS)], rows)
 
 
 def _acc(src: Source, topology: str, compression: str) -> float:
@@ -325,7 +310,7 @@ def glance(src: Source) -> str:
         *hosts.glance_rows(src),
         workers.glance_row(src),
     ]
-    return _table(["result", "measured", "page"], ["---", "---", "---"], rows)
+    return md_table(["result", "measured", "page"], ["---", "---", "---"], rows)
 
 
 _TOPOLOGY_LABEL = {"base-k": "base-k (k=1)", "local-sgd": "local-sgd (H=8)"}
@@ -367,7 +352,7 @@ def by_topology(src: Source, runs: str = "docs/results/lm_quick/runs") -> str:
         )
     header = ["topology", "final eval/loss (nats)", "gap to allreduce", "tokens/s (4 workers)"]
     header.append("vs allreduce")
-    return _table(header, ["---", "---:", "---:", "---:", "---:"], rows)
+    return md_table(header, ["---", "---:", "---:", "---:", "---:"], rows)
 
 
 def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2_124m.json") -> str:
@@ -395,9 +380,8 @@ def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2
         )
     header = ["rank", "topology", "step, predicted", "period", "consensus rate per step"]
     header += ["MB per host link per step", ""]
-    table = _table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows)
-    head, _, body = table.partition("\n")  # the chooser's header ends in an empty "| |"
-    return f"{head.removesuffix('|  |')}| |\n{body}\n\n> pick: {src.key(file, 'why')}"
+    table = md_table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows)
+    return f"{table}\n\n> pick: {src.key(file, 'why')}"
 
 
 def bench(src: Source, file: str = "docs/results/bench.json") -> str:
@@ -440,7 +424,7 @@ def bench(src: Source, file: str = "docs/results/bench.json") -> str:
         )
     header = ["model", "procs", "variant", "median step (ms)", "vs torch DDP", "vs local"]
     header += ["wait (ms)", "mix (ms)", "optim (ms)", "extra mem (x params)"]
-    return _table(header, ["---", "---:", "---", *["---:"] * 7], out)
+    return md_table(header, ["---", "---:", "---", *["---:"] * 7], out)
 
 
 def mutate(src: Source, out: str = "docs/results/mutate") -> str:
@@ -460,7 +444,7 @@ def mutate(src: Source, out: str = "docs/results/mutate") -> str:
         )
     header = ["module", "mutants", "killed", "survived", "timeout", "incompetent", "skipped"]
     header += ["tests", "s per run"]
-    return _table(header, ["---", *["---:"] * 6, "---", "---:"], rows)
+    return md_table(header, ["---", *["---:"] * 6, "---", "---:"], rows)
 
 
 VIEWS: dict[str, Callable[..., str]] = {

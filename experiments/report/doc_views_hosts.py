@@ -14,8 +14,9 @@
   ``experiments.bench.elastic_cost``, a row per rate).
 
 The functions that read one figure (``peak_mb``, ``tokens_per_s``, ``elastic_runs`` ...) are
-also the sources of the claims in :mod:`experiments.report.claims.hosts` and of the README's
-results at a glance, so that a table, a sentence and the glance row read the same numbers.
+also the sources of the spans in :mod:`experiments.report.figures.hosts` and
+:mod:`experiments.report.figures.elastic` and of the README's results at a glance, so that a
+table, a sentence and the glance row read the same numbers.
 """
 
 from __future__ import annotations

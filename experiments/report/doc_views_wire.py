@@ -7,7 +7,9 @@
   ``emulated_ratio``), on ``docs/results/hierarchical/README.md``;
 - ``sim-calibration`` and ``sim-validation``: the scale simulator against the reference
   paper's measured step times (``simulate/paper_transformer_fig6/simulate.json``) and against
-  emulated runs (``simulate/validation/*/validation.json``).
+  emulated runs (``simulate/validation/*/validation.json``);
+- ``sim-sensitivity``: that calibration with one input changed at a time (the table
+  ``simulate --sensitivity`` writes into ``paper_transformer_fig6/simulate.md``).
 """
 
 from __future__ import annotations
@@ -75,16 +77,19 @@ def pair_exchange(src: Source) -> str:
     )
 
 
-def _own_link(src: Source, hosts: int, procs: int, rate: str, arm: str) -> float | None:
-    """The emulator's ratio of one cell of ``own-link/table.md`` (None: no emulated run)."""
+def own_link(
+    src: Source, hosts: int, procs: int, rate: str, arm: str
+) -> tuple[float, float] | None:
+    """The emulated step (s) and its ratio to the wire of one cell of ``own-link/table.md``
+    (None: no emulated run)."""
     section = ""
     for line in src.text(OWN_LINK).splitlines():
         if line.startswith("## "):
             section = line
         cells = [c.strip() for c in line.strip("|").split("|")]
         if f"{hosts} hosts x {procs} processes" in section and cells[:2] == [rate, arm]:
-            got = re.search(r"\(([\d.]+)", cells[-2])
-            return float(got[1]) if got else None
+            got = re.search(r"([\d.]+) \(([\d.]+)", cells[-2])
+            return (float(got[1]), float(got[2])) if got else None
     raise DataError(OWN_LINK, f"no row {hosts}x{procs} {rate} {arm}")
 
 
@@ -95,48 +100,60 @@ def _ratio_cell(value: float | None, mark: bool = False) -> str:
     return f"{text} †" if mark else text
 
 
-def emulator_hosts(
-    src: Source,
-    shapes: str = "4x2,2x4",
-    rates: str = "10mbit,100mbit",
-    arms: str = "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
-    before: str = "10mbit",
-    dagger: str = "",
-) -> str:
-    """Predicted over measured step time per shape, rate and arm: a link per rank (``before``'s
-    rates only) and with hosts; bold within 20%; ``dagger`` (``ARM@RATE``) marks cells."""
+def rate_label(rate: str) -> str:
+    """``5mbit`` -> ``5 Mb/s``, ``1gbit`` -> ``1 Gb/s``."""
+    for suffix, unit in (("gbit", "Gb/s"), ("mbit", "Mb/s"), ("kbit", "kb/s")):
+        if rate.endswith(suffix):
+            return f"{rate.removesuffix(suffix)} {unit}"
+    return rate
+
+
+# the hierarchical study's cells: what a view of them shows unless its marker says otherwise
+HIER_GRID = {
+    "shapes": "4x2,2x4",
+    "rates": "10mbit,100mbit",
+    "arms": "allreduce,one-peer-exp,alternating-exp-ring,hierarchical",
+}
+
+
+def grid(given: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
+    """The shapes, rates and arms a marker gives a view of the hierarchical study's cells, each
+    a list (:data:`HIER_GRID`'s where it gives none); any other argument is a ``TypeError``, as
+    a function's own unexpected keyword is."""
+    unknown = sorted(set(given) - set(HIER_GRID))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument '{unknown[0]}'")
+    merged = {**HIER_GRID, **given}
+    return merged["shapes"].split(","), merged["rates"].split(","), merged["arms"].split(",")
+
+
+def emulator_hosts(src: Source, before: str = "10mbit", dagger: str = "", **cells: str) -> str:
+    """Predicted over measured step time per shape, rate and arm (``shapes``, ``rates``,
+    ``arms``: :func:`grid`): a link per rank (``before``'s rates only) and with hosts; bold
+    within 20%; ``dagger`` (``ARM@RATE``) marks cells."""
+    shapes, rates, arms = grid(cells)
     marked = set(dagger.split(",")) if dagger else set()
     rows = []
-    for rate in rates.split(","):
-        for shape in shapes.split(","):
+    for rate in rates:
+        for shape in shapes:
             hosts, procs = (int(x) for x in shape.split("x"))
-            for arm in arms.split(","):
-                with_hosts = float(
-                    src.row(HIER, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)[
-                        "emulated_ratio"
-                    ]
-                )
-                own = (
-                    _ratio_cell(_own_link(src, hosts, procs, rate, arm))
-                    if rate in before.split(",")
-                    else ""
-                )
+            for arm in arms:
+                row = src.row(HIER, hosts=hosts, procs_per_host=procs, rate=rate, arm=arm)
+                own = ""
+                if rate in before.split(","):
+                    cell = own_link(src, hosts, procs, rate, arm)
+                    own = _ratio_cell(None if cell is None else cell[1])
                 rows.append(
                     [
                         f"{hosts} x {procs}",
-                        src_rate(rate),
+                        rate_label(rate),
                         f"`{arm}`",
                         own,
-                        _ratio_cell(with_hosts, f"{arm}@{rate}" in marked),
+                        _ratio_cell(float(row["emulated_ratio"]), f"{arm}@{rate}" in marked),
                     ]
                 )
     header = ["shape", "link", "arm", "a link per rank (before)", "hosts (`procs_per_host`)"]
     return md_table(header, ["---", "---", "---", "---:", "---:"], rows)
-
-
-def src_rate(rate: str) -> str:
-    """``10mbit`` -> ``10 Mb/s``."""
-    return rate.replace("mbit", " Mb/s").replace("gbit", " Gb/s")
 
 
 PAPER = "docs/results/simulate/paper_transformer_fig6/simulate.json"
@@ -188,6 +205,41 @@ def sim_calibration(src: Source, file: str = PAPER) -> str:
     return md_table(header, ["---", "---:", "---", "---:", "---:", "---:", "---"], rows)
 
 
+PAPER_MD = "docs/results/simulate/paper_transformer_fig6/simulate.md"
+_NO_FIT = re.compile(r"no fit: the all-reduce takes ([\d.]+ ms) even at line rate.*")
+
+
+def sensitivity_rows(src: Source, file: str = PAPER_MD) -> list[list[str]]:
+    """The rows of the sensitivity table that ``simulate --sensitivity`` wrote into
+    ``simulate.md``: the variant, the fitted efficiency (or why there is no fit), then the
+    error of each calibration point."""
+    lines = src.text(file).splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## Sensitivity")), None)
+    if start is None:
+        raise DataError(file, "no '## Sensitivity' section")
+    first = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("|")), len(lines))
+    rows = []
+    for line in lines[first + 2 :]:  # past the header and the alignment row
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    if not rows:
+        raise DataError(file, "an empty sensitivity table")
+    return rows
+
+
+def sim_sensitivity(src: Source, file: str = PAPER_MD) -> str:
+    """The sensitivity table of ``simulate.md``, its columns named by cluster and a variant
+    without a fit saying only the all-reduce's time at line rate."""
+    rows = [
+        [row[0], _NO_FIT.sub(r"no fit: all-reduce \1 at line rate", row[1]), *row[2:]]
+        for row in sensitivity_rows(src, file)
+    ]
+    header = ["variant", "fitted efficiency", "A40 allreduce", "A40 alternating-exp-ring"]
+    header += ["A100 allreduce", "A100 alternating-exp-ring"]
+    return md_table(header, ["---", *["---:"] * 5], rows)
+
+
 def sim_validation(src: Source, file: str) -> str:
     """The simulator against emulated runs (``sim_validate``'s ``validation.json``), a row per
     world size and method."""
@@ -211,6 +263,7 @@ def sim_validation(src: Source, file: str) -> str:
 VIEWS: dict[str, Callable[..., str]] = {
     "pair-exchange": pair_exchange,
     "emulator-hosts": emulator_hosts,
+    "sim-sensitivity": sim_sensitivity,
     "sim-calibration": sim_calibration,
     "sim-validation": sim_validation,
 }

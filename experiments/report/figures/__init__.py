@@ -14,9 +14,10 @@ An id says what the figure is without opening Python: study, arm or setting, sta
 One quantity has one id, whichever pages quote it. The figures are declared by study, in
 ``results`` (the wire and hierarchical studies, the CPU sweeps, the README), ``lm`` (lm,
 streaming, outer), ``lm_gap``, ``other`` (compression, non-IID, performance, cluster, network and
-simulation), ``wire`` (pair exchange, emulator with hosts, simulator) and ``hosts`` (sharded
-replicas, recovery); the functions they call are in :mod:`~experiments.report.figures.sources`,
-and :mod:`~experiments.report.figures.families` builds the repeated ones (an arm's seeds, mean
+simulation), ``wire`` (pair exchange, emulator with hosts, simulator), ``hosts`` (sharded
+replicas) and ``elastic`` (elastic hosts, and the recovery guide's comparison under one kill);
+the functions they call are in :mod:`~experiments.report.figures.sources`, and
+:mod:`~experiments.report.figures.families` builds the repeated ones (an arm's seeds, mean
 and sd; an lr grid; a gap paired by seed) and the table rows of them. To add a figure: give it
 an id and a :class:`Figure` in its study's module, then write ``<!-- v:ID --><!-- /v -->`` where
 it goes and run ``--write``.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import re
 
 from experiments.report.doc_data import DataError, Source
-from experiments.report.figures import hosts, lm, lm_gap, other, results, wire
+from experiments.report.figures import elastic, hosts, lm, lm_gap, other, results, wire
 from experiments.report.figures.sources import Figure
 
 __all__ = ["FIGURES", "TABLES", "Figure", "figure", "table"]
@@ -39,6 +40,7 @@ FIGURES: dict[str, Figure] = {
     **other.FIGURES,
     **wire.FIGURES,
     **hosts.FIGURES,
+    **elastic.FIGURES,
 }
 TABLES: dict[str, str] = {
     **results.TABLES,

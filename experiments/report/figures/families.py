@@ -3,11 +3,15 @@
 A study's arm is usually a folder of seed runs, shown as its seeds, their mean and their sd; an
 lr grid is one run per value; a gap is paired seed by seed. Each function here returns those
 entries under one prefix that names the arm (``gap.complete`` gives ``gap.complete.seed0`` ...
-``gap.complete.mean``, ``gap.complete.sd``), and :func:`slots` writes a table row's cells of them.
+``gap.complete.mean``, ``gap.complete.sd``); :func:`slot_cells` and :func:`slots` write a table's
+cells of them, and :func:`table` the table.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
+from experiments.report.doc_data import Source, md_table
 from experiments.report.figures.sources import (
     Figure,
     Fn,
@@ -64,9 +68,27 @@ def each(prefix: str, fmt: str, **fns: Fn) -> dict[str, Figure]:
     return {f"{prefix}.{name.replace('_', '-')}": Figure(fn, fmt) for name, fn in fns.items()}
 
 
-def slots(prefix: str, names: str = "seed0 seed1 seed2", sep: str = " | ") -> str:
+def extremes(
+    prefix: str, fmt: str, values: Callable[[Source], Iterable[float]]
+) -> dict[str, Figure]:
+    """``prefix.min`` and ``prefix.max`` of the ``values`` a function of the data gives."""
+    return each(prefix, fmt, min=lambda s: min(values(s)), max=lambda s: max(values(s)))
+
+
+def picked(prefix: str, fmt: str, make: Callable[[Callable], Fn]) -> dict[str, Figure]:
+    """``prefix.min`` and ``prefix.max``: ``make(min)`` and ``make(max)``, a figure that picks
+    one of several values with the function it is given."""
+    return each(prefix, fmt, min=make(min), max=make(max))
+
+
+def slot_cells(prefix: str, names: str = "seed0 seed1 seed2") -> list[str]:
     """Table cells of ``prefix``'s figures: ``{{prefix.NAME}}`` for each space-separated name."""
-    return sep.join("{{" + f"{prefix}.{name}" + "}}" for name in names.split())
+    return ["{{" + f"{prefix}.{name}" + "}}" for name in names.split()]
+
+
+def slots(prefix: str, names: str = "seed0 seed1 seed2", sep: str = ", ") -> str:
+    """``prefix``'s figures ``names`` in one cell, joined by ``sep``."""
+    return sep.join(slot_cells(prefix, names))
 
 
 def mean_sd(prefix: str, bold: bool = False) -> str:
@@ -75,6 +97,7 @@ def mean_sd(prefix: str, bold: bool = False) -> str:
     return f"**{cell}**" if bold else cell
 
 
-def row(*cells: str) -> str:
-    """A markdown table row of ``cells`` (an empty one written ``| |``)."""
-    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+def table(header: str, align: str, rows: list[list[str]]) -> str:
+    """A table of figures: ``header`` and ``align`` its cells separated by ``|``, each row a list
+    of cells (``{{ID}}`` slots among them), through :func:`~experiments.report.doc_data.md_table`."""
+    return md_table(header.split(" | "), align.split("|"), rows)

@@ -1,26 +1,14 @@
-"""The figures of sharded replicas, and the recovery guide's comparison under one kill (see
-:mod:`experiments.report.figures`).
+"""The figures of sharded replicas (see :mod:`experiments.report.figures`).
 
-Ids: ``sharded.*`` (the sharded replicas' benchmark and testbed study), ``recovery.*`` (the
-elastic studies, as the recovery guide quotes them).
+Ids: ``sharded.*`` (the sharded replicas' benchmark and testbed study). The elastic hosts' are
+in :mod:`~experiments.report.figures.elastic`.
 """
 
 from __future__ import annotations
 
-import math
-
-from experiments.report.claims.hosts import (
-    _between,
-    _cmp,
-    _lowest_acc,
-    _none_lost,
-    _one_value,
-    _rejoin,
-    _restart_extra,
-)
 from experiments.report.doc_data import DataError, Source
-from experiments.report.doc_views_hosts import HSDP, STUDY, elastic_worst, params_m, peak_mb, study
-from experiments.report.figures.families import each
+from experiments.report.doc_views_hosts import HSDP, STUDY, params_m, peak_mb, study
+from experiments.report.figures.families import extremes
 from experiments.report.figures.sources import Figure, Fn, diff, ratio
 
 RUNS = "docs/results/sharded/runs"
@@ -41,11 +29,6 @@ def _mb(shape: str, arm: str, key: str = "tx_bytes_per_host_per_step") -> Fn:
 
 
 GLIBC = "docs/results/sharded/bench_glibc.json"
-KILL_AT = (
-    "testbed-ring-kill-at-quorum",
-    "testbed-one-peer-exp-kill-at-quorum",
-    "testbed-ring-kill-mid-interval",
-)
 
 FIGURES: dict[str, Figure] = {
     "sharded.gpt.params-m": Figure(params_m, "{:.1f}"),
@@ -94,40 +77,11 @@ FIGURES: dict[str, Figure] = {
             ("4x2", "hsdp", "allreduce"),
         )
     },
-    **each(
+    **extremes(
         "sharded.4x2.gossip.loss",
         "{:.2f}",
-        min=lambda s: min(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
-        max=lambda s: max(study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")),
+        lambda s: [study("4x2", a, "eval_loss")(s) for a in ("ring", "one-peer-exp")],
     ),
-    "recovery.testbed.survivors-lost": Figure(_none_lost),
-    "recovery.testbed.pause-between-quorums-s": Figure(
-        elastic_worst("survivor_gap_s", False), "{:,.0f}"
-    ),
-    "recovery.testbed.pause-inside-quorum-s": Figure(
-        elastic_worst("survivor_gap_s", True), "{:,.0f}"
-    ),
-    **each(
-        "recovery.testbed.rejoin-s", "{:,.0f}", min=_rejoin(min, KILL_AT), max=_rejoin(max, KILL_AT)
-    ),
-    **each(
-        "recovery.restart.pause-s",
-        "{:,.0f}",
-        min=_cmp("restart", "survivor_gap_s", min),
-        max=_cmp("restart", "survivor_gap_s", max),
-    ),
-    "recovery.restart.steps-recomputed": Figure(
-        _one_value("restart", "survivor_steps_lost"), "{:,.0f}"
-    ),
-    **each("recovery.restart.extra-s", "{:,.0f}", min=_restart_extra(min), max=_restart_extra(max)),
-    "recovery.elastic.pause-between-quorums-s": Figure(_between("survivor_gap_s", max), "{:,.0f}"),
-    "recovery.torchft-allreduce.pause-s": Figure(
-        _cmp("torchft-allreduce", "survivor_gap_s", max), "{:,.0f}"
-    ),
-    "recovery.torchft-diloco.pause-s": Figure(
-        _cmp("torchft-diloco", "survivor_gap_s", max), "{:,.0f}"
-    ),
-    "recovery.lowest-acc": Figure(lambda s: math.floor(_lowest_acc(s) * 100) / 100, "{:.2f}"),
 }
 
 TABLES: dict[str, str] = {}

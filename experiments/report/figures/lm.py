@@ -3,12 +3,25 @@
 
 An id names its study, arm and statistic: ``stream.f4-int8.mean`` is the mean final
 ``eval/loss`` of the streaming study's int8 arm, ``outer.diloco-h16.outer-lr0.5`` one run of the
-outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing.
+outer study's lr grid, ``stream.link.ARM.speedup`` a row of the slow-link timing,
+``lm.complete.gap.step64`` the lm study's gap to ``allreduce`` at one logged step.
 """
 
 from __future__ import annotations
 
-from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
+from experiments.report.doc_data import DataError, Source
+from experiments.report.figures.families import (
+    L3,
+    each,
+    extremes,
+    gaps,
+    grid,
+    mean_sd,
+    slot_cells,
+    slots,
+    stats,
+    table,
+)
 from experiments.report.figures.sources import (
     DILOCO,
     DILOCO_T,
@@ -22,6 +35,7 @@ from experiments.report.figures.sources import (
     diff,
     gpt_tiny_params,
     link_arm,
+    logged,
     mean,
     ratio,
     run,
@@ -37,6 +51,42 @@ SCALED = f"{STREAM}/slowmo-ope-f4-scaled/final"
 def _mean_mb(runs: str, key: str = MB) -> Fn:
     """The mean over seeds of bytes per step, in MB."""
     return lambda s: s.mean(runs, key) / 1e6
+
+
+def _h64_speed(s: Source) -> float:
+    """The H=64 arms' mean tokens/s over ``allreduce``'s (both arms ran on the same host)."""
+    key = "perf/tokens_per_s"
+    h64 = [s.mean(f"{OUTER}/{arm}-H64/final", key) for arm in ("local-sgd", "diloco")]
+    return sum(h64) / len(h64) / s.mean(f"{OUTER}/allreduce-adamw/final", key)
+
+
+def _along(arm: str, step: int) -> Fn:
+    """An lm arm's mean ``eval/loss`` over its seeds at ``step`` less ``allreduce``'s (the
+    report's table along training)."""
+
+    def at(s: Source, runs: str) -> float:
+        seeds = sorted(p.name for p in (s.root / runs).glob("seed*"))
+        if not seeds:
+            raise DataError(runs, "no seed folder")
+        values = [logged(f"{runs}/{x}/metrics.jsonl", step, "eval/loss")(s) for x in seeds]
+        return sum(values) / len(values)
+
+    return lambda s: at(s, f"{LM}/{arm}/final") - at(s, f"{LM}/allreduce-adamw/final")
+
+
+def _tokens_s(s: Source) -> list[float]:
+    """The headline arms' mean tokens/s."""
+    return [s.mean(f"{LM}/{arm}/final", "perf/tokens_per_s") for arm in LM_ARMS]
+
+
+LM_ARMS = (
+    "allreduce-adamw",
+    "complete-adamw-lr0.004",
+    "one-peer-exp-adamw-lr0.004",
+    "complete-adamw",
+    "one-peer-exp-adamw",
+    "one-peer-exp-accum",
+)
 
 
 def _outer(arm: str) -> dict[str, Figure]:
@@ -84,6 +134,26 @@ FIGURES: dict[str, Figure] = {
     **stats(
         "lm.one-peer-exp.lr8e-3", f"{LM}/one-peer-exp-adamw/final", "{:.2f}", names="seed1 seed2"
     ),
+    **{
+        f"lm.{name}.gap.step{step}": Figure(_along(arm, step), "{:+.3f}")
+        for name, arm in (
+            ("complete", "complete-adamw-lr0.004"),
+            ("one-peer-exp", "one-peer-exp-adamw-lr0.004"),
+        )
+        for step in (64, 128, 256, 512)
+    },
+    "lm.one-peer-exp.behind-complete": Figure(
+        diff(
+            mean(f"{LM}/one-peer-exp-adamw-lr0.004/final"),
+            mean(f"{LM}/complete-adamw-lr0.004/final"),
+        ),
+        "{:.2f}",
+    ),
+    "lm.complete.gap": Figure(
+        diff(mean(f"{LM}/complete-adamw-lr0.004/final"), mean(f"{LM}/allreduce-adamw/final")),
+        "{:.2f}",
+    ),
+    **extremes("lm.tokens-s-k", "{:.0f}", lambda s: [t / 1e3 for t in _tokens_s(s)]),
     "lm.allreduce.sd": Figure(lambda s: s.sd(f"{LM}/allreduce-adamw/final"), L3),
     **grid("lm.allreduce.lr", f"{LM}/allreduce-adamw/stage1", "1e-3 2e-3 4e-3 8e-3"),
     # streaming
@@ -152,15 +222,20 @@ FIGURES: dict[str, Figure] = {
             ),
         )
     },
+    # the link model: bytes at the link's 50 Mb/s, plus 10 ms per message (two buckets' here)
+    "stream.diloco.round-s": Figure(lambda s: 8 * s.mean(DILOCO, PEAK) / 50e6, "{:.1f}"),
+    "stream.f4.fits-above-mbit": Figure(
+        lambda s: 8 * s.mean(F4, PEAK) / (link_arm("streaming-f4", "step_s")(s) - 0.020) / 1e6,
+        "{:.0f}",
+    ),
     **{
         f"stream.link.{arm}.end-s": Figure(_end_s(arm), "{:.0f}")
         for arm in ("allreduce-adamw", "slowmo-ope-f4")
     },
-    **each(
+    **extremes(
         "stream.link.diloco-arms.end-s",
         "{:.0f}",
-        min=lambda s: min(_end_s(a)(s) for a in DILOCO_ARMS),
-        max=lambda s: max(_end_s(a)(s) for a in DILOCO_ARMS),
+        lambda s: [_end_s(a)(s) for a in DILOCO_ARMS],
     ),
     # outer
     **stats("outer.allreduce", f"{OUTER}/allreduce-adamw/final", names="seed1 mean sd"),
@@ -196,6 +271,13 @@ FIGURES: dict[str, Figure] = {
         )
         for arm in ("local-sgd", "diloco")
     },
+    # the H=64 runs ran on a slower host: their tokens/s against allreduce's, and the inverse
+    **each(
+        "outer.h64.tokens-s",
+        "{:.2f}",
+        vs_allreduce=_h64_speed,
+        slower=lambda s: 1 / _h64_speed(s),
+    ),
     **each(
         "outer.diloco-behind-local",
         "{:.2f}",
@@ -206,80 +288,94 @@ FIGURES: dict[str, Figure] = {
 
 
 TABLES: dict[str, str] = {
-    "stream.arms": "\n".join(
+    "stream.arms": table(
+        "arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed"
+        " | mean MB/step | peak MB/step",
+        "---|---|---:|---|---|---:|---:",
         [
-            "| arm | outer lr (grid) | final eval/loss, 3 seeds | per seed | vs DiLoCo, per seed | mean MB/step | peak MB/step |",
-            "|---|---|---:|---|---|---:|---:|",
-            *(
-                row(
-                    label,
-                    grid_,
-                    mean_sd(f"stream.{arm}"),
-                    slots(f"stream.{arm}", sep=", "),
-                    vs,
-                    slots(f"stream.{arm}", "mb mb" if arm == "allreduce" else "mb peak-mb"),
-                )
-                for label, grid_, arm, vs in (
-                    ("`allreduce`", "–", "allreduce", ""),
-                    ("DiLoCo, F=1", "0.5 (0.3, 0.5, 0.7, 1.0)", "diloco", "0"),
-                    (
-                        "streaming DiLoCo, F=4, float32",
-                        "0.5 (0.3, 0.5, 0.7)",
-                        "f4",
-                        slots("stream.f4-vs-diloco", sep=", "),
-                    ),
-                    (
-                        "streaming DiLoCo, F=4, int8",
-                        "0.5 (0.3, 0.5, 0.7)",
-                        "f4-int8",
-                        slots("stream.f4-int8-vs-diloco", sep=", "),
-                    ),
-                    (
-                        "streaming SlowMo over `one-peer-exp`, F=4",
-                        "1.0 (0.5, 1.0, 1.5)",
-                        "slowmo-f4",
-                        "",
-                    ),
-                    (
-                        "the same, SlowMo's own update scaled by the inner lr (`outer.scale_by_inner_lr=true`)",
-                        "1.0 (0.5, 1.0, 1.5)",
-                        "slowmo-f4-scaled",
-                        "",
-                    ),
-                )
-            ),
-        ]
+            [
+                label,
+                grid_,
+                mean_sd(f"stream.{arm}"),
+                slots(f"stream.{arm}"),
+                vs,
+                *slot_cells(f"stream.{arm}", "mb mb" if arm == "allreduce" else "mb peak-mb"),
+            ]
+            for label, grid_, arm, vs in (
+                ("`allreduce`", "–", "allreduce", ""),
+                ("DiLoCo, F=1", "0.5 (0.3, 0.5, 0.7, 1.0)", "diloco", "0"),
+                (
+                    "streaming DiLoCo, F=4, float32",
+                    "0.5 (0.3, 0.5, 0.7)",
+                    "f4",
+                    slots("stream.f4-vs-diloco"),
+                ),
+                (
+                    "streaming DiLoCo, F=4, int8",
+                    "0.5 (0.3, 0.5, 0.7)",
+                    "f4-int8",
+                    slots("stream.f4-int8-vs-diloco"),
+                ),
+                (
+                    "streaming SlowMo over `one-peer-exp`, F=4",
+                    "1.0 (0.5, 1.0, 1.5)",
+                    "slowmo-f4",
+                    "",
+                ),
+                (
+                    "the same, SlowMo's own update scaled by the inner lr"
+                    " (`outer.scale_by_inner_lr=true`)",
+                    "1.0 (0.5, 1.0, 1.5)",
+                    "slowmo-f4-scaled",
+                    "",
+                ),
+            )
+        ],
     ),
-    "stream.link": "\n".join(
+    "stream.link": table(
+        "arm | s/step on the link | tokens/s on the link"
+        " | time to {{stream.link.target}} (DiLoCo's final mean) | vs `allreduce`",
+        "---|---:|---:|---:|---:",
         [
-            "| arm | s/step on the link | tokens/s on the link | time to {{stream.link.target}} (DiLoCo's final mean) | vs `allreduce` |",
-            "|---|---:|---:|---:|---:|",
-            *(
-                f"| {label} | "
-                + slots(f"stream.link.{arm}", "step-s tokens-s time-to-target-s")
-                + " s (step {{"
+            [
+                label,
+                *slot_cells(f"stream.link.{arm}", "step-s tokens-s"),
+                "{{"
+                + f"stream.link.{arm}.time-to-target-s"
+                + "}} s (step {{"
                 + f"stream.link.{arm}.time-to-target-step"
-                + "}}) | {{"
-                + f"stream.link.{arm}.speedup"
-                + "}}× |"
-                for label, arm in (
-                    ("`allreduce`", "allreduce-adamw"),
-                    ("DiLoCo, F=1", "diloco-H16"),
-                    ("streaming, F=4, float32", "streaming-f4"),
-                    ("streaming, F=4, int8", "streaming-f4-int8"),
-                    ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
-                )
-            ),
-        ]
+                + "}})",
+                "{{" + f"stream.link.{arm}.speedup" + "}}×",
+            ]
+            for label, arm in (
+                ("`allreduce`", "allreduce-adamw"),
+                ("DiLoCo, F=1", "diloco-H16"),
+                ("streaming, F=4, float32", "streaming-f4"),
+                ("streaming, F=4, int8", "streaming-f4-int8"),
+                ("SlowMo over `one-peer-exp`, F=4", "slowmo-ope-f4"),
+            )
+        ],
     ),
-    "outer.arms": "\n".join(
+    "outer.arms": table(
+        "arm (4 workers) | seeds | final eval/loss | gap to allreduce"
+        " | bytes per step and rank (mean / peak)",
+        "---|---:|---:|---:|---:",
         [
-            "| arm (4 workers) | seeds | final eval/loss | gap to allreduce | bytes per step and rank (mean / peak) |",
-            "|---|---:|---:|---:|---:|",
-            f"| `allreduce`, AdamW 4e-3 | 3 | {mean_sd('outer.allreduce')} | 0 | {{{{outer.allreduce.mb}}}} MB / {{{{outer.allreduce.mb}}}} MB |",
+            [
+                "`allreduce`, AdamW 4e-3",
+                "3",
+                mean_sd("outer.allreduce"),
+                "0",
+                "{{outer.allreduce.mb}} MB / {{outer.allreduce.mb}} MB",
+            ],
             *(
-                f"| {label} | 3 | {mean_sd('outer.' + arm)} ({slots('outer.' + arm, sep=', ')}) | {{{{outer.{arm}.vs-allreduce}}}} | "
-                + f"{{{{outer.{arm}.mb}}}} MB / {{{{outer.{arm}.peak-mb}}}} MB |"
+                [
+                    label,
+                    "3",
+                    f"{mean_sd('outer.' + arm)} ({slots('outer.' + arm)})",
+                    "{{" + f"outer.{arm}.vs-allreduce" + "}}",
+                    "{{" + f"outer.{arm}.mb" + "}} MB / {{" + f"outer.{arm}.peak-mb" + "}} MB",
+                ]
                 for label, arm in (
                     ("`local-sgd` H=16", "local-sgd-h16"),
                     ("DiLoCo H=16, outer lr 0.5", "diloco-h16"),
@@ -287,6 +383,6 @@ TABLES: dict[str, str] = {
                     ("DiLoCo H=64, outer lr 0.5", "diloco-h64"),
                 )
             ),
-        ]
+        ],
     ),
 }

@@ -11,7 +11,17 @@ from __future__ import annotations
 import statistics
 
 from experiments.report.doc_data import Source
-from experiments.report.figures.families import L3, each, gaps, grid, mean_sd, row, slots, stats
+from experiments.report.figures.families import (
+    L3,
+    each,
+    extremes,
+    gaps,
+    grid,
+    mean_sd,
+    slot_cells,
+    stats,
+    table,
+)
 from experiments.report.figures.sources import (
     DILOCO_T,
     GAP,
@@ -216,20 +226,18 @@ FIGURES: dict[str, Figure] = {
         step22=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 22, "train/lr")(s),
         step26=lambda s: 1e3 * logged(f"{STALL}/local-seed1/metrics.jsonl", 26, "train/lr")(s),
     ),
-    **each(
+    **extremes(
         "gap.stall.consensus-before-average",
         "{:.0f}",
-        min=lambda s: min(_peaks(s)),
-        max=lambda s: max(_peaks(s)),
+        lambda s: _peaks(s),
     ),
     "gap.stall.update-norm.local-mean": Figure(
         lambda s: statistics.mean(_norms(s, False)), "{:.1f}"
     ),
-    **each(
+    **extremes(
         "gap.stall.update-norm.averaging",
         "{:.1f}",
-        min=lambda s: min(_norms(s, True)),
-        max=lambda s: max(_norms(s, True)),
+        lambda s: _norms(s, True),
     ),
     "gap.unigram-entropy": Figure(
         lambda s: s.run(f"{GAP}/allreduce-adamw/final/seed0", "unigram_entropy"), "{:.2f}"
@@ -237,41 +245,52 @@ FIGURES: dict[str, Figure] = {
 }
 
 
-def _row(label: str, prefix: str, names: str, *rest: str) -> str:
-    """A table row: ``label``, then ``prefix``'s figures ``names``, then the cells ``rest``."""
-    return "| " + " | ".join([label, slots(prefix, names), *rest]) + " |"
+def _row(labels: str, prefix: str, names: str, *rest: str) -> list[str]:
+    """A table row: the cells of ``labels`` (``|``-separated), then ``prefix``'s figures
+    ``names``, then the cells ``rest``."""
+    return [*labels.split(" | "), *slot_cells(prefix, names), *rest]
 
 
-def _lrs(label: str, prefix: str, lrs: str, best: str, before: int = 0, after: int = 0) -> str:
+def _lrs(
+    label: str, prefix: str, lrs: str, best: str, before: int = 0, after: int = 0
+) -> list[str]:
     """A row of an lr grid: ``prefix.lrLR`` for each of ``lrs``, ``best`` in bold, with empty
     cells for the grid's values the row did not run."""
     cells = [
         f"**{{{{{prefix}.lr{lr}}}}}**" if lr == best else f"{{{{{prefix}.lr{lr}}}}}"
         for lr in lrs.split()
     ]
-    return row(label, *[""] * before, *cells, *[""] * after)
+    return [label, *[""] * before, *cells, *[""] * after]
 
 
-def _seeds(label: str, prefix: str, bold: bool = False) -> str:
+def _seeds(label: str, prefix: str, bold: bool = False) -> list[str]:
     """A row of an arm's seeds 0 to 2 and their mean ± sd."""
-    return row(label, slots(prefix), mean_sd(prefix, bold))
+    return [label, *slot_cells(prefix), mean_sd(prefix, bold)]
 
 
-def _batch(label: str, prefix: str, lr: str) -> str:
+def _one(label: str, figure: str) -> list[str]:
+    """A row of one seed-0 figure, the other seeds and the mean left empty."""
+    return [label, "{{" + figure + "}}", "", "", ""]
+
+
+def _batch(labels: str, prefix: str, lr: str) -> list[str]:
     """A row of the batch table: both arms' mean ± sd at their best lr."""
     cells = (f"{mean_sd(f'{prefix}.{arm}')} ({lr})" for arm in ("allreduce", "complete"))
-    return row(label, "4.19M", *cells)
+    return [*labels.split(" | "), "4.19M", *cells]
 
+
+SEEDS = "seed 0 | seed 1 | seed 2"
+LR_ROW = "---|---:|---:|---:|---:|---:"
 
 TABLES: dict[str, str] = {
-    "gap.state-sync-k": "\n".join(
+    "gap.state-sync-k": table(
+        f"arm | K | {SEEDS} | mean",
+        LR_ROW,
         [
-            "| arm | K | seed 0 | seed 1 | seed 2 | mean |",
-            "|---|---:|---:|---:|---:|---:|",
             _row("`allreduce` | –", "gap.allreduce", "seed0 seed1 seed2 mean"),
             _row("`complete` | off", "gap.complete", "seed0 seed1 seed2 mean"),
-            _row("`complete`, v shared | 1", "gap.complete-v1", "seed0") + " | | |",
-            _row("`complete`, v shared | 4", "gap.complete-v4", "seed0") + " | | |",
+            _row("`complete`, v shared | 1", "gap.complete-v1", "seed0", "", "", ""),
+            _row("`complete`, v shared | 4", "gap.complete-v4", "seed0", "", "", ""),
             _row(
                 "`complete`, v shared | 16 (best of seed 0)",
                 "gap.complete-v16",
@@ -279,17 +298,18 @@ TABLES: dict[str, str] = {
             ),
             _row("`one-peer-exp` | off", "gap.one-peer-exp", "seed0 seed1 seed2 mean"),
             *(
-                _row(f"`one-peer-exp`, v shared | {k}", f"gap.one-peer-exp-v{k}", "seed0")
-                + " | | |"
+                _row(
+                    f"`one-peer-exp`, v shared | {k}", f"gap.one-peer-exp-v{k}", "seed0", "", "", ""
+                )
                 for k in (1, 4, 16)
             ),
-        ]
+        ],
     ),
-    "gap.moments": "\n".join(
+    "gap.moments": table(
+        "arm | state averaged every step | seed 0 | vs `complete` | `comm/bytes_per_step`",
+        "---|---|---:|---:|---:",
         [
-            "| arm | state averaged every step | seed 0 | vs `complete` | `comm/bytes_per_step` |",
-            "|---|---|---:|---:|---:|",
-            _row("`allreduce` | –", "gap.allreduce", "seed0 vs-complete") + " |",
+            _row("`allreduce` | –", "gap.allreduce", "seed0 vs-complete", ""),
             _row("`complete` | none", "gap.complete", "seed0", "0", "{{gap.complete.mb}} MB"),
             *(
                 _row(f"`complete` | {state}", arm, "seed0 vs-complete", "{{" + arm + ".mb}} MB")
@@ -299,16 +319,26 @@ TABLES: dict[str, str] = {
                     ("`exp_avg` and `exp_avg_sq`", "gap.complete-mv1"),
                 )
             ),
-        ]
+        ],
     ),
-    "gap.lagged-v": "\n".join(
+    "gap.lagged-v": table(
+        "arm (`complete`) | lr | seed 0 | `comm/bytes_per_step`",
+        "---|---:|---:|---:",
         [
-            "| arm (`complete`) | lr | seed 0 | `comm/bytes_per_step` |",
-            "|---|---:|---:|---:|",
-            "| AdamW (the baseline) | 4e-3 | {{gap.complete.seed0}} | {{gap.complete.mb}} MB |",
-            "| LaggedVAdamW, nothing shared (the lag and clip alone) | 4e-3 | {{gap.lagged-v0.seed0}} | {{gap.lagged-v0.mb}} MB |",
+            ["AdamW (the baseline)", "4e-3", "{{gap.complete.seed0}}", "{{gap.complete.mb}} MB"],
+            [
+                "LaggedVAdamW, nothing shared (the lag and clip alone)",
+                "4e-3",
+                "{{gap.lagged-v0.seed0}}",
+                "{{gap.lagged-v0.mb}} MB",
+            ],
             *(
-                f"| LaggedVAdamW, `v` from the mean gradient{extra} | {lr} | {{{{{arm}.lr{lr}.seed0}}}} | {{{{{arm}.lr{lr}.mb}}}} MB |"
+                [
+                    f"LaggedVAdamW, `v` from the mean gradient{extra}",
+                    lr,
+                    "{{" + f"{arm}.lr{lr}.seed0" + "}}",
+                    "{{" + f"{arm}.lr{lr}.mb" + "}} MB",
+                ]
                 for extra, arm, lr in (
                     ("", "gap.lagged-v1", "4e-3"),
                     ("", "gap.lagged-v1", "2e-3"),
@@ -317,41 +347,42 @@ TABLES: dict[str, str] = {
                     (", `m` shared", "gap.lagged-m1", "2e-3"),
                 )
             ),
-        ]
+        ],
     ),
-    "gap.batch": "\n".join(
+    "gap.batch": table(
+        "windows per worker | global batch | steps | warm-up | tokens | `allreduce` (best lr)"
+        " | `complete` (best lr)",
+        "---:|---:|---:|---:|---:|---:|---:",
         [
-            "| windows per worker | global batch | steps | warm-up | tokens | `allreduce` (best lr) | `complete` (best lr) |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
             _batch("8 | 32 | 2048 | 128", "gap.w8", "8e-3"),
             _batch("32 (`lm_small`) | 128 | 512 | 32", "gap", "4e-3"),
             _batch("128 | 512 | 128 | 8", "gap.w128", "2e-3"),
-        ]
+        ],
     ),
-    "gap.batch-lr": "\n".join(
+    "gap.batch-lr": table(
+        "`optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 | 1.6e-2",
+        LR_ROW + "|---:",
         [
-            "| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 | 1.6e-2 |",
-            "|---|---:|---:|---:|---:|---:|---:|",
             *(_lrs(f"`{arm}`, 8 windows", f"gap.w8.{arm}", W8_LRS, "8e-3") for arm in ARMS),
             *(
                 _lrs(f"`{arm}`, 128 windows", f"gap.w128.{arm}", W128_LRS, "2e-3", 1, 1)
                 for arm in ARMS
             ),
-        ]
+        ],
     ),
-    "gap.batch-gap": "\n".join(
+    "gap.batch-gap": table(
+        f"gap, paired by seed ([gap/](gap/gap.md)) | {SEEDS} | mean ± sd",
+        "---|---:|---:|---:|---:",
         [
-            "| gap, paired by seed ([gap/](gap/gap.md)) | seed 0 | seed 1 | seed 2 | mean ± sd |",
-            "|---|---:|---:|---:|---:|",
             _seeds("8 windows, 2048 steps", "gap.w8.gap", bold=True),
             _seeds("32 windows, 512 steps", "gap.w32.gap"),
             _seeds("128 windows, 128 steps", "gap.w128.gap"),
-        ]
+        ],
     ),
-    "gap.delayed-lr": "\n".join(
+    "gap.delayed-lr": table(
+        "`optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3",
+        LR_ROW,
         [
-            "| `optim.lr` (seed 0) | 5e-4 | 1e-3 | 2e-3 | 4e-3 | 8e-3 |",
-            "|---|---:|---:|---:|---:|---:|",
             _lrs(
                 "`allreduce`, AdamW one step late",
                 "gap.delayed",
@@ -359,43 +390,41 @@ TABLES: dict[str, str] = {
                 "1e-3",
             ),
             _lrs("`allreduce` ([../lm](../lm/README.md))", "lm.allreduce", W128_LRS, "4e-3", 1),
-        ]
+        ],
     ),
-    "gap.local-h16-lr": "\n".join(
+    "gap.local-h16-lr": table(
+        f"`local-sgd` H=16, `optim.lr` | {SEEDS} | mean ± sd",
+        "---|---:|---:|---:|---:",
         [
-            "| `local-sgd` H=16, `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |",
-            "|---|---:|---:|---:|---:|",
-            "| 5e-4 | {{gap.local-h16.lr5e-4}} | | | |",
-            "| 1e-3 | {{gap.local-h16.lr1e-3}} | | | |",
+            _one("5e-4", "gap.local-h16.lr5e-4"),
+            _one("1e-3", "gap.local-h16.lr1e-3"),
             _seeds("2e-3", "gap.local-h16-lr2e-3", bold=True),
             _seeds("4e-3 (allreduce's, committed)", "outer.local-sgd-h16"),
-            "| 8e-3 | {{gap.local-h16.lr8e-3}} | | | |",
-        ]
+            _one("8e-3", "gap.local-h16.lr8e-3"),
+        ],
     ),
-    "gap.diloco-h16-lr": "\n".join(
+    "gap.diloco-h16-lr": table(
+        f"DiLoCo H=16 (outer lr 0.5), `optim.lr` | {SEEDS} | mean ± sd",
+        "---|---:|---:|---:|---:",
         [
-            "| DiLoCo H=16 (outer lr 0.5), `optim.lr` | seed 0 | seed 1 | seed 2 | mean ± sd |",
-            "|---|---:|---:|---:|---:|",
-            "| 1e-3 | {{gap.diloco-h16.lr1e-3}} | | | |",
+            _one("1e-3", "gap.diloco-h16.lr1e-3"),
             _seeds("2e-3 (best of seed 0)", "gap.diloco-h16-lr2e-3", bold=True),
-            "| 4e-3 (allreduce's, committed) | {{gap.diloco-h16.lr4e-3}} | | | |",
-            "| 8e-3 | {{gap.diloco-h16.lr8e-3}} | | | |",
-        ]
+            _one("4e-3 (allreduce's, committed)", "gap.diloco-h16.lr4e-3"),
+            _one("8e-3", "gap.diloco-h16.lr8e-3"),
+        ],
     ),
-    "gap.sgd-lr": "\n".join(
-        [
-            "| `optim.lr` (seed 0) | 0.125 | 0.25 | 0.5 | 1.0 | 2.0 |",
-            "|---|---:|---:|---:|---:|---:|",
-            *(_lrs(f"`{arm}`", f"gap.sgd.{arm}", SGD_LRS, "0.25") for arm in ARMS),
-        ]
+    "gap.sgd-lr": table(
+        "`optim.lr` (seed 0) | 0.125 | 0.25 | 0.5 | 1.0 | 2.0",
+        LR_ROW,
+        [_lrs(f"`{arm}`", f"gap.sgd.{arm}", SGD_LRS, "0.25") for arm in ARMS],
     ),
-    "gap.sgd": "\n".join(
+    "gap.sgd": table(
+        f"at the best lr (0.25 for both) | {SEEDS} | mean ± sd",
+        "---|---:|---:|---:|---:",
         [
-            "| at the best lr (0.25 for both) | seed 0 | seed 1 | seed 2 | mean ± sd |",
-            "|---|---:|---:|---:|---:|",
             _seeds("`allreduce`", "gap.sgd.allreduce"),
             _seeds("`complete`", "gap.sgd.complete"),
             _seeds("gap, paired by seed", "gap.sgd.gap", bold=True),
-        ]
+        ],
     ),
 }

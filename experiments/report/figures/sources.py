@@ -12,13 +12,14 @@ import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from experiments.report.claims.base import F0, Fn, diff, ratio
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM, step_s
 from experiments.report.doc_views_wire import PAIRBENCH, pair_ratio
 
-__all__ = ["F0", "Figure", "Fn", "diff", "ratio"]
+Fn = Callable[[Source], float]
+F0 = "{:,.0f}"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class Figure:
         """The figure as the page writes it, read through ``src``."""
         text = self.fmt.format(self.fn(src))
         return "\u2212" + text[1:] if self.minus and text.startswith("-") else text
+
+
+def diff(a: Fn, b: Fn) -> Fn:
+    """``a - b``."""
+    return lambda s: a(s) - b(s)
+
+
+def ratio(a: Fn, b: Fn) -> Fn:
+    """``a / b``."""
+    return lambda s: a(s) / b(s)
 
 
 def run(rel_dir: str, key: str = "eval/loss") -> Fn:
@@ -431,17 +442,18 @@ def predicted_within_20(total: bool) -> Callable[[Source], str]:
     return value
 
 
+def validation_row(s: Source, run: str, n: int, method: str) -> dict[str, Any]:
+    """A row of a simulator validation (``validation/RUN/validation.json``)."""
+    rel = f"{VALIDATION}/{run}/validation.json"
+    for r in s.json(rel)["rows"]:
+        if r["n"] == n and r["method"] == method:
+            return dict(r)
+    raise DataError(rel, f"no row n={n} method={method}")
+
+
 def validation(run: str, n: int, method: str, key: str) -> Fn:
     """A row's ``key`` (seconds, given in ms) of a simulator validation (``validation.json``)."""
-
-    def value(s: Source) -> float:
-        rel = f"{VALIDATION}/{run}/validation.json"
-        for r in s.json(rel)["rows"]:
-            if r["n"] == n and r["method"] == method:
-                return float(r[key]) * 1e3
-        raise DataError(rel, f"no row n={n} method={method}")
-
-    return value
+    return lambda s: float(validation_row(s, run, n, method)[key]) * 1e3
 
 
 A40 = ("a40_ethernet_25g", "allreduce"), ("a40_ethernet_25g", "alternating-exp-ring")

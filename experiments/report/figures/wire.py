@@ -2,14 +2,17 @@
 :mod:`experiments.report.figures`).
 
 Ids: ``pairbench.*`` (the testbed's pair-exchange benchmark), ``hier.emulated.*`` (the emulator
-with hosts against the wire), ``sim.paper.*`` and ``sim.validation.*`` (the scale simulator).
+with hosts against the wire), ``sim.paper.*``, ``sim.sensitivity.*`` and ``sim.validation.*`` (the scale
+simulator).
 """
 
 from __future__ import annotations
 
 import statistics
 
-from experiments.report.figures.families import each
+from experiments.report.doc_data import DataError, Source
+from experiments.report.doc_views_wire import PAPER_MD, sensitivity_rows
+from experiments.report.figures.families import extremes, picked
 from experiments.report.figures.sources import (
     A40,
     GOSSIP,
@@ -22,41 +25,49 @@ from experiments.report.figures.sources import (
     predicted_within_20,
     shallow_hosts,
     validation,
+    validation_row,
 )
 
 SHALLOW = ("shallow_5mbit",)
 NICQUEUE = ("nicqueue_5mbit", "nicqueue_50mbit", "nicqueue_500mbit")
 MODES = ("allreduce-same", "allreduce-ring", "sendrecv-same", "sendrecv-ring")
 
+RUNS = ("slow_link", "balanced")
+
+
+def _sensitivity(s: Source, variant: str, column: int) -> float:
+    """A point's error (%) in one variant of the simulator's sensitivity table."""
+    for row in sensitivity_rows(s):
+        if row[0] == variant:
+            return float(row[column].split("%")[0])
+    raise DataError(PAPER_MD, f"no sensitivity variant '{variant}'")
+
+
 FIGURES: dict[str, Figure] = {
-    **each(
+    **extremes(
         "pairbench.shallow-5mbit.drops-per-host",
         "{:,.0f}",
-        min=lambda s: min(shallow_hosts(s, "tx_drops")),
-        max=lambda s: max(shallow_hosts(s, "tx_drops")),
+        lambda s: shallow_hosts(s, "tx_drops"),
     ),
     "pairbench.shallow-5mbit.packets-per-host": Figure(
         lambda s: round(statistics.mean(shallow_hosts(s, "tx_packets")), -2), "{:,.0f}"
     ),
-    **each(
+    **picked(
         "pairbench.shallow-5mbit.ratio",
         "{:.2f}",
-        min=pairs(min, SHALLOW, MODES),
-        max=pairs(max, SHALLOW, MODES),
+        lambda pick: pairs(pick, SHALLOW, MODES),
     ),
-    **each(
+    **picked(
         "pairbench.nicqueue.allreduce-ring.ratio",
         "{:.2f}",
-        min=pairs(min, NICQUEUE, ("allreduce-ring",)),
-        max=pairs(max, NICQUEUE, ("allreduce-ring",)),
+        lambda pick: pairs(pick, NICQUEUE, ("allreduce-ring",)),
     ),
     "hier.emulated.10mbit.within-20": Figure(emulated_within_20, "{:,.0f}"),
     "hier.emulated.10mbit.gossip-cells": Figure(lambda s: 2 * len(GOSSIP), "{:,.0f}"),
-    **each(
+    **picked(
         "hier.emulated.10mbit.hierarchical-short-pct",
         "{:,.0f}",
-        min=optimistic(min),
-        max=optimistic(max),
+        lambda pick: optimistic(pick),
     ),
     **{
         f"hier.emulated.{shape}.{rate}.alternating-exp-ring": Figure(
@@ -68,6 +79,34 @@ FIGURES: dict[str, Figure] = {
     "sim.paper.predicted-points": Figure(predicted_within_20(True)),
     "sim.paper.a40.alternating-exp-ring.error-pct": Figure(
         lambda s: 100 * calibration(*A40[1], "error")(s), "{:,.0f}"
+    ),
+    "sim.sensitivity.infiniband-100g.a100-allreduce-pct": Figure(
+        lambda s: _sensitivity(s, "InfiniBand 100 Gb/s", 4), "{:+.0f}"
+    ),
+    # where the link decides: every link-bound run, and the balanced link's at 2 workers
+    "sim.validation.link-bound.error-pct.max": Figure(
+        lambda s: max(
+            abs(100 * validation_row(s, run, n, m)["error"])
+            for run, ns in (("slow_link", (2, 4)), ("balanced", (2,)))
+            for n in ns
+            for m in ("allreduce", "ring", "one-peer-exp")
+        ),
+        "{:.0f}",
+    ),
+    "sim.validation.compute-drift.max": Figure(
+        lambda s: max(
+            max(c) / min(c)
+            for n in (2, 4)
+            for c in [[validation_row(s, run, n, "allreduce")["compute_s"] for run in RUNS]]
+        ),
+        "{:.1f}",
+    ),
+    "sim.validation.balanced.n4.one-peer-exp.vs-compute": Figure(
+        lambda s: (
+            validation_row(s, "balanced", 4, "one-peer-exp")["measured_s"]
+            / validation_row(s, "balanced", 4, "one-peer-exp")["compute_s"]
+        ),
+        "{:.1f}",
     ),
     **{
         f"sim.validation.{run.replace('_', '-')}.n{n}.{method}.{key.replace('_s', '-ms')}": Figure(

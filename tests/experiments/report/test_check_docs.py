@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 
 from experiments.report.check_docs import check, main
-from experiments.report.claims import Claim, V, claim
 from experiments.report.doc_data import DataError, Source
 from experiments.report.doc_views import UPSTREAM_RUN, profile_ms
 from experiments.report.figures import FIGURES, TABLES
-from experiments.report.figures.sources import Figure, mean
+from experiments.report.figures.sources import Figure
 from tests.support.doc_pages import copy_page, edit_once, edit_span
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -68,13 +67,13 @@ DELAYED = "docs/results/lm_gap/runs/allreduce-delayed/final"
 
 def test_an_unknown_span_and_a_span_without_data_fail_in_one_line(tmp_path: Path) -> None:
     _page(tmp_path, "A <!-- v:no.such-figure -->1.0<!-- /v --> and <!-- v:gap.delayed.gap.mean -->")
-    assert check(tmp_path, claims=[]) == [
+    assert check(tmp_path) == [
         "docs/page.md:3: figure 'no.such-figure': -: unknown figure 'no.such-figure' "
         "(declare it in experiments/report/figures/)",
         "docs/page.md:3: a span without its closing '<!-- /v -->'",
     ]
     _page(tmp_path, "It ends at <!-- v:gap.delayed.seed0 -->4.319<!-- /v -->.")
-    assert check(tmp_path, claims=[]) == [
+    assert check(tmp_path) == [
         f"docs/page.md:3: figure 'gap.delayed.seed0': {DELAYED}: no run (summary.json) there"
     ]
 
@@ -83,7 +82,7 @@ def _seeds(tmp_path: Path) -> Path:
     """A page of one span over a copy of its runs, seed 1's ``summary.json`` to edit."""
     _page(tmp_path, "Seed 1 ends at <!-- v:gap.delayed.seed1 -->4.363<!-- /v -->.")
     shutil.copytree(ROOT / DELAYED, tmp_path / DELAYED)
-    assert check(tmp_path, claims=[]) == []
+    assert check(tmp_path) == []
     return tmp_path / DELAYED / "seed1" / "summary.json"
 
 
@@ -92,14 +91,14 @@ def test_a_changed_data_file_under_a_span_fails_the_check(tmp_path: Path) -> Non
     data = json.loads(summary.read_text())
     data["eval/loss"] += 0.1
     summary.write_text(json.dumps(data))
-    assert check(tmp_path, claims=[]) == [
+    assert check(tmp_path) == [
         f"docs/page.md:3: figure 'gap.delayed.seed1' is '4.363' but {DELAYED} gives '4.463'"
     ]
 
 
 def test_a_data_file_that_does_not_parse_fails_in_one_line(tmp_path: Path) -> None:
     _seeds(tmp_path).write_text("{ not json")
-    (problem,) = check(tmp_path, claims=[])
+    (problem,) = check(tmp_path)
     assert problem.startswith(
         f"docs/page.md:3: figure 'gap.delayed.seed1': {DELAYED}/seed1/summary.json: not JSON"
     )
@@ -115,7 +114,7 @@ def test_a_changed_data_file_under_a_generated_table_fails_the_check(tmp_path: P
     data = json.loads((ROOT / "docs/results/streaming/link/link_time.json").read_text())
     data["arms"][0]["step_s"] += 1.0
     link.write_text(json.dumps(data))
-    assert check(tmp_path, claims=[]) == [
+    assert check(tmp_path) == [
         "docs/page.md:6: figure 'stream.link.allreduce-adamw.step-s' is '1.394' (row "
         "'`allreduce`', column 's/step on the link') but "
         "docs/results/streaming/link/link_time.json gives '2.394'"
@@ -139,7 +138,7 @@ def _page(tmp_path: Path, body: str) -> Path:
 
 def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
     _page(tmp_path, "<!-- data: wire-rates file=docs/results/nope/table.json -->\n<!-- /data -->")
-    problems = check(tmp_path, data_root=ROOT, claims=[])
+    problems = check(tmp_path, data_root=ROOT)
     assert problems == [
         "docs/page.md:3: data block 'wire-rates': docs/results/nope/table.json: no such file"
     ]
@@ -166,14 +165,14 @@ def test_a_marker_naming_a_missing_file_fails(tmp_path: Path) -> None:
 )
 def test_a_marker_naming_a_missing_key_fails(tmp_path: Path, marker: str, why: str) -> None:
     _page(tmp_path, f"<!-- data: {marker} -->\n<!-- /data -->")
-    problems = check(tmp_path, data_root=ROOT, claims=[])
+    problems = check(tmp_path, data_root=ROOT)
     assert len(problems) == 1 and problems[0].startswith("docs/page.md:3: data block '")
     assert why in problems[0]
 
 
 def test_an_unclosed_block_fails(tmp_path: Path) -> None:
     _page(tmp_path, "<!-- data: glance -->\n| a |")
-    assert check(tmp_path, data_root=ROOT, claims=[]) == [
+    assert check(tmp_path, data_root=ROOT) == [
         "docs/page.md:3: data block without its closing '<!-- /data -->'"
     ]
 
@@ -181,37 +180,15 @@ def test_an_unclosed_block_fails(tmp_path: Path) -> None:
 def test_write_regenerates_a_block_from_its_data(tmp_path: Path) -> None:
     marker = f"<!-- data: wire-rates file={WIRE} shape=4x1 rates=5mbit,10mbit emulated=no -->"
     page = _page(tmp_path, f"{marker}\n| stale |\n<!-- /data -->\n\nAfter.")
-    assert "the block has 1 lines where" in check(tmp_path, data_root=ROOT, claims=[])[0]
-    assert check(tmp_path, data_root=ROOT, write=True, claims=[]) == []
+    assert "the block has 1 lines where" in check(tmp_path, data_root=ROOT)[0]
+    assert check(tmp_path, data_root=ROOT, write=True) == []
     text = page.read_text()
     src = Source(ROOT)
     ring, allreduce = (src.wire(WIRE, "4x1", "10mbit", a) for a in ("ring", "allreduce"))
     row = f"| 10 Mb/s | {allreduce:,.0f} | {ring:,.0f} | **{ring / allreduce:.2f}x** |"
     assert row in text.splitlines()
     assert text.endswith("<!-- /data -->\n\nAfter.\n")
-    assert check(tmp_path, data_root=ROOT, claims=[]) == []
-
-
-def test_claims_read_their_values_and_name_missing_data(tmp_path: Path) -> None:
-    # the elastic pages' figures are still claims (experiments.report.claims)
-    runs = "docs/results/lm/runs/allreduce-adamw/final"
-    values = Source(ROOT).seeds(runs)
-    written = f"{sum(values) / len(values):.3f}"
-    _page(tmp_path, f"It ends at {written} nats, and then at 9.999 nats.")
-    good = claim("docs/page.md", r"It ends at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
-    assert check(tmp_path, data_root=ROOT, claims=[good]) == []
-    bad = claim("docs/page.md", r"then at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
-    assert check(tmp_path, data_root=ROOT, claims=[bad]) == [
-        f"docs/page.md:3: '9.999' in \"then at 9.999 nats\" but {runs} gives '{written}'"
-    ]
-    gone = Claim("docs/page.md", r"It ends at (\d\.\d{3})", (V(mean("docs/nope"), "{:.3f}"),))
-    assert check(tmp_path, data_root=ROOT, claims=[gone]) == [
-        f"docs/page.md:3: '{written}': docs/nope: no run (summary.json) there"
-    ]
-    edit = claim("docs/page.md", r"It stops at (\d\.\d{3}) nats", V(mean(runs), "{:.3f}"))
-    assert check(tmp_path, data_root=ROOT, claims=[edit])[0].startswith(
-        "docs/page.md: the phrase /It stops at"
-    )
+    assert check(tmp_path, data_root=ROOT) == []
 
 
 def test_a_figure_writes_its_minus_sign_as_the_page_does() -> None:
@@ -245,7 +222,7 @@ def test_the_issues_drifted_wire_row_is_caught(tmp_path: Path) -> None:
     old = "| 10 Mb/s | 390 | 726 | **1.86x** |"
     header = "| link | `allreduce` | `ring` | `ring` / `allreduce` |\n|---|---:|---:|---:|"
     _page(tmp_path, f"{marker}\n{header}\n{old}\n<!-- /data -->")
-    problems = check(tmp_path, data_root=ROOT, claims=[])
+    problems = check(tmp_path, data_root=ROOT)
     assert problems == [
         f"docs/page.md:6: '390' (row '10 Mb/s', column '`allreduce`') but {WIRE} gives '432'",
         f"docs/page.md:6: '726' (row '10 Mb/s', column '`ring`') but {WIRE} gives '687'",
@@ -283,4 +260,4 @@ def test_a_drifted_bytes_cell_of_lm_gap_names_its_run(tmp_path: Path) -> None:
 
 def test_a_span_shown_as_code_is_not_a_figure(tmp_path: Path) -> None:
     _page(tmp_path, "Write a figure as `<!-- v:ID --><!-- /v -->`, then run `--write`.")
-    assert check(tmp_path, claims=[]) == []
+    assert check(tmp_path) == []

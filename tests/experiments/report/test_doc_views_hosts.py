@@ -1,4 +1,4 @@
-"""The sharded-replica and elastic-host views and claims: computed from their rows, and a
+"""The sharded-replica and elastic-host views and spans: computed from their rows, and a
 drifted figure on their pages fails naming page, figure and file."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import statistics
 from pathlib import Path
 
 from experiments.report.check_docs import check
-from experiments.report.claims import CLAIMS
 from experiments.report.doc_data import Source
 from experiments.report.doc_views_hosts import MEMORY, STUDY, peak_mb
 from tests.support.doc_pages import copy_page, edit_once, edit_span
@@ -16,6 +15,7 @@ from tests.support.doc_pages import copy_page, edit_once, edit_span
 ROOT = Path(__file__).resolve().parents[3]
 SHARDED = "docs/results/sharded/README.md"
 ELASTIC = "docs/results/elastic/README.md"
+COMPARE_PAGE = "docs/results/elastic/compare/README.md"
 
 
 def test_a_drifted_memory_cell_names_page_figure_and_file(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_the_memory_view_takes_mean_max_and_median_over_the_ranks(tmp_path: Path
     rows += [_rank(None, 1, 200.0, 1.5)] * 4  # a file from before the arms: the wrapper's
     _write(tmp_path, "d/bench.json", {"rows": rows})
     page = _page(tmp_path, "<!-- data: sharded-memory file=d/bench.json -->")
-    assert check(tmp_path, claims=[], write=True) == []
+    assert check(tmp_path, write=True) == []
     lines = page.read_text().splitlines()
     mean, top, median = statistics.mean(peaks), max(peaks), statistics.median(steps)
     state = (1 + 2 + 1) * 4 / 2  # MiB: params, AdamW's two states, the gossip buffer, halved
@@ -115,7 +115,7 @@ def test_the_testbed_view_bands_the_seeds_and_divides_by_hsdp(tmp_path: Path) ->
     rows += [run("ring", 1200.0, 5.0, 1.5e6), run("one-peer-exp", 900.0, 5.5, 1.5e6)]
     _write(tmp_path, "d/study.json", rows)
     page = _page(tmp_path, "<!-- data: sharded-testbed file=d/study.json -->")
-    assert check(tmp_path, claims=[], write=True) == []
+    assert check(tmp_path, write=True) == []
     lines = page.read_text().splitlines()
     sd = statistics.stdev([500.0, 700.0])
     assert lines[5:8] == [
@@ -126,7 +126,7 @@ def test_the_testbed_view_bands_the_seeds_and_divides_by_hsdp(tmp_path: Path) ->
     ]
     # a study without its HSDP arm cannot give the ratio: one line, naming the file
     _write(tmp_path, "d/study.json", rows[2:])
-    problems = check(tmp_path, claims=[])
+    problems = check(tmp_path)
     assert problems == [
         "docs/page.md:3: data block 'sharded-testbed': d/study.json: no run shape=2x2 arm=allreduce"
     ]
@@ -140,7 +140,7 @@ def test_the_elastic_view_reads_the_restarted_host_and_refuses_two(tmp_path: Pat
     data = {"args": {"topology": "ring", "kill_step": "4"}, "fault": fault}
     _write(tmp_path, "docs/results/elastic/x.json", data)
     page = _page(tmp_path, "<!-- data: elastic runs=x -->")
-    assert check(tmp_path, claims=[], write=True) == []
+    assert check(tmp_path, write=True) == []
     assert page.read_text().splitlines()[4:10] == [
         "|---|---:|",
         "| longest wait between two steps of a survivor | 1.0 s |",
@@ -151,16 +151,30 @@ def test_the_elastic_view_reads_the_restarted_host_and_refuses_two(tmp_path: Pat
     ]
     fault["hosts"]["h0"] = joiner
     _write(tmp_path, "docs/results/elastic/x.json", data)
-    assert check(tmp_path, claims=[]) == [
+    assert check(tmp_path) == [
         "docs/page.md:3: data block 'elastic': docs/results/elastic/x.json: "
         "not exactly one restarted host"
     ]
 
 
-def test_every_claim_of_the_elastic_pages_matches_its_page() -> None:
-    mine = [c for c in CLAIMS if c.page == ELASTIC]
-    assert len(mine) >= 5
-    assert check(ROOT, claims=mine) == []
+def test_a_drifted_figure_in_the_elastic_prose_names_its_runs(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, ELASTIC)
+    line, written = edit_span(page, "elastic.loopback.rejoin-s.max", "28")
+    assert check(tmp_path, data_root=ROOT) == [
+        f"{ELASTIC}:{line}: figure 'elastic.loopback.rejoin-s.max' is '28' but "
+        "docs/results/elastic/loopback-ring.json, docs/results/elastic/loopback-one-peer-exp.json "
+        f"gives '{written}'"
+    ]
+
+
+def test_a_drifted_figure_in_the_compare_prose_names_its_runs(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, COMPARE_PAGE)
+    figure = "elastic.compare.digits.gossip.between-quorums"
+    line, written = edit_span(page, figure, "5")
+    (problem,) = check(tmp_path, data_root=ROOT)
+    assert problem.startswith(f"{COMPARE_PAGE}:{line}: figure '{figure}' is '5' but ")
+    assert "docs/results/elastic/compare/digits-gossip-ring-s0-fault.json" in problem
+    assert problem.endswith(f"gives '{written}'")
 
 
 def test_a_drifted_glance_row_names_the_elastic_runs(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The pair-exchange and emulator-with-hosts views and claims: a drifted figure fails naming
+"""The pair-exchange and emulator-with-hosts views and spans: a drifted figure fails naming
 page, figure and file, and the views compute from their rows."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_bold_follows_the_data_not_its_rounding(tmp_path: Path) -> None:
     page = root / "docs" / "page.md"
     marker = "<!-- data: emulator-hosts shapes=4x2 rates=100mbit arms=a,b dagger=b@100mbit -->"
     page.write_text(f"# A page\n\n{marker}\n<!-- /data -->\n")
-    assert check(root, claims=[], write=True) == []
+    assert check(root, write=True) == []
     assert page.read_text().splitlines()[5:7] == [
         "| 4 x 2 | 100 Mb/s | `a` |  | **0.80** |",
         "| 4 x 2 | 100 Mb/s | `b` |  | 0.80 † |",
@@ -74,7 +74,7 @@ def test_the_calibration_view_adds_each_profiles_ratio(tmp_path: Path) -> None:
     page = tmp_path / "docs" / "page.md"
     page.parent.mkdir()
     page.write_text(f"# A page\n\n<!-- data: sim-calibration file={rel} -->\n<!-- /data -->\n")
-    assert check(tmp_path, claims=[], write=True) == []
+    assert check(tmp_path, write=True) == []
     assert page.read_text().splitlines()[5:8] == [
         "| p | 8 | allreduce | 100.0 | 100.0 | +0.0% | fitted: efficiency 0.950 |",
         "| p | 8 | g | 40.0 | 50.0 | +25.0% | predicted |",
@@ -95,3 +95,17 @@ def test_a_drifted_validation_cell_names_its_file(tmp_path: Path) -> None:
     assert len(problems) == 1, problems
     assert "'150.0' (row '4', column 'measured (ms)')" in problems[0]
     assert problems[0].endswith(f"but {rel} gives '{measured}'")
+
+
+def test_a_drifted_sensitivity_cell_names_the_simulators_page(tmp_path: Path) -> None:
+    page = copy_page(tmp_path, "docs/results/simulate/README.md")
+    rows = [r for r in page.read_text().splitlines() if r.startswith("| InfiniBand 100 Gb/s |")]
+    assert len(rows) == 1
+    cells = rows[0].split(" | ")
+    line = edit_once(page, rows[0], rows[0].replace(f" | {cells[4]} | ", " | +9.9% | "))
+    problems = check(tmp_path, data_root=ROOT)
+    assert problems == [
+        f"docs/results/simulate/README.md:{line}: '+9.9%' (row 'InfiniBand 100 Gb/s', column "
+        f"'A100 allreduce') but docs/results/simulate/paper_transformer_fig6/simulate.md gives "
+        f"'{cells[4]}'"
+    ]
