@@ -49,6 +49,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from submitit.helpers import TorchDistributedEnvironment
+from submitit.slurm.slurm import _parse_node_list
 
 from decent_dp._state_sync import check_state_sync
 from decent_dp.utils import get_device, initialize_dist
@@ -83,36 +85,41 @@ log = logging.getLogger(__name__)
 
 def _first_host(nodelist: str) -> str:
     """First host of a SLURM node list such as ``gpu[003-010,012],cpu1`` -> ``gpu003``."""
-    depth, first = 0, ""
-    for ch in nodelist:
-        if ch == "," and depth == 0:
-            break
-        depth += ch == "["
-        depth -= ch == "]"
-        first += ch
-    m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", first)
-    if not m:
-        return first
-    prefix, ranges, suffix = m.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+    return _parse_node_list(nodelist)[0]  # submitit's reading of SLURM_JOB_NODELIST
 
 
 def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torchrun variables for a rank started by ``srun`` (or submitit) without torchrun.
 
+    In a submitit job they are submitit's (``TorchDistributedEnvironment``: the first
+    host of the job, a port drawn from the job id unless ``MASTER_PORT`` is set, the
+    tasks per node of an even split). Under a plain ``srun``, or for a given
+    ``environ``, submitit has no job to read, so they are derived here from
+    ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``,
+    the first host of ``SLURM_JOB_NODELIST`` and the job id.
+
     Args:
         environ: The environment to read; ``os.environ`` by default.
 
     Returns:
-        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-        ``MASTER_ADDR`` and ``MASTER_PORT`` derived from ``SLURM_PROCID``,
-        ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``, the
-        first host of ``SLURM_JOB_NODELIST`` and the job id; an empty dict when
-        ``WORLD_SIZE`` is already set or this is not a SLURM task.
+        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``
+        and ``MASTER_PORT``; an empty dict when ``WORLD_SIZE`` is already set or this is
+        not a SLURM task.
     """
     env = os.environ if environ is None else environ
     if "WORLD_SIZE" in env or "SLURM_PROCID" not in env:
         return {}
+    if environ is None and env.get("SUBMITIT_EXECUTOR") == "slurm":
+        job = TorchDistributedEnvironment()
+        return {
+            "RANK": str(job.rank),
+            "WORLD_SIZE": str(job.world_size),
+            "LOCAL_RANK": str(job.local_rank),
+            "LOCAL_WORLD_SIZE": str(job.local_world_size),
+            "MASTER_ADDR": job.master_addr,
+            "MASTER_PORT": str(job.master_port),
+        }
+    # no submitit job (TorchDistributedEnvironment needs one): the same variables from SLURM's
     ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
     per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ntasks
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
