@@ -205,20 +205,23 @@ def schema_section(values: Mapping[str, Any], group: str, schema: type, label: s
 
 
 def typed_section(
-    section: Any, group: str, schemas: Mapping[str, type], default: str
+    section: Any, group: str, schemas: Mapping[str, type], default: str, target: type | None = None
 ) -> DictConfig:
     """A group's section merged into the schema its ``name`` selects, and checked by it.
 
     Keys left out, or null, take the schema's defaults, so that a plain dict such as
     ``{"name": "cifar10"}`` reads like the composed ``dataset=cifar10``; the types are
     checked as Hydra checks them at compose time, and the values by the schema's
-    ``__post_init__`` (:func:`schema_section`).
+    ``__post_init__`` (:func:`schema_section`). A group that takes a user's class by
+    ``_target_`` gives its ``target`` schema, which types such a section instead
+    (:func:`target_section`).
 
     Args:
         section: The section: a dict, a ``DictConfig`` or ``None``.
         group: The group's name, for messages (``dataset``).
         schemas: The schema dataclass of every known name, in the order messages list them.
         default: The name taken when the section gives none.
+        target: The group's target schema, if it takes a ``_target_`` section.
 
     Returns:
         A ``DictConfig`` of the selected schema (unknown keys cannot be added to it).
@@ -227,6 +230,8 @@ def typed_section(
         ConfigError: One line naming the key, for an unknown name, an unknown key, a
             value of the wrong type or one its schema refuses.
     """
+    if target is not None and is_target(section):
+        return target_section(section, group, target)
     if isinstance(section, DictConfig):
         section = OmegaConf.to_container(section, resolve=True)
     values = {k: v for k, v in dict(section or {}).items() if v is not None}

@@ -23,14 +23,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from experiments.schema import (
-    is_target,
-    name_enum,
-    require,
-    require_number,
-    target_section,
-    typed_section,
-)
+from experiments.schema import name_enum, require, require_number, typed_section
 
 __all__ = [
     "DatasetName",
@@ -252,14 +245,13 @@ def dataset_section(section: Any) -> DictConfig:
         section: A dict, a ``DictConfig`` or ``None`` (``digits`` with its defaults).
 
     Returns:
-        A ``DictConfig`` of the schema that ``section``'s name selects.
+        A ``DictConfig`` of the schema that ``section``'s name selects
+        (:class:`DatasetTargetConfig` for a ``_target_``).
 
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
-    if is_target(section):
-        return target_section(section, "dataset", DatasetTargetConfig)
-    return typed_section(section, "dataset", SCHEMAS, default="digits")
+    return typed_section(section, "dataset", SCHEMAS, "digits", target=DatasetTargetConfig)
 
 
 def check_dataset(section: Any) -> None:

@@ -21,14 +21,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig
 
 from experiments.models.gpt import GPTConfig, gpt_section
-from experiments.schema import (
-    is_target,
-    name_enum,
-    require,
-    require_number,
-    target_section,
-    typed_section,
-)
+from experiments.schema import name_enum, require, require_number, typed_section
 
 __all__ = [
     "ModelName",
@@ -129,14 +122,13 @@ def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
             must divide it.
 
     Returns:
-        A ``DictConfig`` of the schema that ``section``'s name selects.
+        A ``DictConfig`` of the schema that ``section``'s name selects
+        (:class:`ModelTargetConfig` for a ``_target_``).
 
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
-    if is_target(section):
-        return target_section(section, "model", ModelTargetConfig)
-    m = typed_section(section, "model", SCHEMAS, default="small_cnn")
+    m = typed_section(section, "model", SCHEMAS, "small_cnn", target=ModelTargetConfig)
     if m.name == "gpt":
         return gpt_section(m)
     if m.name == "vit_small" and image_size is not None:  # the data's side: another group's

@@ -22,10 +22,11 @@ span groups (or need the world size) are ``experiments.train.run.validate``'s.
 The ``optim`` and ``scheduler`` schemas are in
 :mod:`experiments.train.optim_schema`, also registered and re-exported here.
 This module holds the schemas of the topology, network, compression and
-logger groups and of the top level, their registration, and the resolver
-and error formatting that ``config.yaml`` and ``train.py`` need. It is a
-little past 500 lines because it is one table: short dataclasses, one per
-group option, and the code that registers them.
+logger groups and of the top level, their registration, :func:`config_object`,
+and the resolver and error formatting that ``config.yaml`` and ``train.py``
+need. It is past 500 lines because it is one table: short dataclasses, one per
+group option, each with its own checks, and the code that registers them and
+types a composed config by them.
 
 Registered names (topologies, models, datasets, optimizers, schedulers,
 network profiles) are enums: an unknown name in any YAML or override fails at
@@ -92,13 +93,11 @@ from experiments.schema import (
     ConfigError,
     NameEnum,
     is_int,
-    is_target,
     name_enum,
     plain,
     require,
     require_number,
     schema_section,
-    target_section,
     typed_section,
 )
 from experiments.train import optim_schema
@@ -372,11 +371,11 @@ class TrainConfig:
     shard_size: int = 1
 
     def __post_init__(self) -> None:
-        require_number("train.batch_size", self.batch_size, above=0, kind="integer")
         if self.max_steps is None:  # the budget in epochs
             require_number("train.epochs", self.epochs, above=0, kind="integer")
         else:
             require_number("train.max_steps", self.max_steps, above=0, kind="integer")
+        require_number("train.batch_size", self.batch_size, above=0, kind="integer")
         clip = self.grad_clip_norm
         require_number("train.grad_clip_norm", clip, at_least=0, note="0 disables")
         require_number("train.label_smoothing", self.label_smoothing, at_least=0, below=1)
@@ -526,19 +525,6 @@ _SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
-def _named(
-    group: str, schemas: Mapping[str, type], default: str, target: type | None = None
-) -> Callable[[Any], DictConfig]:
-    """A group's section typed by the schema of its ``name`` (or ``target``'s, for a ``_target_``)."""
-
-    def section(values: Any) -> DictConfig:
-        if target is not None and is_target(values):
-            return target_section(values, group, target)
-        return typed_section(values, group, schemas, default)
-
-    return section
-
-
 def _every(schema: type, names: Any) -> dict[str, type]:
     """``schema`` for each of a group's ``names`` (an enum)."""
     return {str(n): schema for n in names}
@@ -547,6 +533,13 @@ def _every(schema: type, names: Any) -> dict[str, type]:
 def _fixed(group: str, schema: type) -> Callable[[Any], DictConfig]:
     """A top-level section without a name (``train``, ...) typed by its schema."""
     return lambda values: schema_section(values or {}, group, schema, group)
+
+
+def _named(
+    group: str, schemas: Mapping[str, type], default: str, target: type | None = None
+) -> Callable[[Any], DictConfig]:
+    """A group's section typed by the schema of its ``name`` (or ``target``, by ``_target_``)."""
+    return lambda values: typed_section(values, group, schemas, default, target)
 
 
 # how each section of the top level is typed (and checked), whatever its source
