@@ -180,7 +180,9 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ),
         ("train.shard_size", shards, shards >= 1 and world_size % shards == 0, dividing),
     ]
-    if shards > 1:  # the sharded path's rules, after the elastic path refused it
+    # the sharded path's rules: nan_policy's too, though it reads train alone, so that the
+    # elastic path (check_fault_tolerance) refuses sharding before any of them
+    if shards > 1:
         rules.append(
             (
                 "train.nan_policy",
