@@ -22,14 +22,14 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.schema import TARGET, ConfigError
@@ -46,8 +46,16 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+_HYDRA_LOG = logging.getLogger("hydra.utils")
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    """A logging filter that lets nothing through."""
+    return False
+
+
 def locate(key: str, path: str) -> Any:
-    """The object at the dotted ``path``: the longest prefix that imports, then its attributes.
+    """The object at the dotted ``path``, found by ``hydra.utils.get_object``.
 
     Args:
         key: The config key, for messages (``model._target_``).
@@ -57,27 +65,29 @@ def locate(key: str, path: str) -> Any:
         The object.
 
     Raises:
-        ConfigError: One line naming ``key=path``: no prefix imports, an attribute is
-            missing, or the module raised while being imported.
+        ConfigError: One line naming ``key=path`` and why: no module of that name, an
+            attribute that is missing, or the module raised while being imported.
     """
-    parts = path.split(".")
-    for cut in range(len(parts), 0, -1):
-        module_name = ".".join(parts[:cut])
-        try:
-            found: Any = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-                continue  # this prefix is no module: try a shorter one
-            raise _not_importable(key, path, exc) from None
-        except Exception as exc:  # the module itself failed while importing
-            raise _not_importable(key, path, exc) from None
-        for attr in parts[cut:]:
-            try:
-                found = getattr(found, attr)
-            except AttributeError as exc:
-                raise _not_importable(key, path, exc) from None
-        return found
-    raise _not_importable(key, path, ModuleNotFoundError(f"No module named {parts[0]!r}"))
+    _HYDRA_LOG.addFilter(_drop)  # it logs each failed lookup over several lines
+    try:
+        return get_object(path)
+    except Exception as exc:  # Hydra's several lines; the reason is their cause
+        raise _not_importable(key, path, _reason(path, exc)) from None
+    finally:
+        _HYDRA_LOG.removeFilter(_drop)
+
+
+def _reason(path: str, exc: BaseException) -> BaseException:
+    """Why ``get_object(path)`` raised ``exc``: its cause, or the missing attribute it hides.
+
+    Hydra imports ``a.b`` when module ``a`` has no attribute ``b``; that import's
+    ``ModuleNotFoundError`` for ``a.b`` itself then stands for the ``AttributeError``.
+    """
+    cause = exc.__cause__ or exc
+    missing = isinstance(cause, ModuleNotFoundError) and (path + ".").startswith(f"{cause.name}.")
+    if missing and isinstance(cause.__context__, AttributeError):
+        return cause.__context__
+    return cause
 
 
 def _not_importable(key: str, path: str, exc: BaseException) -> ConfigError:

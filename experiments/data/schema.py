@@ -1,9 +1,11 @@
-"""The ``dataset`` group's schemas, and the checks of its values that a type cannot express.
+"""The ``dataset`` group's schemas, each checking the values a type cannot express.
 
 One schema per dataset family: ``conf/dataset/<name>.yaml`` starts its defaults list with
 ``/schema/dataset/<schema>@_here_``, and :data:`SCHEMAS` names the schema of every
 dataset, so that :func:`dataset_section` fills a plain dict (as tests and benchmarks pass
-to :func:`experiments.data.build_data`) with the same defaults. The token files' schema,
+to :func:`experiments.data.build_data`) with the same defaults. Each schema checks its
+values in ``__post_init__`` (a positive size, a Dirichlet concentration), so a section is
+checked wherever it becomes its dataclass. The token files' schema,
 :class:`TokensConfig`, is here too; :mod:`experiments.data.tokens` re-exports it. ``experiments.train.config``
 imports this module, registers its schemas in Hydra's ConfigStore and re-exports its names;
 import them from there.
@@ -21,7 +23,7 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
-from experiments.schema import is_target, name_enum, require, target_section, typed_section
+from experiments.schema import name_enum, require, require_number, typed_section
 
 __all__ = [
     "DatasetName",
@@ -68,6 +70,11 @@ class DatasetConfig:
     partition: PartitionName = PartitionName["iid"]  # type: ignore[valid-type]
     alpha: float = 0.5
     augment: bool = False
+
+    def __post_init__(self) -> None:
+        require_number("dataset.num_workers", self.num_workers, at_least=0)
+        check_partition(self.partition, self.alpha)
+        _check_sizes(self, _SIZES)
 
 
 @dataclass
@@ -126,6 +133,10 @@ class TokensConfig:
     eval_tokens: int = 65_536
     num_workers: int = 0
 
+    def __post_init__(self) -> None:
+        _check_sizes(self, ("vocab_size", "block_size", "tokens_per_epoch", "eval_tokens"))
+        require_number("dataset.num_workers", self.num_workers, at_least=0)
+
 
 @dataclass
 class DatasetTargetConfig:
@@ -161,6 +172,28 @@ class DatasetTargetConfig:
     vocab_size: int | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        require_number("dataset.num_workers", self.num_workers, at_least=0)
+        check_partition(self.partition, self.alpha)
+        lm = self.task == "language_model"
+        iid = "iid for task=language_model"
+        require("dataset.partition", self.partition, not lm or self.partition == "iid", iid)
+        for key in ("num_classes", "vocab_size"):
+            value = getattr(self, key)
+            require_number(f"dataset.{key}", value, above=0, kind="integer", nullable=True)
+
+
+# sizes that only some schemas have; each must be a positive integer where present
+_SIZES = ("image_size", "num_samples", "num_test_samples", "num_classes", "in_channels")
+
+
+def _check_sizes(schema: Any, keys: tuple[str, ...]) -> None:
+    """Each of ``keys`` that ``schema`` has and sets (not null) is an integer > 0."""
+    for key in keys:
+        value = getattr(schema, key, None)
+        if value is not None:
+            require_number(f"dataset.{key}", value, above=0, kind="integer")
+
 
 def tokens_section(section: Any) -> DictConfig:
     """The ``dataset=tokens`` section with the defaults of :class:`TokensConfig`, checked.
@@ -174,12 +207,7 @@ def tokens_section(section: Any) -> DictConfig:
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
-    d = typed_section(section, "dataset", {"tokens": TokensConfig}, default="tokens")
-    for key in ("vocab_size", "block_size", "tokens_per_epoch", "eval_tokens"):
-        value = d.get(key)
-        require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0")
-    require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
-    return d
+    return typed_section(section, "dataset", {"tokens": TokensConfig}, default="tokens")
 
 
 SCHEMAS: dict[str, type] = {
@@ -191,9 +219,6 @@ SCHEMAS: dict[str, type] = {
     "tokens": TokensConfig,
 }
 """The schema of every dataset name, in the order of :data:`DatasetName`."""
-
-# sizes that only some schemas have; each must be a positive integer where present
-_SIZES = ("image_size", "num_samples", "num_test_samples", "num_classes", "in_channels")
 
 
 def check_partition(partition: Any, alpha: Any) -> None:
@@ -214,41 +239,19 @@ def check_partition(partition: Any, alpha: Any) -> None:
 
 
 def dataset_section(section: Any) -> DictConfig:
-    """The ``dataset`` section with its schema's defaults, checked.
+    """The ``dataset`` section with its schema's defaults, checked by its schema.
 
     Args:
         section: A dict, a ``DictConfig`` or ``None`` (``digits`` with its defaults).
 
     Returns:
-        A ``DictConfig`` of the schema that ``section``'s name selects.
+        A ``DictConfig`` of the schema that ``section``'s name selects
+        (:class:`DatasetTargetConfig` for a ``_target_``).
 
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
-    if is_target(section):
-        d = target_section(section, "dataset", DatasetTargetConfig)
-        require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
-        check_partition(d.partition, d.alpha)
-        lm = d.task == "language_model"
-        require(
-            "dataset.partition",
-            d.partition,
-            not lm or d.partition == "iid",
-            "iid for task=language_model",
-        )
-        for key in ("num_classes", "vocab_size"):
-            value = d.get(key)
-            require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0 or null")
-        return d
-    d = typed_section(section, "dataset", SCHEMAS, default="digits")
-    if d.name == "tokens":  # windows of a token stream: no partition, no augmentation
-        return tokens_section(d)
-    require("dataset.num_workers", d.num_workers, d.num_workers >= 0, ">= 0")
-    check_partition(d.partition, d.alpha)
-    for key in _SIZES:
-        value = d.get(key)
-        require(f"dataset.{key}", value, value is None or value > 0, "an integer > 0")
-    return d
+    return typed_section(section, "dataset", SCHEMAS, "digits", target=DatasetTargetConfig)
 
 
 def check_dataset(section: Any) -> None:

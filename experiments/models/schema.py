@@ -1,4 +1,4 @@
-"""The ``model`` group's schemas, and the checks of its values that a type cannot express.
+"""The ``model`` group's schemas, each checking the values a type cannot express.
 
 ``conf/model/<name>.yaml`` starts its defaults list with ``/schema/model/<schema>@_here_``,
 and :data:`SCHEMAS` names the schema of every model, so that :func:`model_section` fills a
@@ -15,14 +15,13 @@ framework and every other key as an argument of the target.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
 from experiments.models.gpt import GPTConfig, gpt_section
-from experiments.schema import is_target, name_enum, require, target_section, typed_section
+from experiments.schema import name_enum, require, require_number, typed_section
 
 __all__ = [
     "ModelName",
@@ -75,6 +74,13 @@ class VitConfig(ModelConfig):
     heads: int = 3
     mlp_ratio: float = 4.0
 
+    def __post_init__(self) -> None:
+        for key in ("patch_size", "dim", "depth", "heads"):
+            require_number(f"model.{key}", getattr(self, key), above=0, kind="integer")
+        require_number("model.mlp_ratio", self.mlp_ratio, above=0, kind="number")
+        heads = f"divisible by model.heads={self.heads}"
+        require("model.dim", self.dim, self.dim % self.heads == 0, heads)
+
 
 @dataclass
 class ModelTargetConfig:
@@ -108,7 +114,7 @@ SCHEMAS = {m.value: _OWN_KEYS.get(m.value, ModelConfig) for m in ModelName}
 
 
 def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
-    """The ``model`` section with its schema's defaults, checked.
+    """The ``model`` section with its schema's defaults, checked by its schema.
 
     Args:
         section: A dict, a ``DictConfig`` or ``None`` (``small_cnn`` with its defaults).
@@ -116,28 +122,18 @@ def model_section(section: Any, *, image_size: int | None = None) -> DictConfig:
             must divide it.
 
     Returns:
-        A ``DictConfig`` of the schema that ``section``'s name selects.
+        A ``DictConfig`` of the schema that ``section``'s name selects
+        (:class:`ModelTargetConfig` for a ``_target_``).
 
     Raises:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
-    if is_target(section):
-        return target_section(section, "model", ModelTargetConfig)
-    m = typed_section(section, "model", SCHEMAS, default="small_cnn")
+    m = typed_section(section, "model", SCHEMAS, "small_cnn", target=ModelTargetConfig)
     if m.name == "gpt":
         return gpt_section(m)
-    if m.name == "vit_small":
-        for key in ("patch_size", "dim", "depth", "heads"):
-            require(f"model.{key}", m[key], m[key] > 0, "an integer > 0")
-        ratio = m.mlp_ratio
-        require("model.mlp_ratio", ratio, math.isfinite(ratio) and ratio > 0, "a number > 0")
-        heads = f"divisible by model.heads={m.heads}"
-        require("model.dim", m.dim, m.dim % m.heads == 0, heads)
-        if image_size is not None:
-            divides = image_size % m.patch_size == 0
-            require(
-                "model.patch_size", m.patch_size, divides, f"a divisor of image_size={image_size}"
-            )
+    if m.name == "vit_small" and image_size is not None:  # the data's side: another group's
+        divides = image_size % m.patch_size == 0
+        require("model.patch_size", m.patch_size, divides, f"a divisor of image_size={image_size}")
     return m
 
 

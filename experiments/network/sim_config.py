@@ -3,7 +3,10 @@
 :func:`load_config` reads ``conf/simulate.yaml``, merges ``conf/simulate/NAME.yaml`` for
 ``preset=NAME`` and applies ``key=value`` overrides; :func:`profiles` turns its
 ``profiles`` list into :class:`Profile` objects (network, node and workload), checking
-every value with a one-line error that names it.
+every value with a one-line error that names it. Numbers are read by :func:`read_number`,
+which checks them with the training configs' :func:`experiments.schema.require_number`
+(the same ``"<key>=<value> is invalid; it must be <allowed>"``, a :class:`ConfigError`,
+which is a ``ValueError``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -25,6 +28,7 @@ from experiments.network.sim_model import (
     OuterRounds,
     Workload,
 )
+from experiments.schema import require_number
 
 __all__ = [
     "load_config",
@@ -104,13 +108,9 @@ def read_number(
         ValueError: A missing, non-numeric or out-of-range value, named with its key.
     """
     value: Any = cfg.get(key) if hasattr(cfg, "get") else None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and integer:
-        ok = float(value).is_integer()
-    if not ok or not low <= value <= high:
-        kind = "an integer" if integer else "a number"
-        bound = f"in [{low}, {high}]" if math.isfinite(high) else f">= {low}"
-        raise ValueError(f"{key}={value!r} is invalid; it must be {kind} {bound}")
+    top = None if math.isinf(high) else high
+    kind: Literal["integer", "number"] = "integer" if integer else "number"
+    require_number(key, value, at_least=low, at_most=top, kind=kind)
     return int(value) if integer else float(value)
 
 
@@ -180,9 +180,9 @@ class Profile:
         self.network = _link(spec, "profile", defaults)
         intra_entry = _get(mapping, cfg, "intra")
         self.intra = _link(intra_entry, "intra", {"efficiency": 1.0, "collective_ms": 0.0})
-        self.compute_s = read_number({"compute_s": _get(mapping, cfg, "compute_s")}, "compute_s", 0)
-        if self.compute_s <= 0:
-            raise ValueError(f"compute_s={self.compute_s} is invalid; it must be > 0")
+        compute_s = _get(mapping, cfg, "compute_s")
+        require_number("compute_s", compute_s, above=0, kind="number")
+        self.compute_s = float(compute_s)
         self.backward_frac = read_number(
             {"backward_frac": _get(mapping, cfg, "backward_frac")}, "backward_frac", 0, 1
         )

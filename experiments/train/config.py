@@ -10,19 +10,23 @@ The ``dataset`` and ``model`` schemas live beside their builders, in
 :mod:`experiments.data.schema` and :mod:`experiments.models.schema`; they are
 registered and re-exported here. Every schema module builds on
 :mod:`experiments.schema` (:class:`ConfigError`, :func:`require`,
-:func:`name_enum`, :func:`typed_section`). Checks a type cannot express (a
-positive size, ``heads`` dividing ``dim``) are :func:`check_dataset` and
-:func:`check_model`; the trainer calls them before any collective and the
-builders call them when handed a section directly, so every path reports the
-same one line ``"<group>.<key>=<value> is invalid; it must be <allowed>"``.
+:func:`require_number`, :func:`name_enum`, :func:`typed_section`). What a type
+cannot express (a positive size, ``heads`` dividing ``dim``, a share in ``[0, 1)``)
+each dataclass checks itself in ``__post_init__``, so a section is checked wherever it
+becomes its dataclass: in :func:`config_object`, which the trainer's ``validate``
+calls once before any collective, and in the builders, which read their section
+through its group's typed section, so every path reports the same one line
+``"<group>.<key>=<value> is invalid; it must be <allowed>"``. Only the rules that
+span groups (or need the world size) are ``experiments.train.run.validate``'s.
 
 The ``optim`` and ``scheduler`` schemas are in
 :mod:`experiments.train.optim_schema`, also registered and re-exported here.
 This module holds the schemas of the topology, network, compression and
-logger groups and of the top level, their registration, and the resolver
-and error formatting that ``config.yaml`` and ``train.py`` need. It is a
-little past 500 lines because it is one table: short dataclasses, one per
-group option, and the code that registers them.
+logger groups and of the top level, their registration, :func:`config_object`,
+and the resolver and error formatting that ``config.yaml`` and ``train.py``
+need. It is past 500 lines because it is one table: short dataclasses, one per
+group option, each with its own checks, and the code that registers them and
+types a composed config by them.
 
 Registered names (topologies, models, datasets, optimizers, schedulers,
 network profiles) are enums: an unknown name in any YAML or override fails at
@@ -55,11 +59,12 @@ import datetime
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from decent_dp.topo import TopologyReg
 from experiments.data.schema import (
@@ -83,6 +88,7 @@ from experiments.models.schema import (
     check_model,
     model_section,
 )
+from experiments.network.netem import profile_from_cfg
 from experiments.schema import (
     ConfigError,
     NameEnum,
@@ -90,10 +96,14 @@ from experiments.schema import (
     name_enum,
     plain,
     require,
+    require_number,
+    schema_section,
     typed_section,
 )
-from experiments.train.engine import EngineConfig
-from experiments.train.fault_tolerance import FaultToleranceConfig
+from experiments.train import optim_schema
+from experiments.train.engine import EngineConfig, EngineName
+from experiments.train.fault_tolerance import FaultToleranceConfig, FaultToleranceName
+from experiments.train.optim_schema import *  # noqa: F403  (re-exported, see __all__)
 from experiments.train.optim_schema import (
     AccumAdamConfig,
     AccumAdamWConfig,
@@ -102,15 +112,13 @@ from experiments.train.optim_schema import (
     ConstantConfig,
     CosineWarmupConfig,
     LaggedVAdamWConfig,
-    OptimName,
+    OptimTargetConfig,
     QGMSGDConfig,
-    SchedulerName,
+    SchedulerTargetConfig,
     SGDConfig,
-    StateSyncConfig,
     StepConfig,
-    state_sync_arg,
 )
-from experiments.train.outer import OuterConfig
+from experiments.train.outer import OuterConfig, outer_section
 
 __all__ = [
     "ALLREDUCE",
@@ -120,8 +128,6 @@ __all__ = [
     "ModelName",
     "DatasetName",
     "PartitionName",
-    "OptimName",
-    "SchedulerName",
     "NetworkName",
     "LoggerName",
     "WandbMode",
@@ -137,18 +143,7 @@ __all__ = [
     "ImageNetConfig",
     "SyntheticConfig",
     "TokensConfig",
-    "StateSyncConfig",
-    "state_sync_arg",
-    "SGDConfig",
-    "QGMSGDConfig",
-    "AdamConfig",
-    "AdamWConfig",
-    "AccumAdamConfig",
-    "AccumAdamWConfig",
-    "LaggedVAdamWConfig",
-    "CosineWarmupConfig",
-    "ConstantConfig",
-    "StepConfig",
+    *optim_schema.__all__,  # the optim and scheduler groups' names
     "TopologyConfig",
     "TopologyTargetConfig",
     "NetworkConfig",
@@ -161,12 +156,14 @@ __all__ = [
     "CheckpointConfig",
     "DistConfig",
     "MainConfig",
+    "config_object",
     "register_configs",
     "plain",
     "launch_time",
     "compose_error_line",
     "ConfigError",
     "require",
+    "require_number",
     "is_int",
     "typed_section",
     "check_dataset",
@@ -212,6 +209,16 @@ class TopologyConfig:
     bucket_size_in_mb: float = 25.0
     sync_buffer_in_global_avg: bool = True
 
+    def __post_init__(self) -> None:
+        _check_topology(self)
+
+
+def _check_topology(topo: TopologyConfig | TopologyTargetConfig) -> None:
+    """What a type cannot say of a topology section, registered or ``_target_``."""
+    lws = topo.local_world_size
+    require_number("topology.local_world_size", lws, at_least=1, nullable=True)
+    require_number("topology.bucket_size_in_mb", topo.bucket_size_in_mb, above=0)
+
 
 @dataclass
 class TopologyTargetConfig:
@@ -236,6 +243,9 @@ class TopologyTargetConfig:
     sync_buffer_in_global_avg: bool = True
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        _check_topology(self)
+
 
 @dataclass
 class NetworkConfig:
@@ -251,7 +261,9 @@ class NetworkConfig:
     of each collective call) and ``stack_cpu_ms_per_mb`` (CPU milliseconds the
     host's network stack spends per MB a rank sends, burned beside training)
     are ``custom``'s calibration terms; the testbed's measured values are in
-    ``docs/results/network/calibration.json``.
+    ``docs/results/network/calibration.json``. The values are checked by building
+    the profile (:func:`experiments.network.netem.profile_from_cfg`);
+    ``procs_per_host`` must divide the world size (``validate``).
     """
 
     name: NetworkName = MISSING  # type: ignore[valid-type]
@@ -261,6 +273,12 @@ class NetworkConfig:
     collective_ms: float | None = None
     stack_cpu_ms_per_mb: float | None = None
     procs_per_host: int = 1
+
+    def __post_init__(self) -> None:
+        try:
+            profile_from_cfg(self)
+        except ValueError as exc:
+            raise ConfigError(f"network={self.name}: {exc}") from None
 
 
 @dataclass
@@ -274,6 +292,9 @@ class CompressionConfig:
 
     name: CompressionName = MISSING  # type: ignore[valid-type]
     ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        require_number("compression.ratio", self.ratio, above=0, at_most=1)
 
 
 def compression_arg(section: Any) -> str | None:
@@ -332,7 +353,8 @@ class TrainConfig:
             ``torch.backends.cudnn`` ``allow_tf32``); no-op on CPU.
         shard_size: Ranks per replica: ``S > 1`` shards each replica's model over ``S``
             consecutive ranks with FSDP2 and gossips between the ``world / S`` replicas
-            (:mod:`experiments.train.sharding`); 1 = every rank holds the whole model.
+            (:mod:`experiments.train.sharding`); 1 = every rank holds the whole model;
+            it must divide the world size (``validate``).
     """
 
     batch_size: int = 32
@@ -347,6 +369,17 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     tf32: bool = True
     shard_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None:  # the budget in epochs
+            require_number("train.epochs", self.epochs, above=0, kind="integer")
+        else:
+            require_number("train.max_steps", self.max_steps, above=0, kind="integer")
+        require_number("train.batch_size", self.batch_size, above=0, kind="integer")
+        clip = self.grad_clip_norm
+        require_number("train.grad_clip_norm", clip, at_least=0, note="0 disables")
+        require_number("train.label_smoothing", self.label_smoothing, at_least=0, below=1)
+        require_number("train.seed", self.seed, at_least=0)
 
 
 @dataclass
@@ -376,6 +409,16 @@ class LogConfig:
     peak_flops: float = 312e12
     update_norm: bool = False
 
+    def __post_init__(self) -> None:
+        require_number("log.every", self.every, at_least=1)
+        only = "0 = only at evaluations"
+        require_number("log.consensus_every", self.consensus_every, at_least=0, note=only)
+        sketch = self.consensus_sketch
+        require_number(
+            "log.consensus_sketch", sketch, at_least=0, kind="integer", note="0 = no sketch"
+        )
+        require_number("log.peak_flops", self.peak_flops, above=0)
+
 
 @dataclass
 class CheckpointConfig:
@@ -399,6 +442,11 @@ class CheckpointConfig:
     on_signal: bool = True
     signal_check_every: int = 10
 
+    def __post_init__(self) -> None:
+        require_number("checkpoint.every_steps", self.every_steps, at_least=0, note="0 = off")
+        require_number("checkpoint.keep", self.keep, at_least=1)
+        require_number("checkpoint.signal_check_every", self.signal_check_every, at_least=1)
+
 
 @dataclass
 class DistConfig:
@@ -411,6 +459,11 @@ class DistConfig:
 
     backend: str | None = None
     timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        known = self.backend in (None, "nccl", "gloo")
+        require("dist.backend", self.backend, known, "nccl, gloo or null (auto)")
+        require_number("dist.timeout_s", self.timeout_s, above=0)
 
 
 @dataclass
@@ -470,6 +523,73 @@ _SCHEMAS: dict[str, dict[str, type]] = {
     "fault_tolerance": {"fault_tolerance": FaultToleranceConfig},
     "engine": {"engine": EngineConfig},
 }
+
+
+def _every(schema: type, names: Any) -> dict[str, type]:
+    """``schema`` for each of a group's ``names`` (an enum)."""
+    return {str(n): schema for n in names}
+
+
+def _fixed(group: str, schema: type) -> Callable[[Any], DictConfig]:
+    """A top-level section without a name (``train``, ...) typed by its schema."""
+    return lambda values: schema_section(values or {}, group, schema, group)
+
+
+def _named(
+    group: str, schemas: Mapping[str, type], default: str, target: type | None = None
+) -> Callable[[Any], DictConfig]:
+    """A group's section typed by the schema of its ``name`` (or ``target``, by ``_target_``)."""
+    return lambda values: typed_section(values, group, schemas, default, target)
+
+
+# how each section of the top level is typed (and checked), whatever its source
+_SECTIONS: dict[str, Callable[[Any], DictConfig]] = {
+    "model": model_section,
+    "dataset": dataset_section,
+    "optim": _named("optim", _SCHEMAS["optim"], "sgd", OptimTargetConfig),
+    "scheduler": _named("scheduler", _SCHEMAS["scheduler"], "cosine_warmup", SchedulerTargetConfig),
+    "topology": _named(
+        "topology", _every(TopologyConfig, TopologyName), "one-peer-exp", TopologyTargetConfig
+    ),
+    "network": _named("network", _every(NetworkConfig, NetworkName), "none"),
+    "compression": _named("compression", _every(CompressionConfig, CompressionName), "none"),
+    "logger": _named("logger", _every(LoggerConfig, LoggerName), "wandb"),
+    "outer": outer_section,
+    "fault_tolerance": _named(
+        "fault_tolerance", _every(FaultToleranceConfig, FaultToleranceName), "none"
+    ),
+    "engine": _named("engine", _every(EngineConfig, EngineName), "distributed"),
+    "train": _fixed("train", TrainConfig),
+    "log": _fixed("log", LogConfig),
+    "checkpoint": _fixed("checkpoint", CheckpointConfig),
+    "dist": _fixed("dist", DistConfig),
+}
+
+
+def config_object(cfg: Any) -> MainConfig:
+    """The composed config as its schemas' dataclasses: each group's own checks, in one place.
+
+    Every section is typed by the schema of its group and name (a ``_target_`` section by
+    its group's target schema) and built as that dataclass, whose ``__post_init__``
+    checks what a type cannot express; a plain ``DictConfig`` is typed the same way.
+    ``experiments.train.run.validate`` calls this before any collective and then checks
+    only the rules across groups.
+
+    Args:
+        cfg: The composed config (a ``DictConfig``; ``_target_`` sections typed or not).
+
+    Returns:
+        The :class:`MainConfig`; an absent optional group (``outer``, ...) stays ``None``.
+
+    Raises:
+        ConfigError: One line naming the key, the value and what is allowed.
+    """
+    objects: dict[str, Any] = {}
+    for f in fields(MainConfig):
+        section = cfg.get(f.name)
+        optional = section is None and f.default is None
+        objects[f.name] = None if optional else OmegaConf.to_object(_SECTIONS[f.name](section))
+    return MainConfig(**objects)
 
 
 def register_configs() -> None:

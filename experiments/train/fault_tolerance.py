@@ -1,4 +1,4 @@
-"""The ``fault_tolerance`` group: its schema, its checks and the replica id of a host.
+"""The ``fault_tolerance`` group: its schema, which checks its values, and what it combines with.
 
 ``fault_tolerance=none`` (the default) is today's job: a lost host stops every
 rank within ``dist.timeout_s`` and torchrun restarts the job from its last
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decent_dp.elastic import check_elastic_topology
-from experiments.schema import ConfigError, name_enum, require
+from experiments.schema import ConfigError, name_enum, require, require_number
 
 __all__ = [
     "FaultToleranceConfig",
@@ -63,10 +63,35 @@ class FaultToleranceConfig:
     quorum_every: int = 8
     host: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.name != "torchft":  # none reads none of them
+            return
+        lighthouse = self.lighthouse
+        require(
+            "fault_tolerance.lighthouse",
+            lighthouse,
+            isinstance(lighthouse, str) and lighthouse.startswith(("http://", "https://")),
+            "an address http://HOST:PORT (start the lighthouse with `make lighthouse`)",
+        )
+        for key in ("min_replicas", "quorum_every"):
+            require_number(f"fault_tolerance.{key}", getattr(self, key), at_least=1, kind="integer")
+        require_number("fault_tolerance.timeout_s", self.timeout_s, above=0)
+        rid = self.replica_id
+        require(
+            "fault_tolerance.replica_id",
+            rid,
+            rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
+            "null (unique per host) or a non-empty string without ':'",
+        )
+
 
 def is_elastic(cfg: Any) -> bool:
-    """Whether the config asks for elastic gossip (``fault_tolerance=torchft``)."""
-    section = cfg.get("fault_tolerance")
+    """Whether the config asks for elastic gossip (``fault_tolerance=torchft``).
+
+    Args:
+        cfg: The composed config, or its :class:`~experiments.train.config.MainConfig`.
+    """
+    section = getattr(cfg, "fault_tolerance", None)
     return section is not None and str(section.name) == "torchft"
 
 
@@ -80,7 +105,13 @@ _NOT_ELASTIC = {
 
 
 def check_fault_tolerance(cfg: Any, world_size: int) -> None:
-    """Check ``fault_tolerance`` and what it combines with, before anything connects.
+    """Check what ``fault_tolerance=torchft`` combines with, before anything connects.
+
+    Args:
+        cfg: The config as its schemas' dataclasses
+            (:func:`~experiments.train.config.config_object`), each section checked by
+            its own schema already.
+        world_size: Number of ranks (this host's).
 
     Raises:
         ConfigError: One line naming the key and the value.
@@ -88,30 +119,8 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
     if not is_elastic(cfg):
         return
     ft = cfg.fault_tolerance
-    require(
-        "fault_tolerance.lighthouse",
-        ft.lighthouse,
-        isinstance(ft.lighthouse, str) and ft.lighthouse.startswith(("http://", "https://")),
-        "an address http://HOST:PORT (start the lighthouse with `make lighthouse`)",
-    )
-    for key in ("min_replicas", "quorum_every"):
-        value = ft.get(key)
-        require(
-            f"fault_tolerance.{key}",
-            value,
-            isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-            "an integer >= 1",
-        )
-    require("fault_tolerance.timeout_s", ft.timeout_s, float(ft.timeout_s) > 0, "> 0")
-    rid = ft.get("replica_id")
-    require(
-        "fault_tolerance.replica_id",
-        rid,
-        rid is None or (isinstance(rid, str) and rid != "" and ":" not in rid),
-        "null (unique per host) or a non-empty string without ':'",
-    )
-    every = cfg.checkpoint.get("every_steps", 0)
-    if rid is None and isinstance(every, int) and every > 0:
+    every = cfg.checkpoint.every_steps
+    if ft.replica_id is None and every > 0:
         # each host's checkpoints live under its replica id: a new launch's id finds none
         warnings.warn(
             f"fault_tolerance.replica_id=null with checkpoint.every_steps={every}: the default "
@@ -126,14 +135,14 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
             f"processes), got a world size of {world_size} over hosts of {local}; launch "
             "torchrun --nnodes=1 --nproc_per_node=L on each host"
         )
-    total = cfg.train.get("global_batch_size")
+    total = cfg.train.global_batch_size
     if total is not None:
         # split over the hosts of a quorum, the batch would change with every change
         raise ConfigError(
             f"train.global_batch_size={total} cannot be elastic with fault_tolerance=torchft: "
             "the hosts sharing it come and go; set train.batch_size (each host's batch)"
         )
-    shards = cfg.train.get("shard_size", 1)
+    shards = cfg.train.shard_size
     if shards != 1:
         # every process would train the whole model: the elastic path builds no device mesh
         raise ConfigError(
@@ -142,38 +151,35 @@ def check_fault_tolerance(cfg: Any, world_size: int) -> None:
         )
     topo = str(cfg.topology.name)
     flat = topo == "allreduce" or (topo == "hierarchical" and local == 1)
-    if flat or cfg.topology.get("_target_") is not None:
+    if flat or hasattr(cfg.topology, "_target_"):
         raise ConfigError(
             f"topology={topo} cannot be elastic with fault_tolerance=torchft: "
             f"{_NOT_ELASTIC['topology']}; use ring, one-peer-exp, base-k, complete, ..."
         )
     try:  # built for every count of hosts, as the quorum may change it
-        check_elastic_topology(topo, dict(cfg.topology.get("kwargs") or {}), local)
+        check_elastic_topology(topo, dict(cfg.topology.kwargs), local)
     except ValueError as exc:
         raise ConfigError(f"{exc} (fault_tolerance=torchft)") from None
-    outer = cfg.get("outer")
-    has_outer = outer is not None and str(outer.name) != "none"
-    if has_outer:
+    outer = cfg.outer
+    if outer is not None and str(outer.name) != "none":
         plain_round = (
-            int(outer.get("fragments", 1)) == 1
-            and str(outer.get("compression", "none")) == "none"
-            and not bool(outer.get("scale_by_inner_lr", False))
+            outer.fragments == 1 and outer.compression == "none" and not outer.scale_by_inner_lr
         )
         if not plain_round:
             raise ConfigError(
-                f"outer={outer.name} with fragments={outer.get('fragments')}, compression="
-                f"{outer.get('compression')}, scale_by_inner_lr={outer.get('scale_by_inner_lr')} "
+                f"outer={outer.name} with fragments={outer.fragments}, compression="
+                f"{outer.compression}, scale_by_inner_lr={outer.scale_by_inner_lr} "
                 f"cannot be elastic with fault_tolerance=torchft: {_NOT_ELASTIC['outer']}"
             )
-        every = outer.get("every")
+        every = outer.every
         require(
             "outer.every",
             every,
-            isinstance(every, int) and every >= 1 and every % int(ft.quorum_every) == 0,
+            every is not None and every % ft.quorum_every == 0,
             f"a multiple of fault_tolerance.quorum_every={ft.quorum_every} with "
             "fault_tolerance=torchft (outer rounds fall on quorum steps)",
         )
-    sync = {k: v for k, v in dict(cfg.optim.get("state_sync") or {}).items() if v}
+    sync = {k: v for k, v in vars(cfg.optim.state_sync).items() if v}
     if sync:
         raise ConfigError(
             f"optim.state_sync={sync} cannot be elastic with fault_tolerance=torchft; "

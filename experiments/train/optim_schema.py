@@ -2,7 +2,10 @@
 
 Each option file of ``conf/optim/`` and ``conf/scheduler/`` starts its
 defaults list with one of these (``- /schema/optim/<name>@_here_``), so a
-misspelt key or a value of the wrong type fails while Hydra composes;
+misspelt key or a value of the wrong type fails while Hydra composes; a scheduler's
+schema checks its values when it is built (``__post_init__``). The optimizers'
+hyper-parameters are checked by their factories (``decent_dp.optim``), which
+``experiments.train.run.validate`` calls once with a probe parameter.
 :mod:`experiments.train.config` registers them with the other groups'.
 A section with ``_target_`` instead of ``name`` names any optimizer or
 scheduler class (or a function of the optimizer): :class:`OptimTargetConfig`
@@ -16,7 +19,7 @@ from typing import Any
 
 from omegaconf import MISSING, OmegaConf
 
-from experiments.schema import name_enum, plain
+from experiments.schema import name_enum, plain, require_number
 
 __all__ = [
     "OptimName",
@@ -174,6 +177,12 @@ class CosineWarmupConfig:
     eta_min: float = 0.0
     warmup_decay: float = 0.01
 
+    def __post_init__(self) -> None:
+        require_number("scheduler.warmup_epochs", self.warmup_epochs, at_least=0)
+        require_number("scheduler.warmup_steps", self.warmup_steps, at_least=0, nullable=True)
+        require_number("scheduler.eta_min", self.eta_min, at_least=0)
+        require_number("scheduler.warmup_decay", self.warmup_decay, above=0, at_most=1)
+
 
 @dataclass
 class ConstantConfig:
@@ -189,6 +198,10 @@ class StepConfig:
     name: SchedulerName = MISSING  # type: ignore[valid-type]
     step_size_epochs: float = 30.0
     gamma: float = 0.1
+
+    def __post_init__(self) -> None:
+        require_number("scheduler.step_size_epochs", self.step_size_epochs, above=0)
+        require_number("scheduler.gamma", self.gamma, above=0)
 
 
 # ---------------------------------------------------------------- _target_

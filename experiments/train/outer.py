@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from experiments.schema import is_int, name_enum, require, typed_section
+from experiments.schema import name_enum, require, require_number, typed_section
 
 __all__ = [
     "OuterName",
@@ -52,6 +52,9 @@ _ALLREDUCE = "allreduce"
 @dataclass
 class OuterConfig:
     """``outer`` group: the outer optimizer, SGD on the outer copy every ``every`` steps.
+
+    It checks its own values when built; what depends on the topology (``every: null``,
+    ``allreduce``) is :func:`outer_every`'s.
 
     Attributes:
         name: ``none``, ``diloco`` or ``slowmo`` (the same update, with their
@@ -79,6 +82,23 @@ class OuterConfig:
     compression: str = "none"
     scale_by_inner_lr: bool = False
 
+    def __post_init__(self) -> None:
+        frags, scaled = self.fragments, self.scale_by_inner_lr
+        if self.name == "none":  # none of the keys of an outer round may be set
+            require("outer.fragments", frags, frags == 1, "1 with outer=none")
+            none = self.compression == "none"
+            require("outer.compression", self.compression, none, "none with outer=none")
+            require("outer.scale_by_inner_lr", scaled, not scaled, "false with outer=none")
+            return
+        require_number("outer.lr", self.lr, at_least=0)
+        require_number("outer.momentum", self.momentum, at_least=0, below=1)
+        nesterov = not self.nesterov or self.momentum > 0
+        require("outer.nesterov", self.nesterov, nesterov, "false with momentum 0")
+        require_number("outer.every", self.every, at_least=1, kind="integer", nullable=True)
+        require_number("outer.fragments", frags, at_least=1, kind="integer")
+        known = self.compression in _COMPRESSIONS
+        require("outer.compression", self.compression, known, "none, bf16 or int8")
+
 
 SCHEMAS: dict[str, type] = {name: OuterConfig for name in ("none", "diloco", "slowmo", "average")}
 
@@ -96,26 +116,16 @@ def outer_every(section: Any, topology: Any) -> int | None:
         topology: The ``topology`` section.
 
     Raises:
-        ConfigError: One line naming the bad key: an ``every`` that is not an integer
-            >= 1, ``every: null`` on a topology other than ``local-sgd``, a negative
-            ``lr`` or a ``momentum`` outside ``[0, 1)``, ``fragments`` that is not an
-            integer >= 1 dividing ``every``, an unknown ``compression`` (either, or
-            ``scale_by_inner_lr``, other than its default with ``outer=none``), or an
-            outer optimizer with
-            ``topology=allreduce``.
+        ConfigError: One line naming the bad key: the section's own (see
+            :class:`OuterConfig`), ``every: null`` on a topology other than ``local-sgd``
+            (or a ``period`` of it that is not an integer >= 1), ``fragments`` that do not
+            divide ``every``, or an outer optimizer with ``topology=allreduce``.
     """
     o = outer_section(section)
     if str(o.name) == "none":
-        require("outer.fragments", o.fragments, o.fragments == 1, "1 with outer=none")
-        require("outer.compression", o.compression, o.compression == "none", "none with outer=none")
-        scaled = o.scale_by_inner_lr
-        require("outer.scale_by_inner_lr", scaled, not scaled, "false with outer=none")
         return None
     topo = str(topology.name)
     require("outer.name", o.name, topo != _ALLREDUCE, "none with topology=allreduce (torch DDP)")
-    require("outer.lr", o.lr, o.lr >= 0, ">= 0")
-    require("outer.momentum", o.momentum, 0 <= o.momentum < 1, "in [0, 1)")
-    require("outer.nesterov", o.nesterov, not o.nesterov or o.momentum > 0, "false with momentum 0")
     every = o.every
     if every is None:
         require(
@@ -125,18 +135,9 @@ def outer_every(section: Any, topology: Any) -> int | None:
             f"an integer >= 1 with topology={topo} (null takes the period of local-sgd)",
         )
         every = dict(topology.get("kwargs") or {}).get("period", 8)  # local-sgd's default
-    require("outer.every", every, is_int(every) and every >= 1, "an integer >= 1")
-    frags = o.fragments
-    require("outer.fragments", frags, is_int(frags) and frags >= 1, "an integer >= 1")
-    require(
-        "outer.fragments",
-        frags,
-        int(every) % int(frags) == 0,
-        f"a divisor of outer.every={int(every)}",
-    )
-    require(
-        "outer.compression", o.compression, o.compression in _COMPRESSIONS, "none, bf16 or int8"
-    )
+        require_number("outer.every", every, at_least=1, kind="integer")
+    divisor = f"a divisor of outer.every={int(every)}"
+    require("outer.fragments", o.fragments, int(every) % o.fragments == 0, divisor)
     return int(every)
 
 

@@ -27,9 +27,9 @@ on each:
 6. Close the wrapper and the metrics sinks, in a ``finally``; a clean job
    ends with a barrier.
 
-A little past 500 lines as one unit: the stages above, and the checks of
-stage 1 that need the whole config at once (each group's own checks live
-with its schema).
+The checks of stage 1 here are those that need the whole config at once;
+each group's own checks live on its schema's dataclass (``__post_init__``),
+run once as the config becomes :class:`~experiments.train.config.MainConfig`.
 """
 
 from __future__ import annotations
@@ -49,16 +49,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from submitit.helpers import TorchDistributedEnvironment
+from submitit.slurm.slurm import _parse_node_list
 
 from decent_dp._state_sync import check_state_sync
 from decent_dp.utils import get_device, initialize_dist
-from experiments.network.netem import profile_from_cfg
 from experiments.schema import require
 from experiments.train.config import (
     ALLREDUCE,
     ConfigError,
-    check_dataset,
-    check_model,
+    config_object,
     plain,
     state_sync_arg,
 )
@@ -85,36 +85,41 @@ log = logging.getLogger(__name__)
 
 def _first_host(nodelist: str) -> str:
     """First host of a SLURM node list such as ``gpu[003-010,012],cpu1`` -> ``gpu003``."""
-    depth, first = 0, ""
-    for ch in nodelist:
-        if ch == "," and depth == 0:
-            break
-        depth += ch == "["
-        depth -= ch == "]"
-        first += ch
-    m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", first)
-    if not m:
-        return first
-    prefix, ranges, suffix = m.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] + suffix
+    return _parse_node_list(nodelist)[0]  # submitit's reading of SLURM_JOB_NODELIST
 
 
 def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The torchrun variables for a rank started by ``srun`` (or submitit) without torchrun.
 
+    In a submitit job they are submitit's (``TorchDistributedEnvironment``: the first
+    host of the job, a port drawn from the job id unless ``MASTER_PORT`` is set, the
+    tasks per node of an even split). Under a plain ``srun``, or for a given
+    ``environ``, submitit has no job to read, so they are derived here from
+    ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``,
+    the first host of ``SLURM_JOB_NODELIST`` and the job id.
+
     Args:
         environ: The environment to read; ``os.environ`` by default.
 
     Returns:
-        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
-        ``MASTER_ADDR`` and ``MASTER_PORT`` derived from ``SLURM_PROCID``,
-        ``SLURM_NTASKS``, ``SLURM_LOCALID``, ``SLURM_NTASKS_PER_NODE``, the
-        first host of ``SLURM_JOB_NODELIST`` and the job id; an empty dict when
-        ``WORLD_SIZE`` is already set or this is not a SLURM task.
+        ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``
+        and ``MASTER_PORT``; an empty dict when ``WORLD_SIZE`` is already set or this is
+        not a SLURM task.
     """
     env = os.environ if environ is None else environ
     if "WORLD_SIZE" in env or "SLURM_PROCID" not in env:
         return {}
+    if environ is None and env.get("SUBMITIT_EXECUTOR") == "slurm":
+        job = TorchDistributedEnvironment()
+        return {
+            "RANK": str(job.rank),
+            "WORLD_SIZE": str(job.world_size),
+            "LOCAL_RANK": str(job.local_rank),
+            "LOCAL_WORLD_SIZE": str(job.local_world_size),
+            "MASTER_ADDR": job.master_addr,
+            "MASTER_PORT": str(job.master_port),
+        }
+    # no submitit job (TorchDistributedEnvironment needs one): the same variables from SLURM's
     ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS") or "1"
     per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ntasks
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
@@ -133,20 +138,15 @@ def slurm_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 # ------------------------------------------------------------------ validation
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _at_least(key: str, value: Any, low: int, note: str = "") -> tuple[str, Any, bool, str]:
-    """A rule of :func:`validate`: ``value >= low``."""
-    return (key, value, value >= low, f">= {low}{note}")
-
-
 def validate(cfg: DictConfig, world_size: int) -> None:
     """Check every value that could make the run fail later, without communicating.
 
     The same config and world size give the same outcome on every rank, so
-    all ranks stop together with the same message.
+    all ranks stop together with the same message. Each group's own values are
+    checked by its schema as the config becomes its
+    :class:`~experiments.train.config.MainConfig` (:func:`config_object`); what is
+    left here are the rules that span groups or need the world size, and the builds
+    that check by building (the optimizer, the topology, a ``_target_``).
 
     A ``_target_`` section is imported and built here too (the dataset's splits are kept
     for the job's build).
@@ -159,101 +159,30 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         ConfigError: A one-line message naming the key, the bad value and what is allowed.
     """
     cfg = resolve_targets(cfg)
-    check_fault_tolerance(cfg, world_size)  # what cannot be elastic, first
+    c = config_object(cfg)  # every group's own checks
+    check_fault_tolerance(c, world_size)  # what cannot be elastic, first
     check_engine(cfg, world_size)  # what packed workers cannot do, and their one process
     workers = engine_workers(cfg, world_size)
-    t, d, s, topo = cfg.train, cfg.dataset, cfg.scheduler, cfg.topology
-    steps_ok = (
-        _is_int(t.epochs) and t.epochs > 0
-        if t.max_steps is None
-        else _is_int(t.max_steps) and t.max_steps > 0
-    )
-    lws = topo.local_world_size
+    t, topo = c.train, c.topology
+    comp = str(c.compression.name) if c.compression is not None else "none"
+    outer = str(c.outer.name) if c.outer is not None else "none"
+    allreduce = str(topo.name) == ALLREDUCE
+    dividing = f"an integer >= 1 dividing the world size {world_size}"
+    pph, shards = c.network.procs_per_host, t.shard_size
     # (key, value, valid, what is allowed)
     rules: list[tuple[str, Any, bool, str]] = [
+        ("network.procs_per_host", pph, pph >= 1 and world_size % pph == 0, dividing),
         (
-            "train.batch_size",
-            t.batch_size,
-            _is_int(t.batch_size) and t.batch_size > 0,
-            "an integer > 0",
+            "compression.name",
+            comp,
+            comp == "none" or not allreduce,
+            "none with topology=allreduce (torch DDP all-reduces exact gradients)",
         ),
-        (
-            "train.max_steps" if t.max_steps is not None else "train.epochs",
-            t.max_steps if t.max_steps is not None else t.epochs,
-            steps_ok,
-            "an integer > 0",
-        ),
-        ("train.grad_clip_norm", t.grad_clip_norm, t.grad_clip_norm >= 0, ">= 0 (0 disables)"),
-        ("train.label_smoothing", t.label_smoothing, 0 <= t.label_smoothing < 1, "in [0, 1)"),
-        ("train.seed", t.seed, t.seed >= 0, ">= 0"),
-        _at_least("log.every", cfg.log.every, 1),
-        _at_least("log.consensus_every", cfg.log.consensus_every, 0, " (0 = only at evaluations)"),
-        (
-            "log.consensus_sketch",
-            cfg.log.consensus_sketch,
-            _is_int(cfg.log.consensus_sketch) and cfg.log.consensus_sketch >= 0,
-            "an integer >= 0 (0 = no sketch)",
-        ),
-        _at_least("checkpoint.every_steps", cfg.checkpoint.every_steps, 0, " (0 = off)"),
-        _at_least("checkpoint.keep", cfg.checkpoint.keep, 1),
-        _at_least("checkpoint.signal_check_every", cfg.checkpoint.signal_check_every, 1),
-        (
-            "dist.backend",
-            cfg.dist.backend,
-            cfg.dist.backend in (None, "nccl", "gloo"),
-            "nccl, gloo or null (auto)",
-        ),
-        ("dist.timeout_s", cfg.dist.timeout_s, cfg.dist.timeout_s > 0, "> 0"),
-        ("topology.local_world_size", lws, lws is None or lws >= 1, ">= 1 or null"),
-        ("topology.bucket_size_in_mb", topo.bucket_size_in_mb, topo.bucket_size_in_mb > 0, "> 0"),
-        ("log.peak_flops", cfg.log.peak_flops, cfg.log.peak_flops > 0, "> 0"),
+        ("train.shard_size", shards, shards >= 1 and world_size % shards == 0, dividing),
     ]
-    pph = cfg.network.get("procs_per_host", 1)
-    rules.append(
-        (
-            "network.procs_per_host",
-            pph,
-            _is_int(pph) and pph >= 1 and world_size % pph == 0,
-            f"an integer >= 1 dividing the world size {world_size}",
-        )
-    )
-    if s.name == "cosine_warmup":
-        steps = s.get("warmup_steps")
-        rules += [
-            ("scheduler.warmup_epochs", s.warmup_epochs, s.warmup_epochs >= 0, ">= 0"),
-            ("scheduler.warmup_steps", steps, steps is None or steps >= 0, ">= 0 or null"),
-            ("scheduler.eta_min", s.eta_min, s.eta_min >= 0, ">= 0"),
-            ("scheduler.warmup_decay", s.warmup_decay, 0 < s.warmup_decay <= 1, "in (0, 1]"),
-        ]
-    elif s.name == "step":
-        rules += [
-            ("scheduler.step_size_epochs", s.step_size_epochs, s.step_size_epochs > 0, "> 0"),
-            ("scheduler.gamma", s.gamma, s.gamma > 0, "> 0"),
-        ]
-    comp = cfg.get("compression")
-    if comp is not None:
-        rules += [
-            ("compression.ratio", comp.ratio, 0 < comp.ratio <= 1, "in (0, 1]"),
-            (
-                "compression.name",
-                comp.name,
-                str(comp.name) == "none" or str(topo.name) != ALLREDUCE,
-                "none with topology=allreduce (torch DDP all-reduces exact gradients)",
-            ),
-        ]
-    for key in ("cudnn_benchmark", "tf32"):
-        value = t.get(key, True)
-        rules.append((f"train.{key}", value, isinstance(value, bool), "true or false"))
-    shards = t.get("shard_size", 1)
-    rules.append(
-        (
-            "train.shard_size",
-            shards,
-            _is_int(shards) and shards >= 1 and world_size % shards == 0,
-            f"an integer >= 1 dividing the world size {world_size}",
-        )
-    )
-    if _is_int(shards) and shards > 1:
+    # the sharded path's rules: nan_policy's too, though it reads train alone, so that the
+    # elastic path (check_fault_tolerance) refuses sharding before any of them
+    if shards > 1:
         rules.append(
             (
                 "train.nan_policy",
@@ -265,40 +194,38 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         )
         # sharded replicas are checkpointed through decent_dp.save_sharded_checkpoint,
         # which keeps neither HSDP's optimizer, nor compressed gossip, nor outer copies
-        comp_name = str(comp.name) if comp is not None else "none"
-        outer_name = str(cfg.outer.name) if cfg.get("outer") is not None else "none"
         blocker = (
             "topology=allreduce"
-            if str(topo.name) == ALLREDUCE
-            else f"compression={comp_name}"
-            if comp_name != "none"
-            else f"outer={outer_name}"
-            if outer_name != "none"
+            if allreduce
+            else f"compression={comp}"
+            if comp != "none"
+            else f"outer={outer}"
+            if outer != "none"
             else None
         )
         why = "(sharded checkpoints need a gossip topology, exact gossip and no outer optimizer)"
+        every = c.checkpoint.every_steps
         rules.append(
             (
                 "checkpoint.every_steps",
-                cfg.checkpoint.every_steps,
-                cfg.checkpoint.every_steps == 0 or blocker is None,
+                every,
+                every == 0 or blocker is None,
                 f"0 with train.shard_size > 1 and {blocker} {why}",
             )
         )
         # a stop on a signal saves a checkpoint first: with none to save, it would be ignored
+        on_signal = c.checkpoint.on_signal
         rules.append(
             (
                 "checkpoint.on_signal",
-                cfg.checkpoint.on_signal,
-                not cfg.checkpoint.on_signal or blocker is None,
+                on_signal,
+                not on_signal or blocker is None,
                 f"false with train.shard_size > 1 and {blocker} {why}",
             )
         )
     for rule in rules:
         require(*rule)
-    check_dataset(d)
-    check_model(cfg.model)
-    per_worker_batch(t, workers)
+    per_worker_batch(cfg.train, workers)
     # images or tokens: the dataset and the model must agree (block size, vocabulary)
     task_for(cfg).check(cfg)
 
@@ -311,8 +238,8 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         raise ConfigError(f"optim={cfg.optim.name}: {exc}") from None
     # with train.shard_size, the topology is over the replicas (packed: check_engine built it)
     if not is_packed(cfg):
-        build_topology(topo, world_size // shards)
-    outer_every(cfg.get("outer"), topo)  # its own one-line errors
+        build_topology(cfg.topology, world_size // shards)
+    outer_every(cfg.get("outer"), cfg.topology)  # what the outer round needs of the topology
     sync = state_sync_arg(cfg.optim.get("state_sync"))
     if sync:
         try:
@@ -322,17 +249,12 @@ def validate(cfg: DictConfig, world_size: int) -> None:
         require(
             "optim.state_sync",
             sync,
-            str(topo.name) != ALLREDUCE,
+            not allreduce,
             "empty with topology=allreduce (one optimizer state for every worker)",
         )
-        outer_name = str(cfg.outer.name) if cfg.get("outer") is not None else "none"
-        require("optim.state_sync", sync, outer_name == "none", "empty with an outer optimizer")
-    if cfg.checkpoint.on_signal:
+        require("optim.state_sync", sync, outer == "none", "empty with an outer optimizer")
+    if c.checkpoint.on_signal:
         preemption_signal()  # a bad SUBMITIT_PREEMPT_SIGNAL: its own one-line ConfigError
-    try:
-        profile_from_cfg(cfg.network)
-    except ValueError as exc:
-        raise ConfigError(f"network={cfg.network.name}: {exc}") from None
     check_targets(cfg)  # last: it imports the user's code and builds the dataset
 
 

@@ -63,11 +63,35 @@ def test_locate_finds_classes_functions_and_methods() -> None:
     ],
 )
 def test_a_target_that_does_not_import_is_one_line(path: str, cause: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        locate("model._target_", path)
-    text = _one_line(info)
+    text = _does_not_import(path)
     assert f"model._target_={path} does not import" in text and cause in text, text
     assert "PYTHONPATH" in text
+
+
+def _does_not_import(path: str) -> str:
+    """``locate``'s one line for a ``path`` that does not import."""
+    with pytest.raises(ConfigError) as info:
+        locate("model._target_", path)
+    return _one_line(info)
+
+
+def test_the_reason_is_what_failed_inside_the_import(tmp_path, monkeypatch, caplog) -> None:
+    """Hydra's lookup error, over several lines, becomes its cause: the module's own error,
+    a dependency a submodule lacks, not the attribute Hydra looked for before importing."""
+    (tmp_path / "boom.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "pkg_x").mkdir()
+    (tmp_path / "pkg_x" / "__init__.py").write_text("")
+    (tmp_path / "pkg_x" / "sub.py").write_text("import no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "(RuntimeError: boom at import)" in _does_not_import("boom.M")
+        assert "No module named 'no_such_dependency'" in _does_not_import("pkg_x.sub.M")
+        assert "module 'pkg_x' has no attribute 'nope'" in _does_not_import("pkg_x.nope.M")
+    finally:
+        for name in ("boom", "pkg_x", "pkg_x.sub"):
+            sys.modules.pop(name, None)
+    # hydra.utils.get_object logs each failed lookup over several lines; not here
+    assert not [r for r in caplog.records if r.name == "hydra.utils"]
 
 
 def test_a_module_that_fails_to_import_says_why(tmp_path, monkeypatch) -> None:

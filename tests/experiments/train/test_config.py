@@ -359,3 +359,66 @@ def test_launch_time_without_torchrun_is_the_local_clock(monkeypatch):
     stamp = config_module.launch_time("%Y-%m-%d")
     assert stamp == config_module.launch_time("%Y-%m-%d")  # fixed for the process
     datetime.datetime.strptime(stamp, "%Y-%m-%d")
+
+
+def test_config_object_is_every_section_as_its_dataclass():
+    from experiments.train.outer import OuterConfig
+
+    cfg = _compose(["outer=diloco", "model=vit_small", "optim=adamw", "compression=int8"])
+    c = config_module.config_object(cfg)
+    assert isinstance(c, config_module.MainConfig)
+    assert isinstance(c.model, config_module.VitConfig) and c.model.dim == cfg.model.dim
+    assert isinstance(c.optim, config_module.AdamWConfig)
+    assert isinstance(c.optim.state_sync, config_module.StateSyncConfig)
+    assert isinstance(c.outer, OuterConfig) and c.outer.lr == 0.7
+    assert isinstance(c.train, config_module.TrainConfig) and c.train.amp == "off"
+    # a plain DictConfig (no schema) is typed by the schema of each section's name
+    untyped = OmegaConf.create(OmegaConf.to_container(cfg))
+    assert config_module.config_object(untyped) == c
+    # an optional group left out stays None
+    del untyped["outer"]
+    assert config_module.config_object(untyped).outer is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "values", "line"),
+    [
+        ("TrainConfig", {"batch_size": 0}, "train.batch_size=0 is invalid; it must be an integer > 0"),
+        ("TrainConfig", {"max_steps": 0}, "train.max_steps=0 is invalid; it must be an integer > 0"),
+        ("TrainConfig", {"label_smoothing": 1.0}, "train.label_smoothing=1.0 is invalid; it must be in [0, 1)"),
+        ("LogConfig", {"consensus_sketch": -1}, "log.consensus_sketch=-1 is invalid; it must be an integer >= 0 (0 = no sketch)"),
+        ("CheckpointConfig", {"keep": 0}, "checkpoint.keep=0 is invalid; it must be >= 1"),
+        ("DistConfig", {"backend": "mpi"}, "dist.backend=mpi is invalid; it must be nccl, gloo or null (auto)"),
+        ("TopologyConfig", {"name": "ring", "bucket_size_in_mb": 0}, "topology.bucket_size_in_mb=0 is invalid; it must be > 0"),
+        ("CompressionConfig", {"name": "randk", "ratio": 0}, "compression.ratio=0 is invalid; it must be in (0, 1]"),
+        ("NetworkConfig", {"name": "custom", "latency_ms": 0.1}, "network=custom: network 'custom' needs bandwidth_gbps; it is missing"),
+        ("CosineWarmupConfig", {"name": "cosine_warmup", "warmup_decay": 0}, "scheduler.warmup_decay=0 is invalid; it must be in (0, 1]"),
+        ("StepConfig", {"name": "step", "gamma": 0}, "scheduler.gamma=0 is invalid; it must be > 0"),
+    ],
+)  # fmt: skip
+def test_each_schema_checks_its_values_when_built(schema, values, line):
+    with pytest.raises(config_module.ConfigError) as info:
+        getattr(config_module, schema)(**values)
+    assert str(info.value) == line
+
+
+def test_the_outer_and_fault_tolerance_schemas_check_their_values_when_built():
+    from experiments.train.fault_tolerance import FaultToleranceConfig
+    from experiments.train.outer import OuterConfig
+
+    with pytest.raises(
+        config_module.ConfigError,
+        match=r"^outer.fragments=2 is invalid; it must be 1 with outer=none$",
+    ):
+        OuterConfig(fragments=2)
+    with pytest.raises(
+        config_module.ConfigError,
+        match=r"^outer.every=0 is invalid; it must be an integer >= 1 or null$",
+    ):
+        OuterConfig(name="diloco", every=0)
+    OuterConfig(name="diloco", every=None)  # null: the topology's period (outer_every's rule)
+    FaultToleranceConfig(min_replicas=0)  # fault_tolerance=none reads none of its keys
+    with pytest.raises(
+        config_module.ConfigError, match=r"^fault_tolerance.min_replicas=0 is invalid"
+    ):
+        FaultToleranceConfig(name="torchft", min_replicas=0)

@@ -129,6 +129,31 @@ def test_slurm_env():
     }
 
 
+def test_slurm_env_in_a_submitit_job_is_submitits(monkeypatch) -> None:
+    from submitit.helpers import TorchDistributedEnvironment
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    job = {
+        "SUBMITIT_EXECUTOR": "slurm",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[3-4]",
+        "SLURM_JOB_ID": "4242",
+    }
+    for key, value in job.items():
+        monkeypatch.setenv(key, value)
+    env = slurm_env()
+    ours = {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    assert ours == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert env["MASTER_ADDR"] == "gpu3"
+    assert env["MASTER_PORT"] == str(TorchDistributedEnvironment().master_port)  # its draw
+    # a given environment is read as SLURM's (submitit reads only os.environ)
+    assert slurm_env(job)["MASTER_PORT"] == str(20000 + 4242)
+
+
 @pytest.mark.parametrize(
     ("nodelist", "first"),
     [("node1", "node1"), ("a,b", "a"), ("gpu[003-010,012],cpu1", "gpu003"), ("n[5,7]-ib", "n5-ib")],
