@@ -1,7 +1,7 @@
 """The layers of docs/architecture.md, checked on the source: library, framework, entry points.
 
 - ``decent_dp`` imports the standard library, torch and itself, nothing else; only
-  the elastic membership (``_elastic_quorum.py``) imports torchft, and only inside a
+  the elastic membership (``elastic/_quorum.py``) imports torchft, and only inside a
   function, when an elastic job asks for it (the ``ft`` extra).
 - ``experiments`` may import ``decent_dp`` and third-party packages, never an entry
   point (``train.py``) or the tests.
@@ -46,8 +46,8 @@ def _forbidden_in_library(roots: set[str]) -> set[str]:
     return {r for r in roots if r not in LIBRARY_ALLOWED and r not in sys.stdlib_module_names}
 
 
-# optional packages a library module may import lazily (inside a function), by file name
-LIBRARY_LAZY = {"_elastic_quorum.py": {"torchft"}}
+# optional packages a library module may import lazily (inside a function), by path in decent_dp/
+LIBRARY_LAZY = {"elastic/_quorum.py": {"torchft"}}
 
 
 def _module_level_roots(path: Path) -> set[str]:
@@ -62,9 +62,9 @@ def _module_level_roots(path: Path) -> set[str]:
     return roots
 
 
-@pytest.mark.parametrize("path", _sources("decent_dp"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _sources("decent_dp"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_library_imports_torch_and_the_standard_library_only(path: Path) -> None:
-    lazy = LIBRARY_LAZY.get(path.name, set())
+    lazy = LIBRARY_LAZY.get(path.relative_to(ROOT / "decent_dp").as_posix(), set())
     assert _forbidden_in_library(imported_roots(path)) - lazy == set(), path
     assert _module_level_roots(path) & lazy == set(), f"{path}: import {lazy} inside a function"
 

@@ -38,18 +38,17 @@ compressed model; the next ones a deviation that shrinks) and is identical
 on every member because it changes only by ``S / k``, which every member
 computes from the same payloads in the same order.
 
-The module is in four parts: the compressors and the geometry of their
-payloads (:mod:`decent_dp._codecs`), an exchange between its launch and its
-step (:mod:`decent_dp._inflight`: how payloads travel, pairs apart from
-larger groups, and the group's decoded sum), what it costs in bytes and
-memory (:mod:`decent_dp._comm_cost`), and here the collectives of an exchange
-(:func:`start_exchange`) and the per-bucket state of compressed gossip
-(:class:`GossipCompressor`). Every name of those modules that code imports
-from here is re-exported.
+The code is in four parts: the compressors and the geometry of their
+payloads (:mod:`decent_dp.compression.codecs`), an exchange between its launch
+and its step (:mod:`decent_dp._comm.inflight`: how payloads travel, pairs
+apart from larger groups, and the group's decoded sum), what it costs in bytes
+and memory (:mod:`decent_dp.compression.cost`), and here the collectives of an
+exchange (:func:`start_exchange`) and the per-bucket state of compressed gossip
+(:class:`GossipCompressor`).
 
 :func:`start_exchange` and :func:`decoded_sum` are the exchange alone (the
 group's sum of compressed values, the same on every member); compressed outer
-rounds (:mod:`decent_dp._outer`) send their outer gradients through them.
+rounds (:mod:`decent_dp._engine.outer`) send their outer gradients through them.
 
 The collectives run within the round's group. Nothing is sent on a round
 alone.
@@ -64,36 +63,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._codecs import (
-    COMPRESSIONS,  # noqa: F401
+from ..compression.codecs import (
     ENCODERS,
-    INT8_CHUNK,  # noqa: F401
     CompressionSpec,
-    _chunks,  # noqa: F401  (importable from here before the split)
-    _int8_dtype,  # noqa: F401
-    bf16_decode,  # noqa: F401
-    bf16_encode,  # noqa: F401
     chunk_len,
     exchange_len,
     exchange_nbytes,
-    int8_decode,  # noqa: F401
-    int8_encode,  # noqa: F401
-    int8_nbytes,  # noqa: F401
-    parse_compression,  # noqa: F401
     payload_nbytes,
-    randk_count,  # noqa: F401
     randk_indices,
     randk_seed,
     split_exchange,
 )
-from ._comm_cost import bytes_per_step, exchange_bytes, inflight_bytes  # noqa: F401
-from ._inflight import Chained, InFlight, decoded_sum  # noqa: F401
+from .inflight import Chained, InFlight, decoded_sum
 
-# the codecs' and the cost model's names stay importable from here, as before the split
 __all__ = ["GossipCompressor", "start_exchange"]
-
-# this module's names for them before the split
-_ENCODE, _InFlight, _Chained = ENCODERS, InFlight, Chained
 
 # torch 2.14 renamed all_gather_into_tensor; torch >= 2.4 is supported (the tests count
 # the bytes of compressed exchanges by replacing this name, so it lives beside its callers)
@@ -299,7 +282,7 @@ class GossipCompressor:
         ``comm`` is the bucket's flat communication block; its padding stays zero.
         """
         fl: Any = self.inflight.pop(bucket.index)
-        if hasattr(fl, "finish"):  # a three-phase exchange (decent_dp._hierarchical)
+        if hasattr(fl, "finish"):  # a three-phase exchange (decent_dp._comm.hierarchical)
             fl.finish(bucket)
             return
         ref = self._ref(fl.round_index, bucket)

@@ -18,11 +18,11 @@ the floating-point sums. A bucket whose element count is not a multiple of
 back after phase 3).
 
 The phases run asynchronously, chained as two-phase compressed exchanges
-are (:class:`decent_dp._inflight.Chained`): phase 1 starts at the launch,
+are (:class:`decent_dp._comm.inflight.Chained`): phase 1 starts at the launch,
 phases 2 and 3 follow on the bucket's stream, at the launch on NCCL (queued
 behind phase 1, the host goes on). Other backends start a collective only
 when the host issues it: there a thread of the wrapper's
-(:class:`decent_dp._inflight.PhaseDriver`) starts phases 2 and 3 as soon as
+(:class:`decent_dp._comm.inflight.PhaseDriver`) starts phases 2 and 3 as soon as
 phase 1 completes, so the exchange between hosts overlaps the rest of the
 backward pass and the next forward. Phase 3 then runs on a host group of its
 own, and the driver takes the exchanges in the order of their phase 1s, so
@@ -33,13 +33,13 @@ Groups, created once by the wrapper in one order on every rank: the host
 groups (phase 1, and phase 3 on NCCL), off NCCL a second group per host
 (phase 3), and for every distinct set of hosts of a round, ``L`` groups
 across them (phase 2), made like the topology's own
-(:func:`decent_dp._setup.make_groups`: one ``split_group`` per round on
+(:func:`decent_dp._comm.groups.make_groups`: one ``split_group`` per round on
 NCCL with a bound device). The topology's own group of such an edge is not
 created.
 
 Compressed gossip (``bf16``, ``int8``) on an edge of two hosts compresses
 phase 2 only (:meth:`HostExchange.launch_compressed`); the step's correction
-is taken in :class:`decent_dp._compression.GossipCompressor`, whose
+is taken in :class:`decent_dp._comm.compressed.GossipCompressor`, whose
 ``host_refs`` hold this rank's chunk references.
 
 Bytes this rank sends for one bucket of ``N`` elements of ``s`` bytes, with
@@ -59,20 +59,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._builtin_topologies import HierarchicalTopology
-from ._codecs import ENCODERS, CompressionSpec, exchange_nbytes
-from ._comm_cost import exchange_bytes
-from ._inflight import Chained, PhaseDriver
-from ._setup import default_group_timeout, make_groups
-from .topo import Edge, Topology
+from ..compression.codecs import ENCODERS, CompressionSpec, exchange_nbytes
+from ..compression.cost import exchange_bytes
+from ..topo import Edge, Topology
+from ..topo.hosts import hierarchical_keys, host_size, is_hierarchical
+from .groups import default_group_timeout, make_groups
+from .inflight import Chained, PhaseDriver
 
 __all__ = [
     "HostExchange",
     "check_compression",
     "edge_bytes",
-    "hierarchical_keys",
-    "host_size",
-    "is_hierarchical",
     "link_bytes",
     "make_host_groups",
 ]
@@ -81,34 +78,13 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def host_size(topology: Topology) -> int:
-    """Ranks per host of a ``hierarchical`` topology; 1 (no hierarchical edge) for any other."""
-    return topology.local_world_size if isinstance(topology, HierarchicalTopology) else 1
-
-
-def is_hierarchical(edge: Edge, local: int) -> bool:
-    """Whether ``edge`` (a union of whole hosts of ``local`` ranks) spans more than one host."""
-    return local > 1 and len(edge.ranks) > local
-
-
-def hierarchical_keys(topology: Topology) -> set[tuple[int, ...]]:
-    """The sorted ranks of every edge that runs in three phases (the flat path needs no group for them)."""
-    local = host_size(topology)
-    return {
-        tuple(sorted(e.ranks))
-        for edges in topology.rounds
-        for e in edges
-        if is_hierarchical(e, local)
-    }
-
-
 def edge_bytes(
     numel: int, element_size: int, edge: Edge, local: int, spec: CompressionSpec | None = None
 ) -> tuple[float, float]:
     """Bytes one rank sends for one bucket on a hierarchical edge: (inside its host, between hosts).
 
     With a compressor (``spec``), the chunk's exchange between hosts is compressed
-    (:func:`decent_dp._compression.exchange_bytes` of the chunk); the phases inside
+    (:func:`decent_dp.compression.exchange_bytes` of the chunk); the phases inside
     the host stay exact.
     """
     m = -(-numel // local)
@@ -243,7 +219,7 @@ class HostExchange:
         Phase 1 sums ``weight x`` inside the host: local rank ``l`` holds chunk ``y``
         of its host's weighted sum. Phase 2 is compressed gossip of that chunk in
         the group of local rank ``l`` of the ``k = 2`` hosts, as
-        :mod:`decent_dp._compression` does for a model: ``q = C(y - ref)`` is sent,
+        :mod:`decent_dp._comm.compressed` does for a model: ``q = C(y - ref)`` is sent,
         ``S`` is the sum of the decoded ``q`` in host order, the chunk becomes
         ``R = k y + S - k q`` (``sum_h y_h`` when ``C`` is the identity, and the
         hosts' ``R`` add up to ``k sum_h y_h`` for any ``C``), and ``ref += S / k``
@@ -378,7 +354,7 @@ def link_bytes(
     optimizer, whose rounds, all-reduces of the world, replace the topology's
     per fragment). A three-phase edge counts its phases (:func:`edge_bytes`);
     any other group counts the cost model of
-    :func:`decent_dp._compression.exchange_bytes`, inside the host when its
+    :func:`decent_dp.compression.exchange_bytes`, inside the host when its
     ranks are on one host of ``local`` ranks, else between hosts.
 
     Args:

@@ -22,10 +22,10 @@ How ``bf16`` and ``int8`` payloads travel depends on the group size ``k``:
   outer optimizer, whose buckets' schedules are shifted), that wait could
   fall before another bucket's launch on the group on one rank and after it
   on another: there the second phases run on a group of their own, in the
-  order of their first phases (:func:`decent_dp._compression.start_exchange`,
-  :func:`decent_dp._setup.make_second_groups`).
+  order of their first phases (:func:`decent_dp._comm.compressed.start_exchange`,
+  :func:`decent_dp._comm.groups.make_second_groups`).
 
-The collectives themselves are issued by :mod:`decent_dp._compression`; this
+The collectives themselves are issued by :mod:`decent_dp._comm.compressed`; this
 module holds what they leave behind (:class:`InFlight`), the handle that
 chains the two phases (:class:`Chained`) and the decoding of the group's sum
 (:func:`decoded_sum`).
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from ._codecs import ENCODERS
+from ..compression.codecs import ENCODERS
 
 __all__ = ["Chained", "InFlight", "PhaseDriver", "decoded_sum"]
 
@@ -57,7 +57,7 @@ class Chained:
     the same point on every rank, so each group sees its collectives in one order.
 
     Where the second phases run on a group of their own (``queue`` given, see
-    :func:`decent_dp._compression.start_exchange`), they start in the order
+    :func:`decent_dp._comm.compressed.start_exchange`), they start in the order
     their first phases did: starting one starts every earlier one of the
     queue first. With a ``driver`` instead (:class:`PhaseDriver`, off NCCL),
     the driver's thread starts them, in launch order, as soon as each first

@@ -9,7 +9,7 @@ member's weight goes to the survivors of its edge: with ``s`` and ``p`` the
 edge's weights over ``k`` members, each of the ``k - 1`` survivors keeps
 ``s + p / (k - 1)`` and gives every other survivor as much
 (:func:`survivors_of`), so ``W`` stays symmetric and doubly stochastic over
-them; a uniform edge's survivors average. :mod:`decent_dp._gossip` calls these
+them; a uniform edge's survivors average. :mod:`decent_dp._engine.gossip` calls these
 from its ``on_lost`` path, exact gossip only.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .topo import Edge, Topology
+from ..topo import Edge, Topology
 
 __all__ = ["exchange_again", "find_lost", "survivor_groups", "survivors_for", "survivors_of"]
 
@@ -82,7 +82,7 @@ def survivors_for(state: Any, edge: Edge, bucket: Any) -> tuple[Edge, Any] | Non
     The agreement is on this exchange (the bucket and the step it is for): where a
     member's own exchange went through (the lost one's part came before it died),
     the others wait out ``timeout_s`` and mix nothing for this step, and meet it at
-    the next exchange, where it fails too (:func:`decent_dp._gossip._launch`).
+    the next exchange, where it fails too (:func:`decent_dp._engine.gossip._launch`).
     Exact gossip only: compressed references, a hierarchical edge's phases, gossiped
     optimizer states and outer rounds keep the step mixing nothing.
     """

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._engine import Engine
-from .metrics import count_sketch
+from ..metrics import count_sketch
+from .engine import Engine
 
 __all__ = ["AveragingMixin", "GlobalAverager"]
 

@@ -1,7 +1,7 @@
 """What :class:`~decent_dp.ddp.DecentralizedDataParallel` reports of its communication.
 
 Bytes per step, mean and peak, from the schedule, the buckets and the
-compressor with the cost model of :mod:`decent_dp._comm_cost` (and
+compressor with the cost model of :mod:`decent_dp.compression.cost` (and
 :func:`schedule_bytes` for outer rounds), and the layout of
 the buckets.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._bucket import aligned_offsets
-from ._codecs import CompressionSpec
-from ._comm_cost import bytes_per_step, exchange_bytes
-from ._engine import Engine
-from ._hierarchical import link_bytes
-from ._outer import OuterOptimizer
-from ._state_sync import StateSync
-from .topo import Edge
+from .._comm.hierarchical import link_bytes
+from ..compression.codecs import CompressionSpec
+from ..compression.cost import bytes_per_step, exchange_bytes
+from ..topo import Edge
+from .bucket import aligned_offsets
+from .engine import Engine
+from .outer import OuterOptimizer
+from .state_sync import StateSync
 
 __all__ = ["CommReportMixin", "schedule_bytes", "state_sync_bytes"]
 
@@ -41,7 +41,7 @@ class CommReportMixin:
         """Bytes this rank sends per step for gossip, averaged over the period (and outer rounds).
 
         From the schedule, the buckets and the compressor, with the cost model of
-        :mod:`decent_dp._compression` (one payload per exchange for pairs). Before
+        :mod:`decent_dp._comm.compressed` (one payload per exchange for pairs). Before
         the first backward the trained parameters count as one block (so as one
         fragment of the outer optimizer).
         """
@@ -133,7 +133,7 @@ def schedule_bytes(
     Each bucket's step is its fragment's: the all-reduce of the world at its
     outer rounds (compressed by the outer optimizer's compression), else its
     shifted topology round, compressed by ``gossip`` (the cost model of
-    :func:`decent_dp._comm_cost.exchange_bytes`).
+    :func:`decent_dp.compression.cost.exchange_bytes`).
 
     Args:
         outer: The outer optimizer (its schedule and fragments).
@@ -168,7 +168,7 @@ def state_sync_bytes(
 ) -> list[float]:
     """Bytes this rank sends at each step ``t = 1 .. lcm(period, every K)``, states included.
 
-    The parameters' exchange of each bucket as :func:`decent_dp._comm_cost.exchange_bytes`
+    The parameters' exchange of each bucket as :func:`decent_dp.compression.cost.exchange_bytes`
     counts it, plus, at the steps where names are due, one exact all-reduce of
     that many blocks of the bucket's size on the same group.
 

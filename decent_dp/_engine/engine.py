@@ -3,7 +3,7 @@
 :class:`Engine` decides *when* each bucket steps during a backward pass: as
 soon as its last gradient arrives (and, on CPU, its previous gossip), or at
 the end of backward for buckets that were incomplete, late, or held back by
-loss scaling or global-norm clipping. :mod:`decent_dp._gossip` decides *how*
+loss scaling or global-norm clipping. :mod:`decent_dp._engine.gossip` decides *how*
 one bucket steps. :class:`decent_dp.DecentralizedDataParallel` is the
 public face and delegates here.
 
@@ -29,20 +29,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from ._bucket import Bucket, is_dense
-from ._clip import by_device_and_dtype, clip_grads_
-from ._compression import CompressionSpec, GossipCompressor
-from ._cpu_memory import keep_freed_memory
-from ._device import GradStreams, device_guard, side_stream
-from ._factories import OptimBuilder
-from ._gossip import GossipState, arrived, delivered, launch, step_bucket, wait
-from ._hierarchical import hierarchical_keys, make_host_groups
-from ._kernels import prefer_fused, restore_fused
-from ._outer import OuterOptimizer
-from ._setup import make_groups, make_second_groups, plan_buckets
-from ._state_sync import StateSync
-from ._timers import SpanTimers
-from .topo import Edge, Topology
+from .._comm.compressed import GossipCompressor
+from .._comm.groups import make_groups, make_second_groups
+from .._comm.hierarchical import make_host_groups
+from ..compression import CompressionSpec
+from ..optim._factories import OptimBuilder
+from ..optim._kernels import prefer_fused, restore_fused
+from ..topo import Edge, Topology, hierarchical_keys
+from .bucket import Bucket, is_dense
+from .clip import by_device_and_dtype, clip_grads_
+from .cpu_memory import keep_freed_memory
+from .device import GradStreams, device_guard, side_stream
+from .gossip import GossipState, arrived, delivered, launch, step_bucket, wait
+from .outer import OuterOptimizer
+from .setup import plan_buckets
+from .state_sync import StateSync
+from .timers import SpanTimers
 
 __all__ = ["Engine"]
 
@@ -130,9 +132,9 @@ class Engine:
         stable_storage: Step in place, keeping the parameters' storage.
         bucket_bytes: Target bucket size in bytes.
         compression: The gossip's compressor (``None``: exact all-reduce).
-        outer: The outer optimizer (:mod:`decent_dp._outer`), or ``None``.
+        outer: The outer optimizer (:mod:`decent_dp._engine.outer`), or ``None``.
         state_sync: Optimizer states gossiped with the parameters
-            (:mod:`decent_dp._state_sync`), or ``None``.
+            (:mod:`decent_dp._engine.state_sync`), or ``None``.
     """
 
     def __init__(
@@ -203,7 +205,7 @@ class Engine:
         # called once with the buckets when they are built (states a checkpoint left to load)
         self.after_build: Callable[[list[Bucket]], None] | None = None
         # where the squared gradient norms of one model's parts are summed (a sharded
-        # replica's shard ranks, decent_dp._sharded); None: this rank holds the whole model
+        # replica's shard ranks, decent_dp.sharded._wrapper); None: this rank holds the whole model
         self.norm_group: Any = None
         me = weakref.ref(self)
         for i, p in enumerate(params):
@@ -225,7 +227,7 @@ class Engine:
         Needed off NCCL only (NCCL starts the second phase at the launch), and
         only where buckets of one step can take different kinds of rounds on
         one group: the fragments of the outer optimizer, and its compressed
-        rounds (see :func:`decent_dp._setup.make_second_groups`).
+        rounds (see :func:`decent_dp._comm.groups.make_second_groups`).
         """
         if dist.get_backend() == "nccl" or outer is None:
             return {}

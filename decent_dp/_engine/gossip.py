@@ -3,7 +3,7 @@
 :class:`GossipState` is what these functions need besides the bucket: this
 rank's edge and process group for every round, the mixing step size, the
 network-emulation delay and the timers. The functions decide *how* one bucket
-steps; :mod:`decent_dp._engine` decides *when*.
+steps; :mod:`decent_dp._engine.engine` decides *when*.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._bucket import Bucket
-from ._compression import GossipCompressor
-from ._elastic_survivors import exchange_again, survivors_for
-from ._hierarchical import HostExchange
-from ._kernels import drop_fused
-from ._optim_plan import DecayFold, decay_plan
-from ._state_sync import BothWork, StateSync
-from ._timers import SpanTimers
-from .topo import Edge
+from .._comm.compressed import GossipCompressor
+from .._comm.hierarchical import HostExchange
+from .._comm.survivors import exchange_again, survivors_for
+from ..optim._kernels import drop_fused
+from ..optim._plan import DecayFold, decay_plan
+from ..topo import Edge
+from .bucket import Bucket
+from .state_sync import BothWork, StateSync
+from .timers import SpanTimers
 
 __all__ = ["GossipState", "arrived", "delivered", "launch", "step_bucket", "wait"]
 
@@ -48,14 +48,14 @@ class GossipState:
         comm_delay: The network-emulation delay, ``fn(nbytes, group_size)``
             (or ``fn(nbytes, group_size, ranks=...)``, see :meth:`set_comm_delay`)
             seconds after launch, or ``None``.
-        compressor: Compressed gossip (:mod:`decent_dp._compression`), or
+        compressor: Compressed gossip (:mod:`decent_dp._comm.compressed`), or
             ``None`` for the exact all-reduce.
         outer: The outer optimizer, whose rounds replace the topology's every
             ``H`` steps (per fragment, shifted), or ``None``.
         hosts: The three-phase exchange of a ``hierarchical`` topology's edges
-            of several hosts (:mod:`decent_dp._hierarchical`), or ``None``.
+            of several hosts (:mod:`decent_dp._comm.hierarchical`), or ``None``.
         state_sync: Optimizer state gossiped with the parameters
-            (:mod:`decent_dp._state_sync`), or ``None``.
+            (:mod:`decent_dp._engine.state_sync`), or ``None``.
         on_lost: Elastic gossip (:mod:`decent_dp.elastic`): an exchange that
             fails (a member of its group died) is called here with the bucket,
             the edge and the error, instead of raising, and the group is not used
@@ -80,7 +80,7 @@ class GossipState:
     comm_delay: Callable[..., float] | None = None
     delay_takes_ranks: bool = False
     compressor: GossipCompressor | None = None
-    outer: Any = None  # an OuterOptimizer (decent_dp._outer), or None
+    outer: Any = None  # an OuterOptimizer (decent_dp._engine.outer), or None
     hosts: HostExchange | None = None
     state_sync: StateSync | None = None
     on_lost: Callable[[Bucket, Edge, BaseException], None] | None = None
@@ -252,7 +252,7 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         edge, group = outer.edge, outer.group
     k = len(edge.ranks)
     bucket.state_pending = None
-    # an edge of several hosts has no group of its own (decent_dp._hierarchical): its round
+    # an edge of several hosts has no group of its own (decent_dp._comm.hierarchical): its round
     bucket.group = group if group is not None else ("hosts", round_index)
     if state.on_lost is not None and _key(bucket.group) in state.broken:  # lost until rebuilt
         key = _key(bucket.group)
@@ -270,7 +270,7 @@ def _launch(state: GossipState, bucket: Bucket, for_step: int) -> None:
         edge, group = rerouted  # the edge's live members, on their own group
         bucket.group, k = group, len(edge.ranks)
     # a round alone costs nothing: no copy, no collective; nor does an empty bucket (a shard
-    # rank's part of small parameters, empty on every rank of its group: decent_dp._sharded)
+    # rank's part of small parameters, empty on every rank of its group: decent_dp.sharded._wrapper)
     if (k == 1 and not outer_round) or bucket.numel == 0:
         bucket.pending = None
         return

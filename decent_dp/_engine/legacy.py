@@ -17,9 +17,9 @@ from typing import Any
 
 from torch.optim import Optimizer
 
-from ._bucket import Bucket
-from ._engine import Engine
-from ._kernels import restore_fused
+from ..optim._kernels import restore_fused
+from .bucket import Bucket
+from .engine import Engine
 
 __all__ = ["LegacyMixin", "bucket_optimizers", "bucket_schedulers", "load_bucket_states"]
 

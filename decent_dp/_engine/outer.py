@@ -19,7 +19,7 @@ is added on top.
 
 With ``local-sgd`` and ``period=H`` that all-reduce is the topology's own
 averaging round (DiLoCo); on a gossip topology it replaces that step's
-round (SlowMo over gossip). The wrapper's :mod:`decent_dp._gossip` asks
+round (SlowMo over gossip). The wrapper's :mod:`decent_dp._engine.gossip` asks
 :meth:`OuterOptimizer.due` which launches are outer rounds and recognises
 their results by :attr:`OuterOptimizer.edge`.
 
@@ -48,7 +48,7 @@ buckets are built. No gossip precedes step 1, so an outer round due there
 Compressed outer rounds (``compression`` ``bf16`` or ``int8``). What crosses
 the wire is each rank's outer gradient ``Delta_i = x_outer - x_i(t-1)``
 (small once training is under way, unlike the model), compressed with the
-encoders of :mod:`decent_dp._codecs`; the exchange is the one of
+encoders of :mod:`decent_dp.compression.codecs`; the exchange is the one of
 compressed gossip: a pair all-gathers its two payloads and sums them decoded
 in rank order, a larger world exchanges in two phases (rank ``c`` sums every
 rank's decoded chunk ``c`` in rank order and sends that sum compressed to
@@ -98,11 +98,11 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from ._bucket import Bucket
-from ._codecs import CompressionSpec, exchange_len, exchange_nbytes
-from ._compression import start_exchange
-from ._inflight import InFlight, decoded_sum
-from .topo import Edge
+from .._comm.compressed import start_exchange
+from .._comm.inflight import InFlight, decoded_sum
+from ..compression.codecs import CompressionSpec, exchange_len, exchange_nbytes
+from ..topo import Edge
+from .bucket import Bucket
 
 __all__ = [
     "OUTER_COMPRESSIONS",
@@ -258,7 +258,7 @@ class OuterOptimizer:
         edge: The outer round's group (every rank, weight ``1/n``).
         group: Its process group (the default group).
         second: Where a compressed two-phase round runs its second phase, and the
-            queue of those started there (:func:`decent_dp._compression.start_exchange`),
+            queue of those started there (:func:`decent_dp._comm.compressed.start_exchange`),
             or ``None`` for the default group.
     """
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from ._engine import Engine
-from .topo import Topology
+from ..topo import Topology
+from .engine import Engine
 
 __all__ = ["StateDictMixin"]
 

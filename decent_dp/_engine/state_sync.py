@@ -24,41 +24,21 @@ a further collective or a wait on the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ._bucket import Bucket, aligned_zeros
+from .bucket import Bucket, aligned_zeros
 
-__all__ = ["StateSync", "check_state_sync"]
-
-
-def check_state_sync(spec: Any) -> dict[str, int]:
-    """``{name: K}`` checked: names are strings, each ``K`` an int >= 1 (``None``: ``{}``)."""
-    if spec is None:
-        return {}
-    if not isinstance(spec, Mapping):
-        raise ValueError(
-            f"state_sync={spec!r}: give a mapping of optimizer state names to periods, "
-            "e.g. {'exp_avg_sq': 1}"
-        )
-    out: dict[str, int] = {}
-    for name, k in spec.items():
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"state_sync names must be optimizer state names, got {name!r}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"state_sync[{name!r}]={k!r}: the period must be an int >= 1")
-        out[name] = int(k)
-    return out
+__all__ = ["StateSync"]
 
 
 class StateSync:
     """The state tensors each bucket sends, their buffers and their mix (see the module docstring).
 
     Args:
-        spec: ``{state name: K}`` from :func:`check_state_sync`, not empty.
+        spec: ``{state name: K}`` from :func:`decent_dp.optim.check_state_sync`, not empty.
     """
 
     def __init__(self, spec: dict[str, int]):

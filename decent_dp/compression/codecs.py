@@ -23,7 +23,7 @@ Besides the encoders and decoders, this module holds the geometry of an
 exchange: how many bytes one payload takes (:func:`payload_nbytes`), whether
 a group exchanges in two phases (:func:`split_exchange`) and how it then cuts
 a bucket into chunks (:func:`chunk_len`, :func:`exchange_len`). How the
-payloads travel is :mod:`decent_dp._compression`'s.
+payloads travel is :mod:`decent_dp._comm.compressed`'s.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._codecs import (
+from .codecs import (
     ENCODERS,
     CompressionSpec,
     chunk_len,
@@ -41,7 +41,7 @@ def exchange_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int)
     ``randk``'s selected values); a pair's all-gather one payload; the two
     phases of a larger group ``(k-1)`` chunk payloads each.
     """
-    if k <= 1 or numel == 0:  # an empty bucket is not exchanged (decent_dp._gossip.launch)
+    if k <= 1 or numel == 0:  # an empty bucket is not exchanged (decent_dp._engine.gossip.launch)
         return 0.0
     name = spec.name
     if split_exchange(name, k):

@@ -12,7 +12,7 @@ bucket steps and gossips inside the backward pass as the wrapper does::
 and ``W(t)`` is the mixing matrix of the topology's round ``(t-1) mod period``
 built over the members of step ``t``.
 
-Membership comes from torchft (:mod:`decent_dp._elastic_quorum`): every
+Membership comes from torchft (:mod:`decent_dp.elastic._quorum`): every
 ``quorum_every`` steps each member asks the lighthouse for a quorum. A quorum
 every step would be a rendezvous of all members every step, the global barrier
 gossip exists to avoid; between quorums the membership is fixed and only
@@ -20,7 +20,7 @@ neighbours wait for each other. At a quorum whose members changed, the
 process group, the topology and the wrapper are rebuilt for the new count
 (ranks follow the members' order in torchft's quorum, replica ids sorted as
 strings) and the training goes on without a restart
-(:mod:`decent_dp._elastic_wrapper`).
+(:mod:`decent_dp.elastic.wrapper`).
 
 * **A member lost between quorums** fails the exchanges of the groups it is
   in, and its weight goes to the survivors of each of its edges: in an edge of
@@ -44,7 +44,7 @@ strings) and the training goes on without a restart
   with ``k=1``; a topology with no such stand-in is refused in one line.
 * **An outer optimizer** (DiLoCo, SlowMo) takes its rounds at quorum steps,
   when every member is known alive; a change of membership restarts the
-  round in progress from the new members' mean (:mod:`decent_dp._elastic_outer`).
+  round in progress from the new members' mean (:mod:`decent_dp.elastic._outer`).
 
 Example::
 
@@ -57,13 +57,13 @@ Example::
 
 from __future__ import annotations
 
-from ._elastic_common import (
+from .common import (
     check_elastic_topology,
     default_replica_id,
     elastic_topology,
     heal_sources,
 )
-from ._elastic_wrapper import ElasticDataParallel
+from .wrapper import ElasticDataParallel
 
 __all__ = [
     "ElasticDataParallel",

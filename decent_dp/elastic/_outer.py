@@ -28,7 +28,7 @@ in flight for step ``t`` is dropped and each bucket's buffer holds
 ``x_outer``, which the bucket's step inside the backward pass mixes in with
 weight one, the local update ``d(t)`` (from the gradient at ``x(t-1)``) on top.
 The wrapper's gossip recognises such a buffer by :attr:`ElasticOuter.edge`, as
-it recognises the non-elastic outer rounds' (:mod:`decent_dp._outer`).
+it recognises the non-elastic outer rounds' (:mod:`decent_dp._engine.outer`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from .topo import Edge
+from ..topo import Edge
 
 __all__ = ["ElasticOuter"]
 
@@ -165,7 +165,7 @@ class ElasticOuter:
         so the bucket's step makes ``x(t) = x_outer + d(t)``.
 
         Args:
-            engine: The wrapper's engine (:class:`decent_dp._engine.Engine`), buckets built.
+            engine: The wrapper's engine (:class:`decent_dp._engine.engine.Engine`), buckets built.
             params: The trained parameters, in the order of ``x_outer``.
             world_size: The quorum's processes (the round's group).
         """

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ._elastic_quorum import QuorumView, default_advertise_host
-from .topo import Topology, TopologyReg
+from ..topo import Topology, TopologyReg
+from ._quorum import QuorumView, default_advertise_host
 
 __all__ = [
     "check_elastic_topology",

@@ -10,7 +10,7 @@ for the members of the current quorum and builds a new one when they change:
   is in; its weight goes to the survivors of each edge: a pair's survivor mixes
   nothing, and the live members of a larger edge average among themselves on
   the edge's group less that member (made at the rebuild, :meth:`_regroup`)
-  until the next quorum (``GossipState.on_lost``, :mod:`decent_dp._elastic_survivors`).
+  until the next quorum (``GossipState.on_lost``, :mod:`decent_dp._comm.survivors`).
   No survivor waits beyond ``timeout_s``.
 * **At a quorum** (every ``quorum_every`` steps, in the forward pass that
   starts the step) whose members changed, or where any member lost a group,
@@ -32,7 +32,7 @@ for the members of the current quorum and builds a new one when they change:
 The decision to rebuild is the same on every member: each publishes whether
 it lost a group on the quorum's store, and all read all. The wrapper's options
 are checked by its own checks in the constructor, before the lighthouse
-(:func:`decent_dp._setup.check_wrapper_options`), not when the first quorum
+(:func:`decent_dp._engine.setup.check_wrapper_options`), not when the first quorum
 builds it.
 
 About 600 lines as one unit: the class keeps one wrapper, group and
@@ -57,7 +57,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._elastic_common import (
+from .._comm.hierarchical import check_compression
+from .._comm.survivors import find_lost, survivor_groups
+from .._engine.setup import check_wrapper_options
+from ..ddp import DecentralizedDataParallel
+from ..topo import Edge, Topology
+from ._outer import ElasticOuter
+from ._quorum import Membership, QuorumView, default_advertise_host
+from .common import (
     _positive,
     ask_quorum,
     change_record,
@@ -68,13 +75,6 @@ from ._elastic_common import (
     heal_sources,
     host_snapshot,
 )
-from ._elastic_outer import ElasticOuter
-from ._elastic_quorum import Membership, QuorumView, default_advertise_host
-from ._elastic_survivors import find_lost, survivor_groups
-from ._hierarchical import check_compression
-from ._setup import check_wrapper_options
-from .ddp import DecentralizedDataParallel
-from .topo import Edge, Topology
 
 __all__ = ["ElasticDataParallel"]
 
@@ -82,9 +82,9 @@ __all__ = ["ElasticDataParallel"]
 _REFUSED = {
     "device_mesh": "a sharded replica's shard ranks would have to leave together; "
     "not supported elastically",
-    "outer_fragments": "outer rounds fall on quorum steps, whole (decent_dp._elastic_outer)",
-    "outer_compression": "outer rounds fall on quorum steps, exact (decent_dp._elastic_outer)",
-    "outer_scale_by_inner_lr": "not offered elastically (decent_dp._elastic_outer)",
+    "outer_fragments": "outer rounds fall on quorum steps, whole (decent_dp.elastic._outer)",
+    "outer_compression": "outer rounds fall on quorum steps, exact (decent_dp.elastic._outer)",
+    "outer_scale_by_inner_lr": "not offered elastically (decent_dp.elastic._outer)",
     "local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "_local_world_size": "it is the replica group's process count (LOCAL_WORLD_SIZE)",
     "topology_kwargs": "pass topology_kwargs= to ElasticDataParallel itself",
@@ -129,7 +129,7 @@ class ElasticDataParallel(nn.Module):
         outer_optim_fn: Builds an outer optimizer (DiLoCo, SlowMo) over ``[x_outer]``,
             flat over the trained parameters; its rounds fall on quorum steps, and a
             change of membership restarts the round in progress from the members'
-            mean (:mod:`decent_dp._elastic_outer`).
+            mean (:mod:`decent_dp.elastic._outer`).
         outer_every: ``H``, a multiple of ``quorum_every``; given exactly with ``outer_optim_fn``.
         log: Where progress lines go (stderr by default).
         group_rank: This process's rank in its replica group (default ``LOCAL_RANK`` or 0).

@@ -21,7 +21,10 @@ second param group with ``weight_decay=0``. Each group keeps its parameter
 names under the ``"names"`` key for debugging.
 
 The optimizers this package adds, :class:`AccumAdam`, :class:`AccumAdamW`,
-:class:`LaggedVAdamW` and :class:`QGMSGD`, are public here; they live in ``decent_dp._accum_adam``, ``decent_dp._lagged_adamw`` and ``decent_dp._qgm``.
+:class:`LaggedVAdamW` and :class:`QGMSGD`, are public here; they live in
+:mod:`decent_dp.optim.accum_adam`, :mod:`decent_dp.optim.lagged_adamw` and
+:mod:`decent_dp.optim.qgm`. :func:`check_state_sync` checks the wrapper's
+``state_sync=`` option (:mod:`decent_dp.optim.state_sync`).
 """
 
 from __future__ import annotations
@@ -35,10 +38,7 @@ import torch
 from torch.optim import SGD, Adam, AdamW, Optimizer
 from torch.optim.lr_scheduler import LambdaLR, StepLR
 
-from ._accum_adam import AccumAdam, AccumAdamW
-from ._kernels import kernel_flags, prefer_fused, summed_kernel_flags
-from ._lagged_adamw import LaggedVAdamW
-from ._optim_base import (
+from ._base import (
     _check_accum_iter,
     _check_adam_args,
     _check_clip,
@@ -47,7 +47,11 @@ from ._optim_base import (
     _check_qgm_args,
     _check_weight_decay,
 )
-from ._qgm import QGMSGD
+from ._kernels import kernel_flags, prefer_fused, summed_kernel_flags
+from .accum_adam import AccumAdam, AccumAdamW
+from .lagged_adamw import LaggedVAdamW
+from .qgm import QGMSGD
+from .state_sync import check_state_sync
 
 __all__ = [
     "AccumAdam",
@@ -65,6 +69,7 @@ __all__ = [
     "lr_scheduler_fn_cosine_with_warmup",
     "lr_scheduler_fn_constant",
     "lr_scheduler_fn_step",
+    "check_state_sync",
 ]
 
 NamedParams = Iterable[tuple[torch.Tensor, str] | tuple[str, torch.Tensor]]

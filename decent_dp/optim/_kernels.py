@@ -4,7 +4,7 @@ The wrapper switches each bucket's optimizer to torch's fused kernel where the
 optimizer left the choice to torch (:func:`prefer_fused`), and the public
 :func:`decent_dp.optim.prefer_fused_kernels` and
 :func:`decent_dp.optim.optimizer_kernels` make and report the same choice for
-any optimizer. This module depends on torch and :mod:`decent_dp._accum_adam`
+any optimizer. This module depends on torch and :mod:`decent_dp.optim.accum_adam`
 only, so both the factories (``optim.py``) and the wrapper may import it.
 """
 
@@ -17,7 +17,7 @@ import torch
 from torch import optim
 from torch.optim import Optimizer
 
-from ._accum_adam import AccumAdam
+from .accum_adam import AccumAdam
 
 __all__ = [
     "drop_fused",

@@ -6,7 +6,7 @@ parameter's value only through weight decay, and in which form (L2 added to
 the gradient, or decoupled), so that the wrapper can step at the mixed point
 and still compute ``d`` from ``x(t-1)`` exactly (see
 ``DecentralizedDataParallel._step_bucket``). The choice of torch's fused
-kernels lives in :mod:`decent_dp._kernels`.
+kernels lives in :mod:`decent_dp.optim._kernels`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import optim
 from torch.optim import Optimizer
 
-from ._accum_adam import AccumAdam, AccumAdamW
+from .accum_adam import AccumAdam, AccumAdamW
 
 __all__ = ["DecayFold", "decay_plan"]
 

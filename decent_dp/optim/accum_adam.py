@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ._optim_base import (
+from ._base import (
     _check_accum_iter,
     _check_adam_args,
     _ClosureStep,

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._optim_base import (
+from ._base import (
     _check_adam_args,
     _check_clip,
     _check_flag,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._optim_base import (
+from ._base import (
     _check_qgm_args,
     _ClosureStep,
 )

@@ -15,7 +15,7 @@ replica's mean gradient at ``x_r(t-1)``::
 How it is built. The replica topology is lifted to the ranks
 (:class:`ReplicaLift`: edge ``{r1, .., rk}`` becomes, for every shard ``s``,
 the edge of ranks ``(r1, s), .., (rk, s)``), whose mixing matrix is
-``W ⊗ I_S``. The wrapper's usual engine (:class:`decent_dp._engine.Engine`)
+``W ⊗ I_S``. The wrapper's usual engine (:class:`decent_dp._engine.engine.Engine`)
 then runs on the local shards: each trained ``DTensor`` parameter gets a
 plain leaf tensor sharing its local shard's storage, which the buckets,
 optimizers and gossip read and update in place (the parameters' storage
@@ -47,16 +47,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._averaging import GlobalAverager
-from ._builtin_topologies import HierarchicalTopology
-from ._compression import parse_compression
-from ._device import device_guard
-from ._engine import Engine
-from ._factories import check_scheduler, resolve_optim_fn
-from ._outer import OuterOptimizer, check_outer_args
-from ._setup import check_ranks_agree, trained_parameters
-from .topo import Edge, Topology, TopologyReg
-from .utils import unwrap_compiled
+from .._engine.averaging import GlobalAverager
+from .._engine.device import device_guard
+from .._engine.engine import Engine
+from .._engine.outer import OuterOptimizer, check_outer_args
+from .._engine.setup import check_ranks_agree, trained_parameters
+from ..compression import parse_compression
+from ..optim._factories import check_scheduler, resolve_optim_fn
+from ..topo import Edge, Topology, TopologyReg
+from ..topo.builtin import HierarchicalTopology
+from ..utils import unwrap_compiled
 
 __all__ = [
     "MESH_DIMS",

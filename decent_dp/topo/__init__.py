@@ -8,8 +8,12 @@ rounds and their mixing matrices can be computed for any world size, and only
 :class:`~decent_dp.ddp.DecentralizedDataParallel` turns edges into process
 groups.
 
-Run ``python -m decent_dp.topo --world-size 64`` for a table of every
-registered topology.
+The package: :mod:`~decent_dp.topo.graph` (:class:`Edge`, :class:`Topology`,
+:class:`TopologyReg`), :mod:`~decent_dp.topo.builtin` (the registered
+topologies), :mod:`~decent_dp.topo.base_k` (the base-(k+1) schedule) and
+:mod:`~decent_dp.topo.hosts` (which edges of a ``hierarchical`` topology span
+hosts); every public name is re-exported here. Run ``python -m decent_dp.topo
+--world-size 64`` for a table of every registered topology.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from typing import Any
 
 import torch
 
-from ._base_k import base_k_period_bound
-from ._builtin_topologies import (
+from ..mixing import consensus_rate, period_contraction, spectral_gap
+from .base_k import base_k_period_bound
+from .builtin import (
     AlternatingExpRingTopology,
     BaseKTopology,
     CompleteTopology,
@@ -31,8 +36,8 @@ from ._builtin_topologies import (
     RandomMatchingTopology,
     RingTopology,
 )
-from ._topology import Edge, Topology, TopologyReg
-from .mixing import consensus_rate, period_contraction, spectral_gap
+from .graph import Edge, Topology, TopologyReg
+from .hosts import hierarchical_keys, host_size, is_hierarchical
 
 __all__ = [
     "Edge",
@@ -47,6 +52,9 @@ __all__ = [
     "BaseKTopology",
     "HierarchicalTopology",
     "base_k_period_bound",
+    "host_size",
+    "is_hierarchical",
+    "hierarchical_keys",
     "mixing_matrices",
     "spectral_gap",
     "period_contraction",
@@ -152,7 +160,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         "per-step rate = 1 - contraction^(1/period), the average shrink of the disagreement per step"
     )
     print(_table(args.world_size, args.local_world_size, args.inter))
-
-
-if __name__ == "__main__":
-    main()

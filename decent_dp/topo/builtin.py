@@ -12,8 +12,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ._base_k import _base_k_schedule
-from ._topology import Edge, Topology, TopologyReg, _world_from_env
+from .base_k import _base_k_schedule
+from .graph import Edge, Topology, TopologyReg, _world_from_env
 
 
 def _positive_int(name: str, value: int, note: str = "") -> int:
@@ -344,7 +344,7 @@ class HierarchicalTopology(Topology):
     ``H`` becomes one edge over the union of their ranks with weight
     ``1 / (|H| L)``, and a host alone averages its own ranks (weight ``1 / L``).
     The wrapper runs an edge of several hosts in three phases, so that a host's
-    link carries one model per step (:mod:`decent_dp._hierarchical`).
+    link carries one model per step (:mod:`decent_dp._comm.hierarchical`).
 
     The inter-host topology's edges must average uniformly (weight ``1/k`` for
     ``k`` hosts): a non-uniform edge would give a rank's own host another

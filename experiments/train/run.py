@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from decent_dp._state_sync import check_state_sync
+from decent_dp.optim import check_state_sync
 from decent_dp.utils import get_device, initialize_dist
 from experiments.network.netem import profile_from_cfg
 from experiments.schema import require
