@@ -65,6 +65,14 @@ def _check_adam_args(
     return checked
 
 
+def _adam_defaults(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> dict[str, Any]:
+    """The param-group defaults every Adam-style optimizer of the package starts from, checked."""
+    betas = _check_adam_args(lr, betas, eps, weight_decay)
+    return {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+
+
 def _check_qgm_args(
     lr: float, momentum: float, weight_decay: float, nesterov: bool, mu: float | None
 ) -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ._base import (
+    _adam_defaults,
     _check_accum_iter,
-    _check_adam_args,
     _ClosureStep,
     _foreach_device,
 )
@@ -93,19 +93,11 @@ class AccumAdam(_ClosureStep):
         *,
         foreach: bool | None = None,
     ) -> None:
-        betas = _check_adam_args(lr, betas, eps, weight_decay)
+        defaults = _adam_defaults(lr, betas, eps, weight_decay)
         _check_accum_iter(accum_iter)
         if maximize:
             raise ValueError("maximize must be False for AccumAdam, got True")
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "accum_iter": accum_iter,
-            "decoupled": decoupled,
-            "maximize": False,
-        }
+        defaults.update(accum_iter=accum_iter, decoupled=decoupled, maximize=False)
         super().__init__(params, defaults)
         # not a group key, so that state dicts keep the format of earlier versions
         self.foreach = foreach

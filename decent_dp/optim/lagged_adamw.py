@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ._base import (
-    _check_adam_args,
+    _adam_defaults,
     _check_clip,
     _check_flag,
     _ClosureStep,
@@ -83,17 +83,10 @@ class LaggedVAdamW(_ClosureStep):
         clip: float = 5.0,
         lag_m: bool = False,
     ) -> None:
-        betas = _check_adam_args(lr, betas, eps, weight_decay)
+        defaults = _adam_defaults(lr, betas, eps, weight_decay)
         _check_clip(clip)
         _check_flag("lag_m", lag_m)
-        defaults = {
-            "lr": lr,
-            "betas": betas,
-            "eps": eps,
-            "weight_decay": weight_decay,
-            "clip": float(clip),
-            "lag_m": lag_m,
-        }
+        defaults.update(clip=float(clip), lag_m=lag_m)
         super().__init__(params, defaults)
 
     def _update(self) -> None:
