@@ -76,12 +76,22 @@ class CompressionSpec:
 
 
 def parse_compression(value: Any) -> CompressionSpec:
-    """``None``, ``"none"``, ``"bf16"``, ``"int8"``, ``"randk"`` or ``"randk:<ratio>"`` (default 0.1).
+    """Parse the wrapper's ``compression=`` argument.
 
-    A :class:`CompressionSpec` is returned as it is, once checked.
+    Args:
+        value: ``None``, ``"none"``, ``"bf16"``, ``"int8"``, ``"randk"`` or
+            ``"randk:<ratio>"`` (default ratio 0.1), or a :class:`CompressionSpec`,
+            which is returned as it is once checked.
+
+    Returns:
+        The spec (``name="none"`` for ``None``).
 
     Raises:
         ValueError: Another value, or a ratio outside ``(0, 1]``.
+
+    Example::
+
+        parse_compression("randk:0.05")  # CompressionSpec(name='randk', ratio=0.05, seed=0)
     """
     if value is None:
         return CompressionSpec()
@@ -166,7 +176,16 @@ def int8_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 
 
 def int8_decode(payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """The values an :func:`int8_encode` payload stands for, in ``dtype``."""
+    """The values an :func:`int8_encode` payload stands for.
+
+    Args:
+        payload: The uint8 payload (the scales, then the int8 values).
+        numel: The number of values it holds.
+        dtype: The dtype to decode into.
+
+    Returns:
+        A flat tensor of ``numel`` values in ``dtype``.
+    """
     c = _chunks(numel)
     cdt = _int8_dtype(dtype)
     scale = payload[: 4 * c].view(torch.float32).to(cdt)
@@ -176,7 +195,15 @@ def int8_decode(payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.
 
 
 def bf16_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``v`` rounded to bfloat16, as a uint8 buffer of ``2 numel`` bytes."""
+    """``v`` rounded to bfloat16 (round to nearest even), as bytes.
+
+    Args:
+        v: The flat tensor to compress.
+        out: A uint8 buffer of ``2 numel`` bytes to write into, or ``None``.
+
+    Returns:
+        The uint8 payload of ``2 numel`` bytes.
+    """
     q = v.to(torch.bfloat16)
     if out is None:
         return q.view(torch.uint8)
@@ -185,7 +212,16 @@ def bf16_encode(v: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
 
 
 def bf16_decode(payload: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """The values a :func:`bf16_encode` payload stands for, in ``dtype``."""
+    """The values a :func:`bf16_encode` payload stands for.
+
+    Args:
+        payload: The uint8 payload (at least ``2 numel`` bytes).
+        numel: The number of values it holds.
+        dtype: The dtype to decode into.
+
+    Returns:
+        A flat tensor of ``numel`` values in ``dtype``.
+    """
     return payload[: 2 * numel].view(torch.bfloat16).to(dtype)
 
 
@@ -243,7 +279,15 @@ def payload_nbytes(name: str, numel: int, element_size: int, ratio: float = 1.0)
 
 
 def chunk_len(numel: int, k: int) -> int:
-    """Elements of each of the ``k`` chunks of a split exchange (a multiple of 4, zero-padded)."""
+    """Elements of each of the ``k`` chunks of a split (two-phase) exchange.
+
+    Args:
+        numel: Elements of the values exchanged.
+        k: The group's size.
+
+    Returns:
+        ``ceil(numel / k)`` rounded up to a multiple of 4 (the chunks are zero-padded).
+    """
     per = -(-numel // k)
     return -(-per // 4) * 4
 

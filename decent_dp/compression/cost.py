@@ -40,6 +40,15 @@ def exchange_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int)
     An all-reduce of ``N`` bytes sends ``2 (k-1) / k N`` (exact gossip, and
     ``randk``'s selected values); a pair's all-gather one payload; the two
     phases of a larger group ``(k-1)`` chunk payloads each.
+
+    Args:
+        spec: The compressor (``none``: exact gossip).
+        numel: The bucket's elements (padding included).
+        element_size: Bytes per element of the bucket's dtype.
+        k: The group's size (nothing is sent for ``k <= 1``).
+
+    Returns:
+        The bytes this rank sends.
     """
     if k <= 1 or numel == 0:  # an empty bucket is not exchanged (decent_dp._engine.gossip.launch)
         return 0.0
@@ -63,6 +72,10 @@ def inflight_bytes(spec: CompressionSpec, numel: int, element_size: int, k: int)
         numel: The bucket's elements (padding included).
         element_size: Bytes per element of the bucket's dtype.
         k: The group's size.
+
+    Returns:
+        The bytes of the exchange's buffers (0 for exact gossip, which reduces
+        the bucket's own communication block, and for a group of one).
     """
     name = spec.name
     if k <= 1:
@@ -91,6 +104,9 @@ def bytes_per_step(
         edges: This rank's edge in each round.
         numels: The element count of each bucket (padding included).
         element_size: Bytes per element of the buckets.
+
+    Returns:
+        The mean over the rounds of the bytes sent for every bucket.
     """
     total = sum(
         exchange_bytes(spec, n, element_size, len(edge.ranks)) for edge in edges for n in numels

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decent_dp.compression import (
+from decent_dp.compression.codecs import (
     bf16_decode,
     bf16_encode,
     int8_decode,

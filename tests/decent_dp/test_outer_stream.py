@@ -24,7 +24,7 @@ from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
 from decent_dp._engine.bucket import aligned_offsets
-from decent_dp.compression import chunk_len
+from decent_dp.compression.codecs import chunk_len
 from decent_dp.topo import LocalSGDTopology
 from tests.support.codecs import bf16_value, int8_value
 from tests.support.ddp_cases import (
