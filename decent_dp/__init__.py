@@ -47,8 +47,8 @@ _EXPORTS = {
     "lr_scheduler_fn_step": "optim",
     "initialize_dist": "utils",
     "get_device": "utils",
-    "save_sharded_checkpoint": "_sharded_ckpt",
-    "load_sharded_checkpoint": "_sharded_ckpt",
+    "save_sharded_checkpoint": "sharded",
+    "load_sharded_checkpoint": "sharded",
 }
 _SUBMODULES = ("ddp", "topo", "metrics", "optim", "utils", "mixing", "packed")
 
@@ -57,8 +57,6 @@ __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     # "X as X": re-exported for type checkers, which do not run __getattr__
-    from ._sharded_ckpt import load_sharded_checkpoint as load_sharded_checkpoint
-    from ._sharded_ckpt import save_sharded_checkpoint as save_sharded_checkpoint
     from .ddp import DecentralizedDataParallel as DecentralizedDataParallel
     from .metrics import consensus_distance_exact as consensus_distance_exact
     from .metrics import consensus_distance_sketch as consensus_distance_sketch
@@ -78,6 +76,8 @@ if TYPE_CHECKING:
     from .optim import optim_fn_qgm_sgd as optim_fn_qgm_sgd
     from .optim import optim_fn_sgd as optim_fn_sgd
     from .packed import PackedWorkers as PackedWorkers
+    from .sharded import load_sharded_checkpoint as load_sharded_checkpoint
+    from .sharded import save_sharded_checkpoint as save_sharded_checkpoint
     from .topo import BaseKTopology as BaseKTopology
     from .topo import Edge as Edge
     from .topo import LocalSGDTopology as LocalSGDTopology

@@ -27,13 +27,13 @@ gossiped exactly once per iteration.
 This module is the public face: construction and its checks, averaging, state
 dicts and the names decent-dp 0.2.x scripts use. The per-iteration work
 (buckets, gradient hooks, stepping, gossip in flight) is done by
-:class:`decent_dp._engine.Engine`, which the wrapper owns.
+:class:`decent_dp._engine.engine.Engine`, which the wrapper owns.
 
 The public methods are grouped by concern: averaging
-(:class:`decent_dp._averaging.AveragingMixin`), state dicts
-(:class:`decent_dp._state.StateDictMixin`), the communication report
-(:class:`decent_dp._comm_report.CommReportMixin`) and decent-dp 0.2.x's
-per-bucket names (:class:`decent_dp._legacy.LegacyMixin`) each live beside
+(:class:`decent_dp._engine.averaging.AveragingMixin`), state dicts
+(:class:`decent_dp._engine.state.StateDictMixin`), the communication report
+(:class:`decent_dp._engine.comm_report.CommReportMixin`) and decent-dp 0.2.x's
+per-bucket names (:class:`decent_dp._engine.legacy.LegacyMixin`) each live beside
 the code they call; this module holds construction and the rest.
 """
 
@@ -48,27 +48,31 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-# the names marked F401 were imported here before the methods using them moved out; kept
-from . import _legacy  # noqa: F401
-from ._averaging import AveragingMixin, GlobalAverager
-from ._bucket import Bucket, aligned_offsets  # noqa: F401
-from ._comm_cost import bytes_per_step  # noqa: F401
-from ._comm_report import (
-    CommReportMixin,
-    schedule_bytes,  # noqa: F401
+from ._comm.hierarchical import check_compression
+from ._engine.averaging import AveragingMixin, GlobalAverager
+from ._engine.bucket import Bucket
+from ._engine.comm_report import CommReportMixin
+from ._engine.device import (
+    check_cuda_placement,
+    device_guard,
+    warn_cuda_graphs_without_stable_storage,
 )
-from ._compression import CompressionSpec, parse_compression
-from ._device import check_cuda_placement, device_guard, warn_cuda_graphs_without_stable_storage
-from ._engine import Engine
-from ._factories import check_scheduler, resolve_optim_fn
-from ._hierarchical import check_compression, hierarchical_keys
-from ._legacy import LegacyMixin
-from ._outer import OuterOptimFn, OuterOptimizer, check_outer_args  # noqa: F401
-from ._setup import broadcast_from_rank0, check_ranks_agree, check_wrapper_args, trained_parameters
-from ._sharded import build_sharded
-from ._state import StateDictMixin
-from ._state_sync import StateSync, check_state_sync
-from .topo import Topology, TopologyReg
+from ._engine.engine import Engine
+from ._engine.legacy import LegacyMixin
+from ._engine.outer import OuterOptimFn, OuterOptimizer, check_outer_args
+from ._engine.setup import (
+    broadcast_from_rank0,
+    check_ranks_agree,
+    check_wrapper_args,
+    trained_parameters,
+)
+from ._engine.state import StateDictMixin
+from ._engine.state_sync import StateSync
+from .compression import CompressionSpec, parse_compression
+from .optim._factories import check_scheduler, resolve_optim_fn
+from .optim.state_sync import check_state_sync
+from .sharded._wrapper import build_sharded
+from .topo import Topology, TopologyReg, hierarchical_keys
 from .utils import unwrap_compiled
 
 __all__ = [
@@ -155,14 +159,14 @@ class DecentralizedDataParallel(
             mode="reduce-overhead")``) and code that keeps ``p.data``.
         compression: ``None``/``"none"`` (exact), ``"bf16"``, ``"int8"``, ``"randk"``
             or ``"randk:<ratio>"`` (0.1 by default): each group exchanges compressed
-            deviations from a reference its members share (:mod:`decent_dp._compression`).
+            deviations from a reference its members share (:mod:`decent_dp._comm.compressed`).
         outer_optim_fn: Builds the outer optimizer (DiLoCo, SlowMo) over one
             bucket's outer copy ``x_outer`` (a list of tensors), e.g.
             ``partial(torch.optim.SGD, lr=0.7, momentum=0.9, nesterov=True)``.
             At each step ``t`` with ``t % outer_every == 0`` the gossip is one
             all-reduce of all ranks, giving ``xbar(t-1)``; ``x_outer`` steps
             with the gradient ``x_outer - xbar(t-1)`` and
-            ``x(t) = x_outer + d(t)`` (see :mod:`decent_dp._outer`).
+            ``x(t) = x_outer + d(t)`` (see :mod:`decent_dp._engine.outer`).
         outer_every: ``H``, an int >= 1, given exactly when ``outer_optim_fn`` is.
         outer_fragments: ``F``, a divisor of ``outer_every`` (1 by default: every
             bucket at once). Streaming outer rounds: bucket ``b`` (in bucket order)
@@ -176,7 +180,7 @@ class DecentralizedDataParallel(
             compressed, sums the decoded values in a fixed order (two phases for
             more than two ranks) and steps ``x_outer`` on their mean, the same bits
             on every rank; the workers continue from ``x_outer + d(t)`` as without
-            it. No error feedback is kept (see :mod:`decent_dp._outer`).
+            it. No error feedback is kept (see :mod:`decent_dp._engine.outer`).
         outer_scale_by_inner_lr: SlowMo's own update (``False`` by default): the outer
             gradient is ``Delta / gamma_t`` and the outer optimizer's learning rate is
             multiplied by ``gamma_t``, the inner optimizer's learning rate at the outer
@@ -187,12 +191,12 @@ class DecentralizedDataParallel(
             same group, and the optimizer steps from ``sum_j W_ij s_j(t-1)``. With
             ``complete`` the state is averaged over every rank. The bytes count in
             :meth:`comm_bytes_per_step`; not with an outer optimizer or ``hierarchical``
-            (see :mod:`decent_dp._state_sync`).
+            (see :mod:`decent_dp._engine.state_sync`).
         device_mesh: A 2-D ``torch.distributed.device_mesh.DeviceMesh`` with dimensions
             ``("replicate", "shard")`` for a model too large for one worker: the model is
             ``fully_shard``-ed over ``device_mesh["shard"]`` before wrapping, the topology
             is over the replicas, and rank ``(r, s)`` gossips its shard with ``(r', s)``
-            of each neighbouring replica (see :mod:`decent_dp._sharded`, which also lists
+            of each neighbouring replica (see :mod:`decent_dp.sharded._wrapper`, which also lists
             the options refused with it). ``None`` (the default): every rank holds the model.
 
     Raises:

@@ -31,7 +31,7 @@ Why it is exact:
 * **The outer optimizer** (DiLoCo, SlowMo) keeps one outer copy ``x_outer``;
   at every step ``t > 1`` with ``t % outer_every == 0`` it steps on
   ``x_outer - xbar(t-1)`` and every worker continues from ``x_outer + d_i(t)``,
-  as the wrapper's outer rounds do (:mod:`decent_dp._outer`).
+  as the wrapper's outer rounds do (:mod:`decent_dp._engine.outer`).
 * **``topology="allreduce"``** is the synchronous baseline: every worker
   steps on the workers' mean gradient (clipped as one), so the copies stay
   identical, as torch's DDP with an ordinary optimizer keeps them.
@@ -62,15 +62,15 @@ from torch.func import functional_call, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.optim import Optimizer
 
-from ._accum_adam import AccumAdam, AccumAdamW
-from ._bucket import aligned_offsets
-from ._codecs import parse_compression
-from ._comm_cost import exchange_bytes
-from ._factories import check_scheduler, resolve_optim_fn
-from ._kernels import prefer_fused
-from ._lagged_adamw import LaggedVAdamW
-from ._outer import OuterOptimFn, check_outer_args, inner_lr, step_scaled
-from ._qgm import QGMSGD
+from ._engine.bucket import aligned_offsets
+from ._engine.outer import OuterOptimFn, check_outer_args, inner_lr, step_scaled
+from .compression.codecs import parse_compression
+from .compression.cost import exchange_bytes
+from .optim._factories import check_scheduler, resolve_optim_fn
+from .optim._kernels import prefer_fused
+from .optim.accum_adam import AccumAdam, AccumAdamW
+from .optim.lagged_adamw import LaggedVAdamW
+from .optim.qgm import QGMSGD
 from .topo import Edge, Topology, TopologyReg
 
 __all__ = ["ALLREDUCE", "ELEMENTWISE_OPTIMIZERS", "PackedWorkers"]
@@ -453,7 +453,7 @@ class PackedWorkers:
     def comm_bytes_per_step(self) -> float:
         """Bytes one worker would send per step, averaged over workers and over the schedule.
 
-        Exact gossip's cost model (:func:`decent_dp._comm_cost.exchange_bytes`) over
+        Exact gossip's cost model (:func:`decent_dp.compression.cost.exchange_bytes`) over
         the wrapper's blocks, every parameter aligned to 256 bytes: a group of ``k``
         all-reduces, ``2 (k-1) / k`` of the model per member. ``allreduce`` all-reduces the gradients every step; an
         outer round all-reduces the model over every worker in place of its round.

@@ -245,7 +245,7 @@ def test_wrong_targets_and_modules_are_reported() -> None:
             "python -m decent_dp.topo --world-size 64",
             "python -m decent_dp.nope",
             "python -m experiments",
-            "python -m decent_dp.topo.sub",
+            "python -m decent_dp.mixing.sub",
             "python -m pytest -q",
             "python -m no_such_top_level_module",
             "```",

@@ -1,7 +1,7 @@
 """Bytes per step and in-flight payload memory of compressed gossip, per built-in topology.
 
-From the library's own cost model (:func:`decent_dp._compression.exchange_bytes`
-and :func:`~decent_dp._compression.inflight_bytes`), which the tests check
+From the library's own cost model (:func:`decent_dp.compression.exchange_bytes`
+and :func:`~decent_dp.compression.inflight_bytes`), which the tests check
 against what the collectives move. One 25 MB float32 bucket; the busiest rank
 of each topology.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from decent_dp._compression import bytes_per_step, inflight_bytes, parse_compression
+from decent_dp.compression import bytes_per_step, inflight_bytes, parse_compression
 from decent_dp.topo import TopologyReg
 
 NUMEL = 25 * 2**20 // 4

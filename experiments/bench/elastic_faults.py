@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quorum-every", type=int, default=5)
     p.add_argument("--min-replicas", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=20.0)
-    # above timeout_s, below twice it (decent_dp._elastic_quorum.QUORUM_TIMEOUTS)
+    # above timeout_s, below twice it (decent_dp.elastic._quorum.QUORUM_TIMEOUTS)
     p.add_argument("--join-timeout-ms", type=int, default=30000)
     p.add_argument("--heartbeat-timeout-ms", type=int, default=2000)
     p.add_argument("--kill-step", type=int, default=20)

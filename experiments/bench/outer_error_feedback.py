@@ -1,11 +1,11 @@
 """Compressed outer rounds with and without error feedback, against the exact outer round.
 
-The measurement behind the choice in :mod:`decent_dp._outer` (no error-feedback
+The measurement behind the choice in :mod:`decent_dp._engine.outer` (no error-feedback
 buffer). One process plays ``n`` workers of DiLoCo: AdamW inner steps on
 non-identical data (each worker's inputs shifted, labels from one teacher
 network), every ``H`` steps Nesterov SGD (lr 0.7, momentum 0.9) on the outer
 gradient, which is either the exact mean of ``Delta_i = x_outer - x_i`` or the
-mean decoded from the two-phase exchange of :mod:`decent_dp._compression`
+mean decoded from the two-phase exchange of :mod:`decent_dp._comm.compressed`
 (each worker's chunks compressed, each chunk's sum compressed again), with the
 library's own encoders. Error feedback keeps both roundings (a worker's of its
 ``Delta_i``, a chunk owner's of its sum) and adds them to the next round's
@@ -29,7 +29,7 @@ import argparse
 import torch
 from torch import nn
 
-from decent_dp._compression import bf16_decode, bf16_encode, chunk_len, int8_decode, int8_encode
+from decent_dp.compression import bf16_decode, bf16_encode, chunk_len, int8_decode, int8_encode
 
 CODECS = {"int8": (int8_encode, int8_decode), "bf16": (bf16_encode, bf16_decode)}
 D_IN, CLASSES = 64, 10

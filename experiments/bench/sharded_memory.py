@@ -23,7 +23,7 @@ The allocator. By default (``--allocator mmap``) every rank starts with
 on its own and returns it when freed, so that resident memory follows the
 live tensors. With ``--allocator default`` glibc keeps freed blocks in its
 heap (and the wrapper raises its thresholds further, see
-:mod:`decent_dp._cpu_memory`): FSDP's all-gathered and reduce-scattered
+:mod:`decent_dp._engine.cpu_memory`): FSDP's all-gathered and reduce-scattered
 buffers, allocated and freed in every block of every step, then stay
 resident, and the peak measures the allocator more than the tensors (on a
 63M-parameter GPT, 4 ranks: 1281 MB unsharded, 1204 MB with 4 shards, although the

@@ -39,8 +39,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from decent_dp._hierarchical import host_size
 from decent_dp.topo import Edge, TopologyReg
+from decent_dp.topo.hosts import host_size
 from experiments.network.choose_inputs import (
     FABRICS,
     FABRICS_OF,

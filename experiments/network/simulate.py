@@ -35,8 +35,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from decent_dp._hierarchical import hierarchical_keys, host_size
 from decent_dp.topo import TopologyReg, period_contraction
+from decent_dp.topo.hosts import hierarchical_keys, host_size
 from experiments.network.sim_config import (
     ALLREDUCE,
     DEFAULT_CONFIG,

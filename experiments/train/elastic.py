@@ -23,7 +23,7 @@ overlapping the next computation):
   alive) every host resumes from its own; a host behind the others still heals
   from a neighbour at the first quorum;
 - with ``outer=diloco`` or ``slowmo`` the outer rounds fall on quorum steps
-  (:mod:`decent_dp._elastic_outer`);
+  (:mod:`decent_dp.elastic._outer`);
 - the metrics lines are every run's (``train/loss``, ``train/lr``,
   ``perf/samples_per_s`` or ``perf/tokens_per_s``, ``comm/bytes_per_step``, ...)
   in ``<run dir>/<replica id>/metrics.jsonl``; a quorum's line adds the members'

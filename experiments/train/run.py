@@ -52,7 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from submitit.helpers import TorchDistributedEnvironment
 from submitit.slurm.slurm import _parse_node_list
 
-from decent_dp._state_sync import check_state_sync
+from decent_dp.optim import check_state_sync
 from decent_dp.utils import get_device, initialize_dist
 from experiments.schema import require
 from experiments.train.config import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decent_dp._clip import clip_grads_
+from decent_dp._engine.clip import clip_grads_
 
 
 def _reference(grads: list[torch.Tensor], max_norm: float) -> tuple[float, list[torch.Tensor]]:

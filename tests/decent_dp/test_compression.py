@@ -18,7 +18,7 @@ import torch
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._compression import (
+from decent_dp.compression.codecs import (
     INT8_CHUNK,
     bf16_decode,
     bf16_encode,
@@ -312,7 +312,7 @@ def _bytes_worker(rank: int, world: int, comp: str) -> dict[str, Any]:
     """What the collectives move during a real run, beside what the wrapper says it sends."""
     import torch.distributed as dist
 
-    from decent_dp import _compression
+    from decent_dp._comm import compressed as _compression
 
     sent: list[float] = []
     real_a2a, real_gather = dist.all_to_all_single, _compression._all_gather
@@ -357,7 +357,8 @@ def test_bytes_formula_is_what_the_collectives_move(comp: str) -> None:
 @pytest.mark.parametrize("n", [4, 8, 16, 32])
 def test_compression_saves_bytes_on_every_builtin_topology(n: int) -> None:
     """bf16 at most half of exact gossip's bytes, int8 at most 0.27, whatever the group sizes."""
-    from decent_dp._compression import bytes_per_step, inflight_bytes, payload_nbytes
+    from decent_dp.compression import bytes_per_step, inflight_bytes
+    from decent_dp.compression.codecs import payload_nbytes
 
     numels = [25 * 2**20 // 4]  # one 25 MB float32 bucket
     for name in TopologyReg.names():
@@ -418,7 +419,8 @@ def test_outer_rounds_between_compressed_gossip_match_the_replay(topology: str, 
 # ------------------------------------------------------------------ memory
 def _memory_worker(rank: int, world: int, topology: str, comp: str) -> dict[str, Any]:
     """What a real compressed run holds: the scratch blocks and each in-flight exchange's buffers."""
-    from decent_dp._compression import exchange_len, inflight_bytes
+    from decent_dp.compression import inflight_bytes
+    from decent_dp.compression.codecs import exchange_len
 
     ddp = DecentralizedDataParallel(
         make_model("mlp", seed=rank),

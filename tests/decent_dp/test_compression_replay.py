@@ -1,7 +1,7 @@
 """The compressors against a re-derivation of their documented format.
 
 :mod:`tests.support.codecs` re-derives ``int8``, ``bf16`` and ``randk`` from
-the format :mod:`decent_dp._compression` documents; here the library's
+the format :mod:`decent_dp.compression.codecs` documents; here the library's
 payloads are compared with it byte for byte and its decoding error is bounded
 per chunk. Real compressed gossip on gloo is compared with a float64 replay
 that compresses with the re-derivation in ``test_compression.py``
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decent_dp._compression import (
+from decent_dp.compression.codecs import (
     bf16_decode,
     bf16_encode,
     int8_decode,

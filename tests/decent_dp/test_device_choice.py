@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from decent_dp import utils
-from decent_dp._device import cached_per_device, side_stream
+from decent_dp._engine.device import cached_per_device, side_stream
 
 _LAUNCHER_VARS = (
     "LOCAL_RANK",

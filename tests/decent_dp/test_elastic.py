@@ -35,7 +35,7 @@ def _state(device: str) -> dict:
 def test_a_heal_snapshot_is_a_host_copy_sharing_nothing() -> None:
     import torch
 
-    from decent_dp._elastic_common import host_snapshot
+    from decent_dp.elastic.common import host_snapshot
 
     state = _state("cpu")
     snap = host_snapshot(state)
@@ -55,7 +55,7 @@ def test_a_heal_snapshot_of_cuda_state_takes_no_gpu_memory() -> None:
     """The staged copy goes straight to the host (copy.deepcopy would first copy on the GPU)."""
     import torch
 
-    from decent_dp._elastic_common import host_snapshot
+    from decent_dp.elastic.common import host_snapshot
 
     state = _state("cuda")
     torch.cuda.synchronize()
@@ -81,7 +81,7 @@ class _Store:
 
 
 def test_the_survivors_of_an_edge_name_its_one_lost_member_and_share_its_weight() -> None:
-    from decent_dp._elastic_survivors import find_lost, survivors_of
+    from decent_dp._comm.survivors import find_lost, survivors_of
     from decent_dp.topo import Edge
 
     ranks = (0, 1, 2, 3)
@@ -108,7 +108,7 @@ def _get(url: str) -> bytes:
 
 
 def _member(lh: str, rid: str, log: Any = None) -> Any:
-    from decent_dp._elastic_quorum import Membership
+    from decent_dp.elastic._quorum import Membership
 
     return Membership(lh, rid, 2, 10.0, "127.0.0.1", log or (lambda line: None))
 
@@ -118,7 +118,7 @@ def _heal_at_quorum(membership: Any, step: int, state: dict, log: Any) -> dict[s
 
     What the wrapper's quorum does with the heal's sources (asked again if the heal fails).
     """
-    from decent_dp._elastic_common import ask_quorum, host_snapshot
+    from decent_dp.elastic.common import ask_quorum, host_snapshot
 
     out: dict[str, Any] = {}
 
@@ -235,8 +235,8 @@ def test_a_heal_whose_stream_breaks_asks_again() -> None:
     the quorum is asked again and the next, whole, transfer heals it."""
     import torch
 
-    from decent_dp._elastic_common import ask_quorum
-    from decent_dp._elastic_quorum import Membership
+    from decent_dp.elastic._quorum import Membership
+    from decent_dp.elastic.common import ask_quorum
 
     state = {"model": {"w": torch.arange(1000, dtype=torch.float32)}, "step": 7}
     server = ec.lighthouse()
@@ -341,7 +341,7 @@ def test_a_joiner_whose_source_breaks_off_heals_at_the_next_try() -> None:
 def _outer_worker(rank: int, world_size: int) -> list[float]:
     import torch
 
-    from decent_dp._elastic_outer import ElasticOuter, _allreduce_sum
+    from decent_dp.elastic._outer import ElasticOuter, _allreduce_sum
 
     outer = ElasticOuter(ec.outer_sgd, 2, 2)
     mean = torch.arange(4.0)

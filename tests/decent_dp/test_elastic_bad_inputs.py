@@ -15,7 +15,7 @@ from tests.support import elastic_cases as ec  # noqa: E402
 
 
 def _membership(lh: str, rid: str, min_replicas: int, timeout_s: float, log: Any) -> Any:
-    from decent_dp._elastic_quorum import Membership
+    from decent_dp.elastic._quorum import Membership
 
     return Membership(lh, rid, min_replicas, timeout_s, "127.0.0.1", log)
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("torchft")
 
-from decent_dp._elastic_quorum import Membership  # noqa: E402
+from decent_dp.elastic._quorum import Membership  # noqa: E402
 from tests.support import elastic_group_cases as gc  # noqa: E402
 
 PROCS = [(rid, g) for rid in ("hostA", "hostB") for g in range(gc.GROUP)]

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._cpu_memory import _glibc
+from decent_dp._engine.cpu_memory import _glibc
 from tests.support.ddp_cases import SubclassedSGD, batch, make_model
 from tests.support.dist_harness import ok_values, run_distributed
 
@@ -146,7 +146,7 @@ def test_freed_gradients_are_not_faulted_in_again(monkeypatch: pytest.MonkeyPatc
 
 
 def test_malloc_setting_respects_the_users_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    from decent_dp import _cpu_memory
+    from decent_dp._engine import cpu_memory as _cpu_memory
 
     monkeypatch.setattr(_cpu_memory, "_applied_trim", 0)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1000000")

@@ -161,7 +161,7 @@ def inductor_worker(rank: int, world: int) -> dict[str, Any]:
     from torch import nn
 
     from decent_dp import DecentralizedDataParallel
-    from decent_dp._bucket import ALIGN_BYTES
+    from decent_dp._engine.bucket import ALIGN_BYTES
 
     torch.cuda.set_device(0)
     torch.manual_seed(0)
@@ -269,7 +269,7 @@ def test_without_set_device_every_rank_stays_on_its_own_gpu() -> None:
 
 
 def test_the_side_stream_is_cached_and_never_one_of_the_pools_streams() -> None:
-    from decent_dp._device import SIDE_STREAM_PRIORITY, side_stream
+    from decent_dp._engine.device import SIDE_STREAM_PRIORITY, side_stream
 
     device = torch.device("cuda", 0)
     side = side_stream(device)
@@ -379,7 +379,7 @@ def test_close_with_gossip_in_flight_finishes_it_first() -> None:
 
 
 def split_group_worker(rank: int, world: int) -> dict[str, Any]:
-    from decent_dp._setup import communicators_per_rank
+    from decent_dp._comm.groups import communicators_per_rank
     from decent_dp.utils import initialize_dist
 
     initialize_dist(timeout_s=120)  # nccl, bound to cuda:LOCAL_RANK: groups come from split_group

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._device import records_cuda_graphs
-from decent_dp._setup import communicators_per_rank
+from decent_dp._comm.groups import communicators_per_rank
+from decent_dp._engine.device import records_cuda_graphs
 from decent_dp.optim import optim_fn_sgd
 from decent_dp.topo import Edge, Topology, TopologyReg
 from tests.support.dist_harness import free_port, run_distributed

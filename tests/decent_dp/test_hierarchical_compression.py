@@ -15,10 +15,10 @@ import torch
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._bucket import Bucket
-from decent_dp._codecs import CompressionSpec, parse_compression
-from decent_dp._compression import GossipCompressor
-from decent_dp._hierarchical import check_compression
+from decent_dp._comm.compressed import GossipCompressor
+from decent_dp._comm.hierarchical import check_compression
+from decent_dp._engine.bucket import Bucket
+from decent_dp.compression import CompressionSpec, parse_compression
 from decent_dp.topo import HierarchicalTopology
 from tests.support.codecs import compressed, int8_payload
 from tests.support.compression_replay import buckets_of, set_buckets

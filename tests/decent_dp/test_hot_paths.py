@@ -16,7 +16,7 @@ from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._clip import clip_grads_
+from decent_dp._engine.clip import clip_grads_
 from decent_dp.topo import Edge, Topology
 from tests.support.ddp_cases import (
     assert_same_runs,

@@ -15,7 +15,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._bucket import ALIGN_BYTES
+from decent_dp._engine.bucket import ALIGN_BYTES
 from tests.support.ddp_cases import (
     batch,
     make_model,

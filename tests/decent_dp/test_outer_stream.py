@@ -1,6 +1,6 @@
 """Streaming and compressed outer rounds on real gloo groups against a float64 replay.
 
-The replay follows :mod:`decent_dp._outer` bucket by bucket: bucket ``b``
+The replay follows :mod:`decent_dp._engine.outer` bucket by bucket: bucket ``b``
 belongs to fragment ``f = b % F``, shifted by ``s = f H / F`` steps; at the
 steps ``t`` with ``(t - s) % H == 0`` its outer copy steps on ``x_outer -
 xbar(t-1)`` and every worker continues from ``x_outer + d(t)``, at the other
@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._bucket import aligned_offsets
-from decent_dp._compression import chunk_len
+from decent_dp._engine.bucket import aligned_offsets
+from decent_dp.compression.codecs import chunk_len
 from decent_dp.topo import LocalSGDTopology
 from tests.support.codecs import bf16_value, int8_value
 from tests.support.ddp_cases import (
@@ -349,7 +349,7 @@ def _bytes_worker(rank: int, world: int, cfgs: list[dict[str, Any]]) -> list[dic
     step before the one that mixes them; second phases (the all-gathers of
     groups of more than two) during that step or the final drain.
     """
-    from decent_dp import _compression
+    from decent_dp._comm import compressed as _compression
 
     out = []
     real_a2a, real_gather, real_ar = (

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._bucket import aligned_offsets
+from decent_dp._engine.bucket import aligned_offsets
 from tests.support.dist_harness import ok_values, run_distributed
 from tests.support.sharded_cases import (
     loss_at,

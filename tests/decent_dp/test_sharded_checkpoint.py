@@ -28,7 +28,7 @@ CFG = {"topology": "ring", "optim": "adamw", "bucket_mb": 25}
 
 def _optim_flat(ddp: Any, model: torch.nn.Module) -> torch.Tensor:
     """Every parameter's ``exp_avg`` as the whole replica's (gathered over the shard ranks)."""
-    from decent_dp._sharded_ckpt import _as_dtensor, _optimizers_by_leaf, _sharded_params
+    from decent_dp.sharded.checkpoint import _as_dtensor, _optimizers_by_leaf, _sharded_params
 
     optims = _optimizers_by_leaf(ddp._engine)
     parts = []
@@ -96,7 +96,7 @@ def test_a_directory_saved_into_again_loads_only_the_latest_save(tmp_path: Any) 
     replica-3 are the first save's. Every replica loads from the latest save's two."""
     import pytest
 
-    from decent_dp._sharded_ckpt import _saved_replica
+    from decent_dp.sharded.checkpoint import _saved_replica
 
     for r in range(4):
         _extras(tmp_path, r, 9, 4)

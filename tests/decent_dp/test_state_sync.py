@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._state_sync import StateSync, check_state_sync
+from decent_dp._engine.state_sync import StateSync
+from decent_dp.optim import check_state_sync
 from decent_dp.topo import TopologyReg
 from tests.support.compression_replay import compressed_replay
 from tests.support.ddp_cases import (

@@ -154,7 +154,7 @@ def test_cli_table_world_size_64() -> None:
     module_names = [
         name
         for name, klass in TopologyReg.registry.items()
-        if klass.__module__ == "decent_dp._builtin_topologies"
+        if klass.__module__ == "decent_dp.topo.builtin"
     ]
     assert set(BUILTINS) <= set(module_names) <= set(rows)
     # default local world size is 8, so alternating-exp-ring has 8 nodes

@@ -1,4 +1,4 @@
-"""Reference compressors, re-derived from the format :mod:`decent_dp._compression` documents.
+"""Reference compressors, re-derived from the format :mod:`decent_dp.compression.codecs` documents.
 
 The distributed replays decode compressed values with these, never with the
 library's encoders, so that a defect in an encoder shows up as a difference

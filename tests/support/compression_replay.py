@@ -4,7 +4,7 @@ Every worker runs in one process and the same compressor is applied to the
 same deviation ``x_i - ref`` where the real run applies it (after each
 launch): one payload per member for pairs; for larger groups (``bf16`` and
 ``int8``) the two phases, each member's chunks to their owners and the
-owners' compressed sums back to all. See :mod:`decent_dp._compression`.
+owners' compressed sums back to all. See :mod:`decent_dp._comm.compressed`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from decent_dp._bucket import aligned_offsets
+from decent_dp._engine.bucket import aligned_offsets
 from decent_dp.topo import TopologyReg
 from tests.support.codecs import compressed
 from tests.support.ddp_cases import (

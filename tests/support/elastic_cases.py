@@ -280,7 +280,7 @@ def replay(
     and data position at its first quorum. With ``outer_every``, outer rounds
     (DiLoCo's Nesterov SGD on ``x_outer - xbar``) at quorum steps ``t > 1`` with
     ``(t - 1) % outer_every == 0``, and at every new quorum id ``x_outer`` restarts
-    from the members' mean (:mod:`decent_dp._elastic_outer`). Checks every reported step's
+    from the members' mean (:mod:`decent_dp.elastic._outer`). Checks every reported step's
     parameters against the recomputed ones, and that each replica mixed with
     exactly the edge the topology gives (less peers that were gone).
 

@@ -1,7 +1,7 @@
 """Replica groups of several processes (one torchrun per host) on an in-process lighthouse.
 
 Each process of each group is spawned (torchft runs only in spawned processes)
-and builds its own :class:`decent_dp._elastic_quorum.Membership` with its group
+and builds its own :class:`decent_dp.elastic._quorum.Membership` with its group
 rank. Group rank 0 also hosts the group's rendezvous store, as torchrun's
 agent does, and the other ranks find it either through ``MASTER_ADDR`` /
 ``MASTER_PORT`` or through ``group_store``. Every process reports what it saw
@@ -69,7 +69,7 @@ def member(
     import torch.distributed as dist
     from torch.distributed import TCPStore
 
-    from decent_dp._elastic_quorum import Membership
+    from decent_dp.elastic._quorum import Membership
 
     torch.set_num_threads(1)
     try:

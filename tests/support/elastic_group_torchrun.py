@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from decent_dp._elastic_quorum import Membership
+from decent_dp.elastic._quorum import Membership
 
 
 def main() -> None:

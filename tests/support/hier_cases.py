@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-import decent_dp._hierarchical as hier
+import decent_dp._comm.hierarchical as hier
 from decent_dp.topo import HierarchicalTopology
 from tests.support.ddp_cases import flat, make_model, train_steps, train_worker, wrap
 

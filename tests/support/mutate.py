@@ -13,7 +13,7 @@ every other operator (numbers, ``not``, booleans, loops, exceptions, decorators)
 
 Usage::
 
-    python -m tests.support.mutate decent_dp/mixing.py decent_dp/_codecs.py
+    python -m tests.support.mutate decent_dp/mixing.py decent_dp/compression/codecs.py
     python -m tests.support.mutate --list          # the modules with a test selection
     python -m tests.support.mutate --table         # the summaries, as docs/testing.md shows them
 """
@@ -43,35 +43,38 @@ TESTS: dict[str, list[str]] = {
         "tests/decent_dp/test_topo_tables.py",
         "tests/experiments/network/test_choose.py",
     ],
-    "decent_dp/_codecs.py": [
+    "decent_dp/compression/codecs.py": [
         "tests/decent_dp/test_compression.py",
         "tests/decent_dp/test_compression_replay.py",
     ],
-    "decent_dp/_comm_cost.py": [
+    "decent_dp/compression/cost.py": [
         "tests/decent_dp/test_bytes_exact.py",
         "tests/decent_dp/test_hierarchical_bytes.py",
     ],
-    "decent_dp/_state_sync.py": [
+    "decent_dp/_engine/state_sync.py": [
         "tests/decent_dp/test_state_sync.py",
         "tests/decent_dp/test_bytes_exact.py",
     ],
-    "decent_dp/_lagged_adamw.py": ["tests/decent_dp/test_lagged_v_adamw.py"],
-    "decent_dp/_clip.py": ["tests/decent_dp/test_clip.py"],
+    "decent_dp/optim/lagged_adamw.py": ["tests/decent_dp/test_lagged_v_adamw.py"],
+    "decent_dp/_engine/clip.py": ["tests/decent_dp/test_clip.py"],
     "decent_dp/metrics.py": ["tests/decent_dp/test_metrics.py"],
-    "decent_dp/_topology.py": [
+    "decent_dp/topo/graph.py": [
         "tests/decent_dp/test_topo.py",
         "tests/decent_dp/test_topo_registry.py",
     ],
-    "decent_dp/_outer.py": [
+    "decent_dp/_engine/outer.py": [
         "tests/decent_dp/test_outer.py",
         "tests/decent_dp/test_outer_consistency.py",
     ],
-    "decent_dp/_hierarchical.py": [
+    "decent_dp/_comm/hierarchical.py": [
         "tests/decent_dp/test_hierarchical_ddp.py",
         "tests/decent_dp/test_hierarchical_bytes.py",
         "tests/decent_dp/test_hierarchical_compression.py",
     ],
-    "decent_dp/_inflight.py": ["tests/decent_dp/test_lifecycle.py", "tests/decent_dp/test_ddp.py"],
+    "decent_dp/_comm/inflight.py": [
+        "tests/decent_dp/test_lifecycle.py",
+        "tests/decent_dp/test_ddp.py",
+    ],
     "experiments/network/calibrate.py": [
         "tests/experiments/network/test_calibrate.py",
         "tests/experiments/network/test_wire_table.py",

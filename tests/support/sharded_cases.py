@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp._bucket import aligned_offsets
+from decent_dp._engine.bucket import aligned_offsets
 from decent_dp.topo import TopologyReg, mixing_matrices
 from tests.support.codecs import compressed
 from tests.support.ddp_cases import batch, flat, set_flat

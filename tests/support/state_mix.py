@@ -1,6 +1,6 @@
 """The replay's side of ``state_sync``: named optimizer states mixed with a round's edges.
 
-Independent of :mod:`decent_dp._state_sync`: the mix is written from its
+Independent of :mod:`decent_dp._engine.state_sync`: the mix is written from its
 definition, ``s_i <- sum_j W_ij s_j``, with W the round's weights.
 """
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from decent_dp._bucket import aligned_offsets
+from decent_dp._engine.bucket import aligned_offsets
 from experiments.train.config import compression_arg
 from experiments.train.run import ConfigError, run, validate
 from tests.support.dist_harness import ok_values, run_distributed
