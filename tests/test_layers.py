@@ -250,18 +250,13 @@ def test_the_cycle_check_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
 # ------------------------------------------------------------- private modules
 
 
-def _library_module_exists(name: str) -> bool:
-    """Whether ``decent_dp.a.b`` is a module or package of the library's tree."""
-    path = ROOT.joinpath(*name.split("."))
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
-
-
 def private_library_imports(path: Path) -> list[str]:
-    """Every import of a private ``decent_dp`` module in a file: ``line: module``.
+    """Every import of a private ``decent_dp`` module or name in a file: ``line: module``.
 
-    A module is private when a segment of its dotted path starts with ``_``;
-    ``from decent_dp.elastic import _quorum`` imports one when ``_quorum`` is a
-    module of the library (a private *name* of a public module is another matter).
+    A module is private when a segment of its dotted path starts with ``_``; a
+    name imported from a library module is private when it starts with one
+    (``from decent_dp.elastic import _quorum``, a module, and ``from decent_dp.optim
+    import _split_pairs``, a function, alike). Dunder names (``__version__``) are public.
     """
     tree = ast.parse(path.read_text(), filename=str(path))
     found: list[str] = []
@@ -274,7 +269,7 @@ def private_library_imports(path: Path) -> list[str]:
             modules += [
                 f"{node.module}.{a.name}"
                 for a in node.names
-                if a.name.startswith("_") and _library_module_exists(f"{node.module}.{a.name}")
+                if a.name.startswith("_") and not a.name.startswith("__")
             ]
         for module in modules:
             parts = module.split(".")
@@ -298,13 +293,15 @@ def test_the_private_module_check_sees_every_form(tmp_path: Path) -> None:
         "import decent_dp._comm.groups\n"
         "from decent_dp._engine import engine\n"
         "from decent_dp.elastic import _quorum, ElasticDataParallel\n"
-        "def later():\n    from decent_dp.topo import _no_such_module, host_size\n"
+        "def later():\n    from decent_dp.optim import _split_pairs, decay_groups\n"
         "import decent_dp.topo, os._private\n"
+        "from decent_dp import __version__\n"
     )
     assert private_library_imports(bad) == [
         "1: decent_dp._comm.groups",
         "2: decent_dp._engine",
         "3: decent_dp.elastic._quorum",
+        "5: decent_dp.optim._split_pairs",
     ]
 
 

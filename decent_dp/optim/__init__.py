@@ -70,6 +70,7 @@ __all__ = [
     "lr_scheduler_fn_constant",
     "lr_scheduler_fn_step",
     "check_state_sync",
+    "decay_groups",
 ]
 
 NamedParams = Iterable[tuple[torch.Tensor, str] | tuple[str, torch.Tensor]]
@@ -102,11 +103,22 @@ def _split_pairs(params: NamedParams) -> tuple[list[torch.Tensor], list[str]]:
     return tensors, names
 
 
-def _param_groups(params: NamedParams, weight_decay: float) -> list[dict[str, Any]]:
+def decay_groups(params: NamedParams, weight_decay: float) -> list[dict[str, Any]]:
     """Split ``params`` into a decayed group (``ndim >= 2``) and an undecayed one.
+
+    The built-in factories build their optimizers on these groups; a user's own
+    optimizer factory can use them the same way.
 
     Decided by shape, never by name: a name like ``"bn"`` or ``"bias"`` says
     nothing reliable about what a tensor is. Empty groups are left out.
+
+    Args:
+        params: The bucket's parameters with their names.
+        weight_decay: The decayed group's ``weight_decay``; the other group gets 0.
+
+    Returns:
+        Parameter groups (``params``, ``names``, ``weight_decay``) for a
+        ``torch.optim.Optimizer``.
     """
     tensors, names = _split_pairs(params)
     decay: dict[str, Any] = {"params": [], "names": [], "weight_decay": weight_decay}
@@ -193,7 +205,7 @@ def _optim_factory(
         values = dict(bound.arguments)
         params = values.pop("params")
         check(values)
-        return optimizer(_param_groups(params, values["weight_decay"]), **values, **fixed)
+        return optimizer(decay_groups(params, values["weight_decay"]), **values, **fixed)
 
     factory.__name__ = factory.__qualname__ = name
     factory.__doc__ = doc

@@ -25,7 +25,7 @@ import torch
 from omegaconf import OmegaConf
 
 from decent_dp import optim as dopt
-from decent_dp.optim import _param_groups  # the built-in factories' split by shape
+from decent_dp.optim import decay_groups  # the built-in factories' split by shape
 from experiments.instantiate import Target
 from experiments.schema import is_target, target_section
 from experiments.train.config import plain
@@ -159,7 +159,7 @@ def target_optimizer(target: Target, params: Any) -> torch.optim.Optimizer:
     """
     decay = target.kwargs.get("weight_decay", target.default("weight_decay"))
     takes_decay = target.takes("weight_decay")
-    groups = _param_groups(params, 0.0 if decay is inspect.Parameter.empty else float(decay))
+    groups = decay_groups(params, 0.0 if decay is inspect.Parameter.empty else float(decay))
     if not takes_decay:
         for group in groups:
             del group["weight_decay"]
