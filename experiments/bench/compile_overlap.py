@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
+from experiments.report.doc_data import md_table
 
 MODES = ("eager", "compile-whole", "compile-per-block")
 
@@ -120,12 +121,13 @@ def main() -> None:
         f"{args.depth} residual blocks of width {args.width}, batch {args.batch}, "
         f"{args.bucket_mb} MB buckets, {device.type}, torch {torch.__version__}\n"
     )
-    print(
-        "| mode | buckets | first bucket steps at (fraction of backward) | backward + steps (ms) |"
-    )
-    print("|---|---|---|---|")
-    for mode, r in rows:
-        print(f"| {mode} | {r['buckets']} | {r['first_step_at']:.2f} | {r['backward_ms']:.1f} |")
+    header = ["mode", "buckets", "first bucket steps at (fraction of backward)"]
+    header.append("backward + steps (ms)")
+    cells = [
+        [mode, str(r["buckets"]), f"{r['first_step_at']:.2f}", f"{r['backward_ms']:.1f}"]
+        for mode, r in rows
+    ]
+    print(md_table(header, ["---"] * len(header), cells))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.report.doc_data import md_table
+
 DEFAULT_OUT = Path("docs/results/sharded/bench.json")
 
 
@@ -265,22 +267,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Per arm: ranks, mean and max peak MB per rank, state bytes per rank, step time."""
-    lines = [
-        "| arm | shards x replicas | peak MB per rank (mean, max) "
-        "| params + optimizer + gossip MB per rank | step s |",
-        "|---|---|---|---|---|",
-    ]
+    header = ["arm", "shards x replicas", "peak MB per rank (mean, max)"]
+    header += ["params + optimizer + gossip MB per rank", "step s"]
+    cells = []
     keys = sorted({(r.get("arm", ""), r["shards"]) for r in rows}, key=lambda k: (k[1], k[0]))
     for name, shards in keys:
         arm = [r for r in rows if r.get("arm", "") == name and r["shards"] == shards]
         peaks = [r["peak_mb"] for r in arm]
         state = statistics.mean(r["param_bytes"] + r["optim_bytes"] + r["comm_bytes"] for r in arm)
-        lines.append(
-            f"| {name} | {shards} x {arm[0]['replicas']} "
-            f"| {statistics.mean(peaks):.1f}, {max(peaks):.1f} "
-            f"| {state / 2**20:.1f} | {statistics.median(r['step_s'] for r in arm):.3f} |"
-        )
-    return "\n".join(lines)
+        peak = f"{statistics.mean(peaks):.1f}, {max(peaks):.1f}"
+        step = f"{statistics.median(r['step_s'] for r in arm):.3f}"
+        cells.append([name, f"{shards} x {arm[0]['replicas']}", peak, f"{state / 2**20:.1f}", step])
+    return md_table(header, ["---"] * len(header), cells)
 
 
 if __name__ == "__main__":

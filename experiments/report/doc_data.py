@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,20 @@ class Source:
         return gaps
 
 
-def md_table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
-    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+def md_table(
+    header: Sequence[str | None], align: list[str], rows: Sequence[Sequence[str | None]]
+) -> str:
+    """A markdown table: ``header``, the alignment cells (``---``, ``---:``) and ``rows``.
+
+    A cell that is ``None`` (of the header or a row) is left blank, ``| |``, as a table
+    written by hand leaves one; an empty string is a cell of no text, ``|  |``.
+    """
+    lines = [_md_row(header), "|" + "|".join(align) + "|"]
+    lines += [_md_row(row) for row in rows]
     return "\n".join(lines)
+
+
+def _md_row(cells: Sequence[str | None]) -> str:
+    if None in cells:
+        return "|" + "|".join(" " if c is None else f" {c} " for c in cells) + "|"
+    return "| " + " | ".join(c or "" for c in cells) + " |"
