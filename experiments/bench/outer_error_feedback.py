@@ -63,11 +63,10 @@ def _flat(model: nn.Module) -> torch.Tensor:
 
 
 def _load(model: nn.Module, values: torch.Tensor) -> None:
-    offset = 0
+    params = list(model.parameters())
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(values[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, v in zip(params, values.split([p.numel() for p in params])):
+            p.copy_(v.view_as(p))
 
 
 class _Exchange:
