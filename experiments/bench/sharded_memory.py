@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.bench.options import add_options
 from experiments.report.doc_data import md_table
 
 DEFAULT_OUT = Path("docs/results/sharded/bench.json")
@@ -230,19 +231,13 @@ def run_arm(args: argparse.Namespace, arm: str) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=4)
+    add_options(parser, world=4)
     parser.add_argument(
         "--arms",
         default="1,2,4,h2,h4",
         help="comma-separated: S (the wrapper, S ranks per replica) or hS (HSDP)",
     )
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--n-layer", type=int, default=8)
-    parser.add_argument("--n-head", type=int, default=8)
-    parser.add_argument("--n-embd", type=int, default=512)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2)
+    add_options(parser, steps=3, n_layer=8, n_head=8, n_embd=512, vocab=8192, seq=64, batch=2)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
