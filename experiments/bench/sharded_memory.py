@@ -105,15 +105,8 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     from experiments.models.gpt import GPT, GPT_TINY
 
     torch.manual_seed(0)
-    cfg = dataclasses.replace(
-        GPT_TINY,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        n_embd=args.n_embd,
-        block_size=args.seq,
-        vocab_size=args.vocab,
-    )
-    return GPT(cfg)
+    sizes = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd")}  # --n-layer ...
+    return GPT(dataclasses.replace(GPT_TINY, block_size=args.seq, vocab_size=args.vocab, **sizes))
 
 
 def _state_bytes(ddp: Any) -> dict[str, int]:
