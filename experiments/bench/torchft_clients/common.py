@@ -193,6 +193,13 @@ class Metrics:
         self._file.close()
 
 
+def start(args: argparse.Namespace) -> tuple[Workload, Metrics]:
+    """A client's workload (``train.py``'s config with its overrides) and its metrics file."""
+    return Workload(compose(args.overrides), args.replica_id), Metrics(
+        args.run_dir, args.replica_id
+    )
+
+
 def manager(
     args: argparse.Namespace,
     load_state_dict: Any,

@@ -26,21 +26,12 @@ from typing import Any
 
 import torch
 
-from experiments.bench.torchft_clients.common import (
-    Metrics,
-    Workload,
-    compose,
-    manager,
-    now,
-    parse_args,
-)
+from experiments.bench.torchft_clients.common import manager, now, parse_args, start
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv, __doc__.splitlines()[0])
-    cfg = compose(args.overrides)
-    work = Workload(cfg, args.replica_id)
-    metrics = Metrics(args.run_dir, args.replica_id)
+    work, metrics = start(args)
     healed: list[int] = []
 
     def load_state_dict(state: dict[str, Any]) -> None:

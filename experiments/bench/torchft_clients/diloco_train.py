@@ -21,23 +21,14 @@ from typing import Any
 
 import torch
 
-from experiments.bench.torchft_clients.common import (
-    Metrics,
-    Workload,
-    compose,
-    manager,
-    now,
-    parse_args,
-)
+from experiments.bench.torchft_clients.common import compose, manager, now, parse_args, start
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv, __doc__.splitlines()[0])
     if args.sync_every < 1:
         raise SystemExit(f"--sync-every={args.sync_every}: must be at least 1")
-    cfg = compose(args.overrides)
-    work = Workload(cfg, args.replica_id)
-    metrics = Metrics(args.run_dir, args.replica_id)
+    work, metrics = start(args)
     inner = {"step": 0}
     healed: list[int] = []
 
