@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 
 from decent_dp import DecentralizedDataParallel
+from experiments.bench.options import add_options
+from experiments.report.doc_data import md_table
 
 MODES = ("eager", "compile-whole", "compile-per-block")
 
@@ -101,12 +103,7 @@ def measure(mode: str, args: argparse.Namespace, device: torch.device) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--depth", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--bucket-mb", type=float, default=4.0)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    add_options(parser, width=1024, depth=8, batch=256, bucket_mb=4.0, warmup=3, steps=10)
     args = parser.parse_args()
     device = torch.device(args.device)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -120,12 +117,13 @@ def main() -> None:
         f"{args.depth} residual blocks of width {args.width}, batch {args.batch}, "
         f"{args.bucket_mb} MB buckets, {device.type}, torch {torch.__version__}\n"
     )
-    print(
-        "| mode | buckets | first bucket steps at (fraction of backward) | backward + steps (ms) |"
-    )
-    print("|---|---|---|---|")
-    for mode, r in rows:
-        print(f"| {mode} | {r['buckets']} | {r['first_step_at']:.2f} | {r['backward_ms']:.1f} |")
+    header = ["mode", "buckets", "first bucket steps at (fraction of backward)"]
+    header.append("backward + steps (ms)")
+    cells = [
+        [mode, str(r["buckets"]), f"{r['first_step_at']:.2f}", f"{r['backward_ms']:.1f}"]
+        for mode, r in rows
+    ]
+    print(md_table(header, ["---"] * len(header), cells))
 
 
 if __name__ == "__main__":

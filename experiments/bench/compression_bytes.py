@@ -16,13 +16,14 @@ import argparse
 
 from decent_dp.compression import bytes_per_step, inflight_bytes, parse_compression
 from decent_dp.topo import TopologyReg
+from experiments.report.doc_data import md_table
 
 NUMEL = 25 * 2**20 // 4
 COMPRESSIONS = ("none", "bf16", "int8", "randk:0.1")
 
 
-def rows(world_size: int) -> list[str]:
-    """One markdown row per topology: MB per step for each compressor, and the ratios."""
+def rows(world_size: int) -> list[list[str]]:
+    """One table row per topology: MB per step for each compressor, and the ratios."""
     out = []
     for name in TopologyReg.names():
         topo = TopologyReg.create(name, world_size, 1)
@@ -34,9 +35,9 @@ def rows(world_size: int) -> list[str]:
             held = inflight_bytes(parse_compression("int8"), NUMEL, 4, k)
             per_rank.append((sent, k, held))
         sent, k, held = max(per_rank, key=lambda r: r[0][0])
-        mb = " | ".join(f"{b / 1e6:.2f}" for b in sent)
-        ratio = " | ".join(f"{b / sent[0]:.3f}" if sent[0] else "–" for b in sent[1:3])
-        out.append(f"| {name} | {world_size} | {k} | {mb} | {ratio} | {held / 1e6:.1f} |")
+        mb = [f"{b / 1e6:.2f}" for b in sent]
+        ratio = [f"{b / sent[0]:.3f}" if sent[0] else "–" for b in sent[1:3]]
+        out.append([name, str(world_size), str(k), *mb, *ratio, f"{held / 1e6:.1f}"])
     return out
 
 
@@ -52,13 +53,10 @@ def main(argv: list[str] | None = None) -> None:
         "the ratio to exact gossip is the compressor's on every topology. In-flight: the "
         "int8 payload buffers one bucket's exchange holds (one member's payload is 6.6 MB).\n"
     )
-    print(
-        "| topology | n | largest group | none MB/step | bf16 | int8 | randk:0.1 "
-        "| bf16/none | int8/none | int8 in flight MB |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in args.world_sizes:
-        print("\n".join(rows(n)))
+    header = ["topology", "n", "largest group", "none MB/step", *COMPRESSIONS[1:]]
+    header += ["bf16/none", "int8/none", "int8 in flight MB"]
+    cells = [row for n in args.world_sizes for row in rows(n)]
+    print(md_table(header, ["---", *["---:"] * (len(header) - 1)], cells))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.bench import elastic_faults as ef
+from experiments.bench.options import add_options
 
 ROOT = ef.ROOT
 METHODS = (
@@ -314,18 +315,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--task", choices=sorted(TASKS), default="digits")
-    p.add_argument("--seeds", default="0")
-    p.add_argument("--hosts", type=int, default=4)
+    add_options(p, seeds="0", hosts=4)
     p.add_argument("--steps", type=int, default=0, help="0: the task's")
     p.add_argument("--kill-step", type=int, default=0, help="0: the task's")
-    p.add_argument("--restart-after", type=float, default=5.0)
-    p.add_argument("--quorum-every", type=int, default=10)
+    add_options(p, restart_after=5.0, quorum_every=10)
     p.add_argument("--sync-every", type=int, default=10, help="torchft DiLoCo's H")
-    p.add_argument("--min-replicas", type=int, default=2)
-    p.add_argument("--timeout-s", type=float, default=20.0)
-    p.add_argument("--join-timeout-ms", type=int, default=20000)
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=2000)
-    p.add_argument("--limit-s", type=float, default=900.0)
+    add_options(p, min_replicas=2, timeout_s=20.0, join_timeout_ms=20000)
+    add_options(p, heartbeat_timeout_ms=2000, limit_s=900.0)
     p.add_argument("--port", type=int, default=29620, help="restart's rendezvous ports from here")
     p.add_argument("--faults", default="fault,clean", help="fault, clean or both")
     p.add_argument("--out", type=Path, default=Path("docs/results/elastic/compare"))

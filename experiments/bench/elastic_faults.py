@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from experiments.bench.options import add_options
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -389,21 +391,14 @@ def measure_again(out: Path, victim: str, t_kill: float, t_restart: float, steps
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hosts", type=int, default=4)
-    p.add_argument("--topology", default="ring")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--quorum-every", type=int, default=5)
-    p.add_argument("--min-replicas", type=int, default=2)
-    p.add_argument("--timeout-s", type=float, default=20.0)
+    add_options(
+        p, hosts=4, topology="ring", steps=60, quorum_every=5, min_replicas=2, timeout_s=20.0
+    )
     # above timeout_s, below twice it (decent_dp.elastic._quorum.QUORUM_TIMEOUTS)
-    p.add_argument("--join-timeout-ms", type=int, default=30000)
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=2000)
-    p.add_argument("--kill-step", type=int, default=20)
-    p.add_argument("--victim", type=int, default=2)
-    p.add_argument("--restart-after", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
+    add_options(p, join_timeout_ms=30000, heartbeat_timeout_ms=2000)
+    add_options(p, kill_step=20, victim=2, restart_after=10.0, seed=0)
     p.add_argument("--uninterrupted", action="store_true", help="also run without the fault")
-    p.add_argument("--limit-s", type=float, default=900.0)
+    add_options(p, limit_s=900.0)
     p.add_argument("--out", type=Path, default=Path("outputs/elastic_faults"))
     p.add_argument("--testbed", metavar="RATE", help="run on testbed hosts with links of RATE")
     p.add_argument(

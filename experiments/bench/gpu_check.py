@@ -48,6 +48,8 @@ from typing import Any
 
 import torch
 
+from experiments.report.doc_data import md_table
+
 PARTS = ("train", "tests", "bench")
 BUDGET_S = 540.0  # the whole check, under the 10 minutes a device command may run
 TRAIN_S = 110.0
@@ -216,13 +218,12 @@ def run_train(timeout_s: float, work: Path, procs: int = 2) -> PartResult:
 
 def metrics_table(summary: dict[str, Any], command: str) -> str:
     """The training run's final metrics as a markdown table."""
-    lines = [f"`torchrun ... {command}`", "", "| metric | value |", "|---|---|"]
+    rows = []
     for key in TRAIN_KEYS:
         if key in summary:
             value = summary[key]
-            shown = f"{value:.4g}" if isinstance(value, float) else str(value)
-            lines.append(f"| {key} | {shown} |")
-    return "\n".join(lines)
+            rows.append([key, f"{value:.4g}" if isinstance(value, float) else str(value)])
+    return f"`torchrun ... {command}`\n\n" + md_table(["metric", "value"], ["---", "---"], rows)
 
 
 def render(device: str, results: list[PartResult], when: str, torch_version: str) -> str:
@@ -233,11 +234,12 @@ def render(device: str, results: list[PartResult], when: str, torch_version: str
         f"Device: **{device}**; torch {torch_version}; {when}.",
         "Written by `make gpu-check` (`python -m experiments.bench.gpu_check`).",
         "",
-        "| part | outcome | seconds |",
-        "|---|---|---:|",
+        md_table(
+            ["part", "outcome", "seconds"],
+            ["---", "---", "---:"],
+            [[r.name, r.status, f"{r.seconds:.0f}"] for r in results],
+        ),
     ]
-    for r in results:
-        lines.append(f"| {r.name} | {r.status} | {r.seconds:.0f} |")
     titles = {
         "tests": "Tests (`pytest -m gpu`)",
         "bench": "Step time (`experiments.bench.step_time --device cuda`, gloo, one GPU)",

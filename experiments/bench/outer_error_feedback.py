@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from decent_dp.compression import bf16_decode, bf16_encode, chunk_len, int8_decode, int8_encode
+from experiments.report.doc_data import md_table
 
 CODECS = {"int8": (int8_encode, int8_decode), "bf16": (bf16_encode, bf16_decode)}
 D_IN, CLASSES = 64, 10
@@ -62,11 +63,10 @@ def _flat(model: nn.Module) -> torch.Tensor:
 
 
 def _load(model: nn.Module, values: torch.Tensor) -> None:
-    offset = 0
+    params = list(model.parameters())
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(values[offset : offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for p, v in zip(params, values.split([p.numel() for p in params])):
+            p.copy_(v.view_as(p))
 
 
 class _Exchange:
@@ -154,15 +154,15 @@ def main() -> None:
     start = _flat(_student(args.model))
     exact, exact_loss = run(args.model, None)
     travel = float((exact - start).norm())
-    print(f"| {args.model} | run | loss | vs exact | distance to exact |")
-    print("|---|---|---|---|---|")
-    print(f"| {start.numel()} params | exact | {exact_loss:.6f} | | |")
+    header = [args.model, "run", "loss", "vs exact", "distance to exact"]
+    rows = [[f"{start.numel()} params", "exact", f"{exact_loss:.6f}", None, None]]
     variants = [("noise floor (x(0) * (1 + 1e-6))", None, False, 1e-6)]
     variants += [(f"{c}, feedback={f}", c, f, 0.0) for c in ("int8", "bf16") for f in (False, True)]
     for label, codec, feedback, jolt in variants:
         x, loss = run(args.model, codec, feedback, jolt=jolt)
         gap = float((x - exact).norm()) / travel
-        print(f"| | {label} | {loss:.6f} | {loss - exact_loss:+.1e} | {gap:.1e} |")
+        rows.append([None, label, f"{loss:.6f}", f"{loss - exact_loss:+.1e}", f"{gap:.1e}"])
+    print(md_table(header, ["---"] * len(header), rows))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.bench.options import add_options
+from experiments.report.doc_data import md_table
+
 DEFAULT_OUT = Path("docs/results/sharded/bench.json")
 
 
@@ -102,15 +105,8 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     from experiments.models.gpt import GPT, GPT_TINY
 
     torch.manual_seed(0)
-    cfg = dataclasses.replace(
-        GPT_TINY,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        n_embd=args.n_embd,
-        block_size=args.seq,
-        vocab_size=args.vocab,
-    )
-    return GPT(cfg)
+    sizes = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd")}  # --n-layer ...
+    return GPT(dataclasses.replace(GPT_TINY, block_size=args.seq, vocab_size=args.vocab, **sizes))
 
 
 def _state_bytes(ddp: Any) -> dict[str, int]:
@@ -228,19 +224,13 @@ def run_arm(args: argparse.Namespace, arm: str) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=4)
+    add_options(parser, world=4)
     parser.add_argument(
         "--arms",
         default="1,2,4,h2,h4",
         help="comma-separated: S (the wrapper, S ranks per replica) or hS (HSDP)",
     )
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--n-layer", type=int, default=8)
-    parser.add_argument("--n-head", type=int, default=8)
-    parser.add_argument("--n-embd", type=int, default=512)
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2)
+    add_options(parser, steps=3, n_layer=8, n_head=8, n_embd=512, vocab=8192, seq=64, batch=2)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per arm")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
@@ -265,22 +255,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Per arm: ranks, mean and max peak MB per rank, state bytes per rank, step time."""
-    lines = [
-        "| arm | shards x replicas | peak MB per rank (mean, max) "
-        "| params + optimizer + gossip MB per rank | step s |",
-        "|---|---|---|---|---|",
-    ]
+    header = ["arm", "shards x replicas", "peak MB per rank (mean, max)"]
+    header += ["params + optimizer + gossip MB per rank", "step s"]
+    cells = []
     keys = sorted({(r.get("arm", ""), r["shards"]) for r in rows}, key=lambda k: (k[1], k[0]))
     for name, shards in keys:
         arm = [r for r in rows if r.get("arm", "") == name and r["shards"] == shards]
         peaks = [r["peak_mb"] for r in arm]
         state = statistics.mean(r["param_bytes"] + r["optim_bytes"] + r["comm_bytes"] for r in arm)
-        lines.append(
-            f"| {name} | {shards} x {arm[0]['replicas']} "
-            f"| {statistics.mean(peaks):.1f}, {max(peaks):.1f} "
-            f"| {state / 2**20:.1f} | {statistics.median(r['step_s'] for r in arm):.3f} |"
-        )
-    return "\n".join(lines)
+        peak = f"{statistics.mean(peaks):.1f}, {max(peaks):.1f}"
+        step = f"{statistics.median(r['step_s'] for r in arm):.3f}"
+        cells.append([name, f"{shards} x {arm[0]['replicas']}", peak, f"{state / 2**20:.1f}", step])
+    return md_table(header, ["---"] * len(header), cells)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from experiments.report.doc_data import md_table
+
 ARMS = ("ring", "one-peer-exp", "allreduce")
 DEFAULT_OUT = Path("docs/results/sharded")
 
@@ -106,29 +108,28 @@ def table(args: argparse.Namespace) -> None:
     rows = _arm_rows(Path(args.runs))
     if not rows:
         raise SystemExit(f"no runs under {args.runs}")
-    lines = [
-        "| hosts x shards | arm | seeds | tokens | tokens/s | bytes sent per host link per step "
-        "| wrapper's bytes per rank per step | final eval loss |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["hosts x shards", "arm", "seeds", "tokens", "tokens/s"]
+    header += ["bytes sent per host link per step", "wrapper's bytes per rank per step"]
+    header.append("final eval loss")
+    cells = []
     for shape in sorted({r["shape"] for r in rows}):
         for arm in ARMS:
             mine = [r for r in rows if r["shape"] == shape and r["arm"] == arm]
             if not mine:
                 continue
             comm = mine[0]["comm_bytes_per_step_per_rank"]
-            lines.append(
-                f"| {shape} | {arm} | {len(mine)} | {mine[0]['tokens']} "
-                f"| {_band([r['tokens_per_s'] for r in mine])} "
-                f"| {_band([r['tx_bytes_per_host_per_step'] for r in mine])} "
-                f"| {'-' if comm is None else f'{comm:.4g}'} "
-                f"| {_band([r['eval_loss'] for r in mine])} |"
-            )
+            bands = [
+                _band([r[k] for r in mine]) for k in ("tokens_per_s", "tx_bytes_per_host_per_step")
+            ]
+            loss = _band([r["eval_loss"] for r in mine])
+            counts = [shape, arm, str(len(mine)), str(mine[0]["tokens"])]
+            cells.append([*counts, *bands, "-" if comm is None else f"{comm:.4g}", loss])
+    text = md_table(header, ["---"] * len(header), cells)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "study.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (out / "study.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    (out / "study.md").write_text(text + "\n")
+    print(text)
 
 
 def main(argv: list[str] | None = None) -> int:

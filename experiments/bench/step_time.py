@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from experiments.report.doc_data import md_table
+
 # decent_dp is imported inside the functions that use it: experiments.bench.upstream
 # reuses this module under decent-dp 0.2.3, which has the same import name
 MODELS = ("mlp", "resnet18")
@@ -265,12 +267,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| model | procs | variant | median step (ms) | vs torch DDP | vs local | wait (ms) | mix (ms) | optim (ms) | extra mem (x params) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    header = ["model", "procs", "variant", "median step (ms)", "vs torch DDP", "vs local"]
+    header += ["wait (ms)", "mix (ms)", "optim (ms)", "extra mem (x params)"]
+    ref = {(x["model"], x["world_size"], x["variant"]): x["median_step_s"] for x in rows}
+    cells = []
     for r in rows:
-        ref = {(x["model"], x["world_size"], x["variant"]): x["median_step_s"] for x in rows}
+        step = r["median_step_s"]
         ddp = ref[(r["model"], r["world_size"], "torch-ddp")]
         local = ref[(r["model"], r["world_size"], "local")]
 
@@ -278,12 +280,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             return f"{r[key] * 1e3:.1f}" if key in r else ""
 
         mem = f"{r['extra_memory_x_params']:.2f}" if "extra_memory_x_params" in r else ""
-        lines.append(
-            f"| {r['model']} ({r['params_m']:.1f}M) | {r['world_size']} | {r['variant']} | "
-            f"{r['median_step_s'] * 1e3:.1f} | {r['median_step_s'] / ddp:.2f} | {r['median_step_s'] / local:.2f} | "
-            f"{ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} | {mem} |"
-        )
-    return "\n".join(lines)
+        name = [f"{r['model']} ({r['params_m']:.1f}M)", str(r["world_size"]), r["variant"]]
+        ratios = [f"{step * 1e3:.1f}", f"{step / ddp:.2f}", f"{step / local:.2f}"]
+        phases = [ms(f"{k}_s_per_step") for k in ("wait", "mix", "optim")]
+        cells.append([*name, *ratios, *phases, mem])
+    return md_table(header, ["---", "---:", "---", *["---:"] * 7], cells)
 
 
 def main(argv: list[str] | None = None) -> None:

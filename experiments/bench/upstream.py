@@ -72,6 +72,7 @@ from experiments.bench.upstream_env import (  # noqa: E402
     upstream_python,
 )
 from experiments.bench.upstream_worker import CATEGORIES, await_file, worker  # noqa: E402
+from experiments.report.doc_data import md_table  # noqa: E402
 
 MODELS = ("mlp", "gpt")
 
@@ -192,75 +193,89 @@ def _model(cfg: dict[str, Any]) -> str:
     return str(cfg.get("model", "mlp"))  # results written before the gpt model timed the mlp
 
 
-def tables(results: dict[str, Any]) -> str:
-    """Markdown: step times, ratios against the targets, and the profile breakdown."""
-    lines = [
-        "| model | procs | topology | impl | median step (ms) | rounds (ms) "
-        "| CPU per step and rank (ms) | page faults per step | wait | mix | optim |",
-        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for cfg in results["configs"]:
+def _where(cfg: dict[str, Any]) -> list[str]:
+    return [_model(cfg), str(cfg["procs"]), cfg["topology"]]
+
+
+def _step_table(configs: list[dict[str, Any]]) -> str:
+    """Each implementation's median step, its rounds, CPU time, page faults and phases."""
+    header = ["model", "procs", "topology", "impl", "median step (ms)", "rounds (ms)"]
+    header += ["CPU per step and rank (ms)", "page faults per step", "wait", "mix", "optim"]
+    rows = []
+    for cfg in configs:
         for r in cfg["rows"]:
 
             def ms(key: str, r: dict[str, Any] = r) -> str:
                 return f"{r[key] * 1e3:.1f}" if key in r else ""
 
-            lines.append(
-                f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {r['impl']} | {ms('median_step_s')} | "
-                f"{' '.join(f'{x:.0f}' for x in r['rounds_ms'])} | {ms('cpu_step_s')} | "
-                f"{r.get('faults_per_step', float('nan')):.0f} | {ms('wait_s_per_step')} | {ms('mix_s_per_step')} | {ms('optim_s_per_step')} |"
-            )
-    loads = ", ".join(
-        f"{_model(c)} {c['procs']} procs {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
-        for c in results["configs"]
-        if "load_avg" in c
-    )
-    if loads:
-        lines += ["", f"Load average of the machine before -> after the rounds: {loads}."]
-    lines += [
-        "",
-        "| model | procs | topology | ratio of median steps | measured | target | met "
-        "| ratio of CPU per step |",
-        "|---|---:|---|---|---:|---:|---|---:|",
-    ]
-    for cfg in results["configs"]:
-        rows = {r["impl"]: r for r in cfg["rows"]}
+            rounds = " ".join(f"{x:.0f}" for x in r["rounds_ms"])
+            faults = f"{r.get('faults_per_step', float('nan')):.0f}"
+            timed = [ms("median_step_s"), rounds, ms("cpu_step_s"), faults]
+            phases = [ms(f"{k}_s_per_step") for k in ("wait", "mix", "optim")]
+            rows.append([*_where(cfg), r["impl"], *timed, *phases])
+    return md_table(header, ["---", "---:", "---", "---", "---:", "---", *["---:"] * 5], rows)
+
+
+def _ratio_table(configs: list[dict[str, Any]]) -> str:
+    """The ratios of median steps (against 0.2.3 and torch DDP) and the targets they meet."""
+    header = ["model", "procs", "topology", "ratio of median steps", "measured", "target", "met"]
+    header.append("ratio of CPU per step")
+    rows = []
+    for cfg in configs:
+        by_impl = {r["impl"]: r for r in cfg["rows"]}
         targets = {
             (num, den): target
             for model, procs, topo, num, den, target in TARGETS
             if (model, procs, topo) == (_model(cfg), cfg["procs"], cfg["topology"])
         }
-        for num in rows:
+        for num in by_impl:
             for den in (UPSTREAM, "torch-ddp"):
-                if num == den or den not in rows or (num == "torch-ddp" and den == UPSTREAM):
+                if num == den or den not in by_impl or (num == "torch-ddp" and den == UPSTREAM):
                     continue
-                ratio = rows[num]["median_step_s"] / rows[den]["median_step_s"]
-                cpu = rows[num]["cpu_step_s"] / rows[den]["cpu_step_s"]
+                ratio = by_impl[num]["median_step_s"] / by_impl[den]["median_step_s"]
+                cpu = by_impl[num]["cpu_step_s"] / by_impl[den]["cpu_step_s"]
                 target = targets.get((num, den))
                 met = "" if target is None else ("yes" if ratio <= target else "no")
                 goal = "" if target is None else f"<= {target:.2f}"
-                lines.append(
-                    f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {num} / {den} | {ratio:.2f} | {goal} "
-                    f"| {met} | {cpu:.2f} |"
+                rows.append(
+                    [*_where(cfg), f"{num} / {den}", f"{ratio:.2f}", goal, met, f"{cpu:.2f}"]
                 )
-    if any(cfg.get("profile") for cfg in results["configs"]):
-        head = " | ".join(CATEGORIES)
+    return md_table(header, ["---", "---:", "---", "---", "---:", "---:", "---", "---:"], rows)
+
+
+def _profile_table(configs: list[dict[str, Any]]) -> str:
+    """The profiler's split of a step, per implementation."""
+    header = ["model", "procs", "topology", "impl", "step (profiled)", *CATEGORIES]
+    header += ["CPU main thread", "CPU other threads"]
+    keys = ("step_wall", *CATEGORIES, "cpu_main_thread", "cpu_other_threads")
+    rows = [
+        [*_where(cfg), impl, *(f"{p[k]:.1f}" for k in keys)]
+        for cfg in configs
+        for impl, p in cfg.get("profile", {}).items()
+    ]
+    return md_table(header, ["---", "---:", "---", "---", *["---:"] * len(keys)], rows)
+
+
+def tables(results: dict[str, Any]) -> str:
+    """Markdown: step times, ratios against the targets, and the profile breakdown."""
+    configs = results["configs"]
+    lines = [_step_table(configs)]
+    loads = ", ".join(
+        f"{_model(c)} {c['procs']} procs {c['load_avg'][0]:.1f} -> {c['load_avg'][1]:.1f}"
+        for c in configs
+        if "load_avg" in c
+    )
+    if loads:
+        lines += ["", f"Load average of the machine before -> after the rounds: {loads}."]
+    lines += ["", _ratio_table(configs)]
+    if any(cfg.get("profile") for cfg in configs):
         lines += [
             "",
             "Profile (torch.profiler, ms per step, mean over ranks; the profiler's own "
             "overhead is in python_other):",
             "",
-            f"| model | procs | topology | impl | step (profiled) | {head} | CPU main thread "
-            "| CPU other threads |",
-            "|---|---:|---|---|---:|" + "---:|" * (len(CATEGORIES) + 2),
+            _profile_table(configs),
         ]
-        for cfg in results["configs"]:
-            for impl, p in cfg.get("profile", {}).items():
-                cells = " | ".join(f"{p[c]:.1f}" for c in CATEGORIES)
-                lines.append(
-                    f"| {_model(cfg)} | {cfg['procs']} | {cfg['topology']} | {impl} | {p['step_wall']:.1f} | {cells} "
-                    f"| {p['cpu_main_thread']:.1f} | {p['cpu_other_threads']:.1f} |"
-                )
     return "\n".join(lines)
 
 

@@ -49,6 +49,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from experiments.report.doc_data import md_table
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "network"
 PAIRBENCH = "experiments/network/testbed/pairbench.py"
@@ -229,30 +231,31 @@ def markdown(calib: dict[str, Any]) -> str:
         f"hosts, a line `t = collective_ms + S / (efficiency * B)` through each rate's medians; "
         f"{calib['cores']} cores.",
         "",
-        "| rate | efficiency | collective_ms | worst fit error | CPU ms per MB | beyond loopback |",
-        "|---|---:|---:|---:|---:|---:|",
     ]
+    header = ["rate", "efficiency", "collective_ms", "worst fit error", "CPU ms per MB"]
+    header.append("beyond loopback")
+    fits = []
     for rate, r in calib["rates"].items():
-        lines.append(
-            f"| {rate} | {r['efficiency']:.3f} | {r['collective_ms']:.2f} | {r['worst_fit_error']:.1%} | "
-            f"{r['comm_cpu_ms_per_mb']:.1f} | {r['stack_cpu_ms_per_mb']:.1f} |"
-        )
+        fit = [f"{r['efficiency']:.3f}", f"{r['collective_ms']:.2f}", f"{r['worst_fit_error']:.1%}"]
+        cpu = [f"{r['comm_cpu_ms_per_mb']:.1f}", f"{r['stack_cpu_ms_per_mb']:.1f}"]
+        fits.append([rate, *fit, *cpu])
     lines += [
+        md_table(header, ["---", *["---:"] * 5], fits),
         "",
         "CPU per MB: the whole machine's busy time over the exchanges less its idle rate, per MB the "
         f"ranks sent, the median over payloads from {BULK:,} bytes (loopback: "
         f"{calib['loopback_cpu_ms_per_mb']:.1f} ms). The emulator burns what the testbed costs beyond "
         "loopback (`stack_cpu_ms_per_mb`); the simulator adds the whole cost to its compute time.",
         "",
-        "| where | rate | bytes | median s | x S/B | CPU ms per MB |",
-        "|---|---|---:|---:|---:|---:|",
     ]
+    rows = []
     for r in calib["rows"]:
         ratio = f"{r['ratio']:.2f}" if "ratio" in r else "–"
         cpu = f"{r['cpu_ms_per_mb']:.1f}" if "cpu_ms_per_mb" in r else "–"
-        lines.append(
-            f"| {r['where']} | {r.get('rate', '–')} | {r['bytes']:,} | {r['median_s']:.4f} | {ratio} | {cpu} |"
-        )
+        where = [r["where"], r.get("rate", "–"), f"{r['bytes']:,}", f"{r['median_s']:.4f}"]
+        rows.append([*where, ratio, cpu])
+    header = ["where", "rate", "bytes", "median s", "x S/B", "CPU ms per MB"]
+    lines.append(md_table(header, ["---", "---", *["---:"] * 4], rows))
     return "\n".join(lines) + "\n"
 
 

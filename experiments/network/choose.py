@@ -57,6 +57,7 @@ from experiments.network.choose_inputs import (
 from experiments.network.netem import PROFILES
 from experiments.network.sim_config import ALLREDUCE, load_config
 from experiments.network.simulate import HIERARCHICAL, simulate
+from experiments.report.doc_data import md_table
 
 __all__ = ["MAX_WORLD", "choose", "host_link_bytes", "main", "rate_per_step", "table"]
 
@@ -323,21 +324,22 @@ def table(result: dict[str, Any]) -> str:
         f"model {result['model']['about']}; compute {inp['compute_s'] * 1e3:g} ms per step "
         "(--compute-ms)",
         "",
-        "| rank | topology | step, predicted | period | consensus rate per step | MB per host link per step | |",
-        "|---:|---|---:|---:|---:|---:|---|",
     ]  # fmt: skip
+    rows: list[list[str | None]] = []
     for r in result["rows"]:
         if not r["fits"]:
-            lines.append(f"| | {r['topology']} | does not fit: {r['reason']} | | | | |")
+            rows.append([None, r["topology"], f"does not fit: {r['reason']}", *[None] * 4])
             continue
         note = "**pick**" if r["topology"] == result["pick"] else ""
         if not r["candidate"]:
             note = "listed, not a candidate (--topologies)"
-        lines.append(
-            f"| {r['rank']} | {r['topology']} | {r['step_s']:.3f} s | {r['period']} | "
-            f"{r['rate_per_step']:.4f} | {r['host_link_bytes'] / MB:,.2f} | {note} |"
-        )
+        step = [str(r["rank"]), r["topology"], f"{r['step_s']:.3f} s", str(r["period"])]
+        rate = [f"{r['rate_per_step']:.4f}", f"{r['host_link_bytes'] / MB:,.2f}"]
+        rows.append([*step, *rate, note])
+    header = ["rank", "topology", "step, predicted", "period", "consensus rate per step"]
+    header += ["MB per host link per step", None]
     lines += [
+        md_table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows),
         "",
         "step: the scale simulator's prediction (experiments/network/sim_model.py), not a "
         f"measurement; its error: {result['model_error']}.",

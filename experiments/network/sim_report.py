@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from experiments.network.sim_config import ALLREDUCE, Profile, monte_carlo, profiles
+from experiments.report.doc_data import md_table
 
 __all__ = ["ASSUMPTIONS", "format_calibration", "format_markdown", "write_outputs"]
 
@@ -55,9 +56,9 @@ def _pct(err: float) -> str:
     return f"{(err if abs(err) >= 5e-5 else 0.0):+.1%}"
 
 
-def _ratios(rows: Sequence[dict[str, Any]]) -> list[str]:
+def _ratios(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     """Measured and predicted all-reduce/topology ratios per (profile, n)."""
-    lines = []
+    out = []
     for prof in dict.fromkeys(r["profile"] for r in rows):
         for n in dict.fromkeys(r["n"] for r in rows if r["profile"] == prof):
             sub = [r for r in rows if r["profile"] == prof and r["n"] == n]
@@ -67,31 +68,28 @@ def _ratios(rows: Sequence[dict[str, Any]]) -> list[str]:
                     continue
                 meas = ar[0]["measured_ms"] / r["measured_ms"]
                 pred = ar[0]["predicted_ms"] / r["predicted_ms"]
-                lines.append(
-                    f"| {prof} | {n} | allreduce / {r['method']} | {meas:.2f}x | {pred:.2f}x | "
-                    f"{_pct(pred / meas - 1)} | ratio |"
-                )
-    return lines
+                ratios = [f"{meas:.2f}x", f"{pred:.2f}x", _pct(pred / meas - 1)]
+                out.append([prof, str(n), f"allreduce / {r['method']}", *ratios, "ratio"])
+    return out
 
 
 def format_calibration(rows: Sequence[dict[str, Any]], cfg: Any) -> str:
     """The table of predicted against measured step times (the output's first section)."""
     title = cfg.get("title") or "Calibration"
-    lines = [
-        f"# {title}",
-        "",
-        "| profile | n | method | measured (ms) | predicted (ms) | error | role |",
-        "|---|---:|---|---:|---:|---:|---|",
-    ]
+    cells = []
     for r in rows:
         role = r["role"]
         if role == "fitted":
             role = f"fitted: efficiency {r['efficiency']:.3f}"
-        lines.append(
-            f"| {r['profile']} | {r['n']} | {r['method']} | {r['measured_ms']:.1f} | "
-            f"{r['predicted_ms']:.1f} | {_pct(r['error'])} | {role} |"
-        )
-    lines += _ratios(rows)
+        times = [f"{r['measured_ms']:.1f}", f"{r['predicted_ms']:.1f}", _pct(r["error"])]
+        cells.append([r["profile"], str(r["n"]), r["method"], *times, role])
+    cells += _ratios(rows)
+    header = ["profile", "n", "method", "measured (ms)", "predicted (ms)", "error", "role"]
+    lines = [
+        f"# {title}",
+        "",
+        md_table(header, ["---", "---:", "---", "---:", "---:", "---:", "---"], cells),
+    ]
     predicted = [r for r in rows if r["role"] == "predicted"]
     if predicted:
         worst = max(predicted, key=lambda r: abs(r["error"]))
@@ -109,22 +107,22 @@ def _format_sensitivity(variants: Sequence[dict[str, Any]]) -> list[str]:
         return []
     first: list[dict[str, Any]] = next((v["rows"] for v in variants if v["rows"]), [])
     heads = [f"{r['profile']} {r['method']}" for r in first]
-    lines = [
-        "",
-        "## Sensitivity: errors (predicted/measured - 1) when one input changes",
-        "",
-        "| variant | fitted efficiency | " + " | ".join(heads) + " |",
-        "|---|---:|" + "---:|" * len(heads),
-    ]
+    rows: list[list[str | None]] = []
     for v in variants:
         if v["error"]:
-            lines.append(f"| {v['label']} | no fit: {v['error']} |" + " |" * len(heads))
+            rows.append([v["label"], f"no fit: {v['error']}", *[None] * len(heads)])
             continue
         eff = next((r["efficiency"] for r in v["rows"] if r["role"] == "fitted"), None)
         cells = [_pct(r["error"]) + (" (fit)" if r["role"] == "fitted" else "") for r in v["rows"]]
-        eff_cell = f"{eff:.3f}" if eff is not None else "-"
-        lines.append(f"| {v['label']} | {eff_cell} | " + " | ".join(cells) + " |")
-    return lines
+        rows.append([v["label"], f"{eff:.3f}" if eff is not None else "-", *cells])
+    return [
+        "",
+        "## Sensitivity: errors (predicted/measured - 1) when one input changes",
+        "",
+        md_table(
+            ["variant", "fitted efficiency", *heads], ["---", "---:", *["---:"] * len(heads)], rows
+        ),
+    ]
 
 
 def _inputs(cfg: Any, profs: Sequence[Profile]) -> list[str]:
@@ -142,20 +140,21 @@ def _inputs(cfg: Any, profs: Sequence[Profile]) -> list[str]:
             else ""
         ),
         "",
-        "| profile | network | efficiency | per-call latency | hop latency | compute | "
-        "backward | jitter | per node | intra-node |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
+    header = ["profile", "network", "efficiency", "per-call latency", "hop latency", "compute"]
+    header += ["backward", "jitter", "per node", "intra-node"]
+    rows = []
     for p in profs:
         net, intra = p.network, p.intra
         fit = " (fitted)" if p.fit else ""
-        lines.append(
-            f"| {p.label} | {net.bandwidth_gbps:g} Gb/s | {net.efficiency:.3f}{fit} | "
-            f"{net.collective_ms:g} ms | {net.latency_ms:g} ms | {p.compute_s * 1e3:.1f} ms | "
-            f"{p.backward_frac:.0%} | {p.jitter.kind} cv {p.jitter.cv:g} | {p.local_world_size} | "
-            f"{intra.name} {intra.bandwidth_gbps:g} Gb/s, {intra.latency_ms:g} ms |"
-        )
-    return lines
+        link = [f"{net.bandwidth_gbps:g} Gb/s", f"{net.efficiency:.3f}{fit}"]
+        link += [f"{net.collective_ms:g} ms", f"{net.latency_ms:g} ms"]
+        step = [f"{p.compute_s * 1e3:.1f} ms", f"{p.backward_frac:.0%}"]
+        step += [f"{p.jitter.kind} cv {p.jitter.cv:g}", str(p.local_world_size)]
+        node = f"{intra.name} {intra.bandwidth_gbps:g} Gb/s, {intra.latency_ms:g} ms"
+        rows.append([p.label, *link, *step, node])
+    align = ["---", "---", "---:", "---:", "---:", "---:", "---:", "---", "---:", "---"]
+    return [*lines, md_table(header, align, rows)]
 
 
 def format_markdown(
@@ -184,13 +183,7 @@ def format_markdown(
     for profile in dict.fromkeys(r["profile"] for r in rows):
         sub = [r for r in rows if r["profile"] == profile]
         lat, bw = sub[0]["latency_ms"], sub[0]["bandwidth_gbps"]
-        lines += [
-            "",
-            f"## {profile} ({bw:g} Gb/s per node, {lat:g} ms): samples/s (speedup vs allreduce)",
-            "",
-            "| n | nodes | " + " | ".join(methods) + " |",
-            "|---:|---:|" + "---:|" * len(methods),
-        ]
+        table = []
         for n in dict.fromkeys(r["n"] for r in sub):
             cells = []
             by_method = {r["method"]: r for r in sub if r["n"] == n}
@@ -201,16 +194,16 @@ def format_markdown(
                 else:
                     speed = f" ({r['speedup_vs_allreduce']:.2f}x)" if m != ALLREDUCE else ""
                     cells.append(f"{_fmt_rate(r['samples_per_s'])}{speed}")
-            lines.append(f"| {n} | {by_method[ALLREDUCE]['nodes']} | " + " | ".join(cells) + " |")
+            table.append([str(n), str(by_method[ALLREDUCE]["nodes"]), *cells])
+        lines += [
+            "",
+            f"## {profile} ({bw:g} Gb/s per node, {lat:g} ms): samples/s (speedup vs allreduce)",
+            "",
+            md_table(["n", "nodes", *methods], ["---:", "---:", *["---:"] * len(methods)], table),
+        ]
     first = next(iter(dict.fromkeys(r["profile"] for r in rows)))
     spectral = [r for r in rows if r["profile"] == first and r["method"] != ALLREDUCE]
-    lines += [
-        "",
-        "## Consensus: per-step rate 1 - contraction^(1/period) (period in brackets)",
-        "",
-        "| n | " + " | ".join(topologies) + " |",
-        "|---:|" + "---:|" * len(topologies),
-    ]
+    consensus = []
     reasons: dict[str, str] = {}
     for n in dict.fromkeys(r["n"] for r in spectral):
         cells = []
@@ -223,7 +216,13 @@ def format_markdown(
                 cells.append(f"not computed [{r['period']}]")
             else:
                 cells.append(f"{r['rate_per_step']:.3g} [{r['period']}]")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        consensus.append([str(n), *cells])
+    lines += [
+        "",
+        "## Consensus: per-step rate 1 - contraction^(1/period) (period in brackets)",
+        "",
+        md_table(["n", *topologies], ["---:", *["---:"] * len(topologies)], consensus),
+    ]
     if reasons:
         lines += ["", "n/a: the topology does not fit that size, e.g.:"]
         lines += [f"- {m}: {why}" for m, why in reasons.items()]

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments.report.doc_data import md_table
+
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("allreduce", "ring", "one-peer-exp")
 # No communication: local-sgd averages only every `period` steps, far beyond the run.
@@ -177,16 +179,25 @@ def _table(rows: Sequence[dict[str, Any]], args: argparse.Namespace) -> str:
         "the same size that never communicates (local-sgd with an endless period), run before and "
         "after the others.",
         "",
-        "| n | method | compute (ms) | jitter cv | predicted (ms) | measured (ms) | error |",
-        "|---:|---|---:|---:|---:|---:|---:|",
     ]
+    header = [
+        "n",
+        "method",
+        "compute (ms)",
+        "jitter cv",
+        "predicted (ms)",
+        "measured (ms)",
+        "error",
+    ]
+    cells = []
     for r in rows:
-        lines.append(
-            f"| {r['n']} | {r['method']} | {r['compute_s'] * 1e3:.1f} | {r['cv']:.2f} | "
-            f"{r['predicted_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | {r['error']:+.1%} |"
+        ms = [f"{r[k] * 1e3:.1f}" for k in ("compute_s", "predicted_s", "measured_s")]
+        cells.append(
+            [str(r["n"]), r["method"], ms[0], f"{r['cv']:.2f}", *ms[1:], f"{r['error']:+.1%}"]
         )
     worst = max(rows, key=lambda r: abs(r["error"]))
     lines += [
+        md_table(header, ["---:", "---", *["---:"] * 5], cells),
         "",
         f"Largest error {worst['error']:+.1%} ({worst['method']}, n={worst['n']}); "
         f"mean absolute error {statistics.mean(abs(r['error']) for r in rows):.1%}.",

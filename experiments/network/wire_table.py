@@ -23,6 +23,7 @@ from typing import Any
 
 from experiments.network import calibrate
 from experiments.network.testbed import parse_rate
+from experiments.report.doc_data import md_table
 
 __all__ = ["read_run", "rows", "write_table"]
 
@@ -178,38 +179,44 @@ def markdown(table: list[dict[str, Any]]) -> str:
              f"ratio = predicted / measured step time, **miss** outside ±{TOLERANCE:.0%}. "
              "Calibrated: with the terms measured on the testbed's pair exchanges "
              "([calibration.md](calibration.md)).", ""]  # fmt: skip
+    header = ["rate", "arm", "step s", "samples/s", "wire B/step", "lib B/step", "drops"]
+    header += ["time to loss", *(f"{t} s (ratio)" for t in MODEL_TITLES)]
     keys = sorted({(r["model"], r["hosts"], r["procs_per_host"]) for r in table})
     for model, hosts, pph in keys:
-        lines += [f"## {model}, {hosts} hosts x {pph} process{'es' if pph > 1 else ''}", "",
-                  "| rate | arm | step s | samples/s | wire B/step | lib B/step | drops | time to loss | "
-                  + " | ".join(f"{t} s (ratio)" for t in MODEL_TITLES) + " |",
-                  "|---|---|" + "---:|" * (6 + len(MODELS))]  # fmt: skip
+        cells: list[list[str | None]] = []
         for r in sorted((r for r in table if (r["model"], r["hosts"], r["procs_per_host"]) == (model, hosts, pph)),
                         key=lambda r: (r["rate_bps"], r["arm"])):  # fmt: skip
             if r.get("failed"):
-                lines.append(f"| {r['rate']} | {r['arm']} | failed |" + " |" * (5 + len(MODELS)))
+                cells.append([r["rate"], r["arm"], "failed", *[None] * (5 + len(MODELS))])
                 continue
             ttl = (f"{_fmt(r['time_to_target_s'], '.1f')} s to {r['target_loss']:.3f}"
                    if r["target_loss"] is not None else "–")  # fmt: skip
             step = _fmt(r["step_s"])
             if r.get("wire_runs", 1) > 1:
                 step += f" ({r['wire_runs']} runs, {r['step_min_s']:.3f}-{r['step_max_s']:.3f})"
-            lines.append(
-                f"| {r['rate']} | {r['arm']} | {step} | {_fmt(r['samples_per_s'], '.0f')} | "
-                f"{_fmt(r['wire_bytes_per_step'], ',.0f')} | {_fmt(r['lib_bytes_per_step'], ',.0f')} | "
-                f"{_fmt(r['drops'], 'd')} | {ttl} | "
-                + " | ".join(
-                    f"{_fmt(r.get(f'{k}_step_s'))} ({_ratio(r.get(f'{k}_ratio'))})" for k in MODELS
-                )
-                + " |"
-            )
-        lines.append("")
-    lines += ["## Within 20% of the wire", "", "| model | cells within | of |", "|---|---:|---:|"]
+            sent = [_fmt(r[f"{k}_bytes_per_step"], ",.0f") for k in ("wire", "lib")]
+            measured = [step, _fmt(r["samples_per_s"], ".0f"), *sent, _fmt(r["drops"], "d"), ttl]
+            models = [
+                f"{_fmt(r.get(f'{k}_step_s'))} ({_ratio(r.get(f'{k}_ratio'))})" for k in MODELS
+            ]
+            cells.append([r["rate"], r["arm"], *measured, *models])
+        lines += [
+            f"## {model}, {hosts} hosts x {pph} process{'es' if pph > 1 else ''}",
+            "",
+            md_table(header, ["---", "---", *["---:"] * (6 + len(MODELS))], cells),
+            "",
+        ]
+    counts = []
     for k, title in zip(MODELS, MODEL_TITLES):
         ratios = [r[f"{k}_ratio"] for r in table if r.get(f"{k}_ratio") is not None]
-        hits = sum(within(v) for v in ratios)
-        lines.append(f"| {title} | {hits} | {len(ratios)} |")
-    lines.append("")
+        counts.append([title, str(sum(within(v) for v in ratios)), str(len(ratios))])
+    header = ["model", "cells within", "of"]
+    lines += [
+        "## Within 20% of the wire",
+        "",
+        md_table(header, ["---", "---:", "---:"], counts),
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -233,9 +233,9 @@ _ALIGN = {"l": "---", "r": "---:", "c": ":---:"}
 
 
 def md_table(
-    header: Sequence[str],
+    header: Sequence[str | None],
     align: Sequence[str],
-    rows: Iterable[Sequence[str]],
+    rows: Iterable[Sequence[str | None]],
     *,
     padded: bool = False,
 ) -> str:
@@ -246,7 +246,9 @@ def md_table(
         align: One alignment cell per column, written as given (``---``, ``---:``), or one
             letter per column: ``l`` (``---``), ``r`` (``---:``) or ``c`` (``:---:``); a
             string of letters (``"llr"``) names them all at once.
-        rows: The rows' cells, as text.
+        rows: The rows' cells, as text. A cell that is ``None`` (of the header or a row) is
+            left blank, ``| |``, as a table written by hand leaves one; an empty string is a
+            cell of no text, ``|  |``.
         padded: Write the alignment row like the others, ``| --- | ---: |``, where it is
             ``|---|---:|`` by default.
 
@@ -254,7 +256,13 @@ def md_table(
         The table's lines, joined by newlines (no newline at the end).
     """
     cells = [_ALIGN.get(a, a) for a in align]
-    lines = ["| " + " | ".join(header) + " |"]
+    lines = [_md_row(header)]
     lines.append("| " + " | ".join(cells) + " |" if padded else "|" + "|".join(cells) + "|")
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += [_md_row(row) for row in rows]
     return "\n".join(lines)
+
+
+def _md_row(cells: Sequence[str | None]) -> str:
+    if None in cells:
+        return "|" + "|".join(" " if c is None else f" {c} " for c in cells) + "|"
+    return "| " + " | ".join(c or "" for c in cells) + " |"

@@ -46,7 +46,6 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +55,6 @@ from torch import nn
 from decent_dp.elastic import ElasticDataParallel, default_replica_id
 from decent_dp.optim import optimizer_kernels
 from experiments.train.evaluation import Evaluator
-from experiments.train.metrics import TrainWindow
 from experiments.train.step import TrainStep
 
 __all__ = ["ElasticEvaluator", "ElasticHost", "ElasticStep"]
@@ -103,9 +101,8 @@ class ElasticStep(TrainStep):
         topology_cfg: The ``topology`` section (a registered name).
         ft_cfg: The ``fault_tolerance`` section.
         host: This process's :class:`ElasticHost`.
-        optim_fn: ``optim_fn(named_params) -> Optimizer``.
-        scheduler_fn: ``lr_scheduler_fn(optimizer) -> LRScheduler``.
-        window: Where each step's loss, accuracy and samples are summed.
+        *factories: :class:`~experiments.train.step.TrainStep`'s ``optim_fn``,
+            ``scheduler_fn`` and ``window``, in its order.
         **kwargs: :class:`~experiments.train.step.TrainStep`'s ``channels_last``,
             ``task``, ``compression`` and ``outer``.
 
@@ -124,9 +121,7 @@ class ElasticStep(TrainStep):
         topology_cfg: Any,
         ft_cfg: Any,
         host: ElasticHost,
-        optim_fn: Callable[..., Any],
-        scheduler_fn: Callable[..., Any],
-        window: TrainWindow,
+        *factories: Any,
         **kwargs: Any,
     ) -> None:
         self.ft, self.host = ft_cfg, host
@@ -134,10 +129,7 @@ class ElasticStep(TrainStep):
         self._seen_change: dict[str, Any] | None = None
         self._unlogged: dict[str, Any] | None = None
         # a world of one: the NaN policy's record is this host's own
-        super().__init__(
-            model, train_cfg, topology_cfg, optim_fn, scheduler_fn, window, rank=0, world_size=1,
-            **kwargs,
-        )  # fmt: skip
+        super().__init__(model, train_cfg, topology_cfg, *factories, rank=0, world_size=1, **kwargs)
 
     def _wrap(self, model: nn.Module, topo: Any, *factories: Any) -> nn.Module:
         optim_fn, scheduler_fn, _ = factories  # the world is the quorum's, not the job's

@@ -24,9 +24,8 @@ What needs real processes or a real wire is refused in one line by
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,9 +37,8 @@ from decent_dp.optim import optimizer_kernels
 from decent_dp.packed import ALLREDUCE, ELEMENTWISE_OPTIMIZERS, PackedWorkers
 from experiments.schema import ConfigError, is_int, require
 from experiments.train.engine import is_packed
-from experiments.train.metrics import TrainWindow
 from experiments.train.optim import build_optim_fn
-from experiments.train.step import NanPolicy, amp_setup, autocast_to
+from experiments.train.step import StepBase
 from experiments.train.targets import build_topology
 from experiments.train.task import LanguageModeling, Task
 
@@ -218,8 +216,11 @@ class PackedData:
 # ---------------------------------------------------------------------- the step
 
 
-class PackedStep:
+class PackedStep(StepBase):
     """The packed workers and everything one of their steps needs (a ``TrainStep`` twin).
+
+    The device, window, task, AMP (bf16 or off: :func:`check_engine` refuses fp16's
+    scaler) and NaN policy are :class:`~experiments.train.step.StepBase`'s, as a world of one.
 
     Args:
         model: The bare model, on the device; every worker starts from it.
@@ -227,9 +228,10 @@ class PackedStep:
         train_cfg: The ``train`` section (``amp``, ``grad_clip_norm``, ``nan_policy``).
         topology_cfg: The ``topology`` section (a registered name, ``allreduce`` or a
             ``_target_``; ``local_world_size`` 1 when null).
-        optim_fn: ``optim_fn(named_params) -> Optimizer`` (elementwise).
-        scheduler_fn: ``lr_scheduler_fn(optimizer) -> LRScheduler``.
-        window: Where the workers' mean loss, correct answers and samples are summed.
+        *factories: :class:`~experiments.train.step.TrainStep`'s ``optim_fn``
+            (``optim_fn(named_params) -> Optimizer``, elementwise here), ``scheduler_fn``
+            (``lr_scheduler_fn(optimizer) -> LRScheduler``) and ``window`` (where the
+            workers' mean loss, correct answers and samples are summed), in its order.
         task: What the model learns.
         outer: The outer optimizer's arguments (:func:`experiments.train.outer.outer_kwargs`).
     """
@@ -244,20 +246,16 @@ class PackedStep:
         workers: int,
         train_cfg: Any,
         topology_cfg: Any,
-        optim_fn: Callable[..., Any],
-        scheduler_fn: Callable[..., Any],
-        window: TrainWindow,
-        *,
+        *factories: Any,
         task: Task,
         outer: dict[str, Any] | None = None,
     ) -> None:
-        self.device = window.device
-        self.window, self.task = window, task
+        optim_fn, scheduler_fn, window = factories
+        super().__init__(train_cfg, window, task, rank=0, world_size=1)
         self.name = str(topology_cfg.name)
         # a checkpoint's layout: packed shards resume only into packed runs of as many workers
         self.topology = f"{self.name}@packed{workers}"
         self.decentralized = self.name != ALLREDUCE
-        self.amp_dtype, _ = amp_setup(str(train_cfg.amp), self.device)
         self.sync_buffers = bool(topology_cfg.get("sync_buffer_in_global_avg", False))
         outer = dict(outer or {})
         outer.pop("outer_fragments", None)  # 1, as check_engine saw to
@@ -276,17 +274,8 @@ class PackedStep:
             **outer,
         )
         self.params = self.packed.params
-        self.nan = NanPolicy(str(train_cfg.nan_policy), rank=0, world_size=1, device=self.device)
         # images count their predictions; a language model's lines have no accuracy
         self._counts = not isinstance(task, LanguageModeling)
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast to the AMP dtype, or nothing when AMP is off."""
-        return autocast_to(self.amp_dtype, self.device)
-
-    def prepare(self, x: torch.Tensor) -> torch.Tensor:
-        """The input as it is (no memory format: check_engine refuses channels_last)."""
-        return x
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, number: int) -> None:
         """Every worker's step on its batch (``x``, ``y``: a leading worker dimension)."""

@@ -30,6 +30,10 @@ the optimizer and the LR scheduler, in the wrapper and in the ``allreduce``
 baseline alike (torch's usual recipe would step the scheduler anyway). This is
 the one host read per step: ``GradScaler.step`` and the wrapper read the
 found-inf flag to decide whether the optimizer steps.
+
+The module is past 500 lines and holds one idea, a process's training step:
+:class:`TrainStep` with its AMP set-up and :class:`NanPolicy`, and :class:`StepBase`,
+the part that :class:`~experiments.train.packed.PackedStep` shares with it.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from experiments.train.peer_loss import PeerLostError, comm_failure
 from experiments.train.targets import build_topology
 from experiments.train.task import ImageClassification, Task
 
-__all__ = ["TrainStep", "NanPolicy", "amp_setup", "autocast_to"]
+__all__ = ["StepBase", "TrainStep", "NanPolicy", "amp_setup", "autocast_to"]
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +187,43 @@ class NanPolicy:
         )
 
 
-class TrainStep:
+class StepBase:
+    """What every step holds: the device, metrics window, task, AMP set-up and NaN policy.
+
+    Args:
+        train_cfg: The ``train`` config section (``amp``, ``nan_policy``).
+        window: Where each step's loss, accuracy and samples are summed (on the device).
+        task: What the model learns.
+        rank: This process's rank.
+        world_size: Number of ranks.
+
+    Example::
+
+        base = StepBase(cfg.train, window, task, rank=0, world_size=1)
+        with base.autocast():
+            loss, correct, count = task.forward(model, base.prepare(x), y)
+    """
+
+    def __init__(
+        self, train_cfg: Any, window: TrainWindow, task: Task, *, rank: int, world_size: int
+    ) -> None:
+        self.device = window.device
+        self.window, self.task = window, task
+        self.amp_dtype, self.scaler = amp_setup(str(train_cfg.amp), self.device)
+        self.nan = NanPolicy(
+            str(train_cfg.nan_policy), rank=rank, world_size=world_size, device=self.device
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast to the AMP dtype, or nothing when AMP is off."""
+        return autocast_to(self.amp_dtype, self.device)
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """The input in the memory format the model wants: as it is, unless a step says otherwise."""
+        return x
+
+
+class TrainStep(StepBase):
     """The wrapped model and everything one training step needs.
 
     Args:
@@ -232,19 +272,17 @@ class TrainStep:
         state_sync: dict[str, int] | None = None,
         device_mesh: Any = None,
     ) -> None:
-        self.device = window.device
+        task = ImageClassification(train_cfg) if task is None else task
+        super().__init__(train_cfg, window, task, rank=rank, world_size=world_size)
         # train.shard_size > 1: the model is fully_shard-ed in replicas (experiments.train.sharding)
         self.device_mesh = device_mesh
         self._state_sync = dict(state_sync or {})
         self._outer = dict(outer or {})
-        self.task = ImageClassification(train_cfg) if task is None else task
-        self.window = window
         self.channels_last = channels_last
         self.compression = compression
         self.topology = str(topology_cfg.name)
         self.decentralized = self.topology != ALLREDUCE
         self.grad_clip_norm = float(train_cfg.grad_clip_norm)
-        self.amp_dtype, self.scaler = amp_setup(str(train_cfg.amp), self.device)
         self._last_scale = self.scaler.get_scale() if self.scaler is not None else 1.0
         self.module = model
         self.params = list(model.parameters())
@@ -253,9 +291,6 @@ class TrainStep:
         self._handles: list[Any] = []  # hooks this job put on the model and optimizer
         self._optimizer_stepped = False
         self.model = self._wrap(model, topology_cfg, optim_fn, scheduler_fn, world_size)
-        self.nan = NanPolicy(
-            str(train_cfg.nan_policy), rank=rank, world_size=world_size, device=self.device
-        )
         try:
             self._handles += self.nan.mask_gradients(self.params)
         except BaseException:
@@ -325,10 +360,6 @@ class TrainStep:
             model.close()
 
     # ------------------------------------------------------------ the step
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Autocast to the AMP dtype, or nothing when AMP is off."""
-        return autocast_to(self.amp_dtype, self.device)
-
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """The input in the memory format the model wants."""
         if self.channels_last and x.dim() == 4:

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.topo import HierarchicalTopology
 from tests.support.ddp_cases import make_model, make_optim, train_steps
 from tests.support.dist_harness import free_port, ok_values, run_distributed
+from tests.support.hier_cases import hosts_of_two
 from tests.support.launch import ROOT, TORCHRUN, clean_env
 
 __all__: list[str] = []
@@ -35,20 +35,10 @@ def _phase_threads() -> int:
     return sum(t.name == "decent-dp-phases" and t.is_alive() for t in threading.enumerate())
 
 
-def _hierarchical(rank: int, world: int) -> DecentralizedDataParallel:
-    return DecentralizedDataParallel(
-        make_model("mlp", seed=rank),
-        make_optim({}),
-        topology=HierarchicalTopology(world, 2),
-        local_world_size=2,
-        bucket_size_in_mb=0,
-    )
-
-
 def _driver_worker(rank: int, world: int) -> dict[str, tuple[int, int]]:
     out = {}
     for how in ("close", "drop"):
-        ddp = _hierarchical(rank, world)
+        ddp = hosts_of_two(rank, world)
         train_steps(ddp, rank, {}, 1, 3)  # the last step's exchanges are still in flight
         before = _phase_threads()
         if how == "close":
@@ -80,14 +70,7 @@ def _groups_worker(rank: int, world: int, kind: str) -> list[bool]:
             compression="int8",  # two-phase exchanges: groups of their second phases too
         )
     else:
-        ddp = DecentralizedDataParallel(
-            make_model("mlp", seed=rank),
-            make_optim({}),
-            topology=HierarchicalTopology(world, 2),
-            local_world_size=2,
-            bucket_size_in_mb=0,
-            compression="int8",
-        )
+        ddp = hosts_of_two(rank, world, compression="int8")
     train_steps(ddp, rank, {}, 1, 6)
     groups = [  # the default group, and those this rank is a member of (not the -100 marks)
         weakref.ref(g)

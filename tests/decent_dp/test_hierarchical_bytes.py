@@ -14,11 +14,10 @@ import torch
 from torch.testing import assert_close
 
 from decent_dp import DecentralizedDataParallel
-from decent_dp.topo import HierarchicalTopology
 from tests.support.codecs import int8_payload
 from tests.support.ddp_cases import make_model, make_optim, replay, train_steps
 from tests.support.dist_harness import ok_values, run_distributed
-from tests.support.hier_cases import hier_cfg, spy_worker
+from tests.support.hier_cases import hier_cfg, hosts_of_two, spy_worker
 
 __all__: list[str] = []
 
@@ -115,14 +114,7 @@ def test_groups_inside_one_host_count_inside() -> None:
 
 def _charged_worker(rank: int, world: int, compression: str | None) -> dict[str, Any]:
     """What the network emulation is asked to time at each launch of a hierarchical step."""
-    ddp = DecentralizedDataParallel(
-        make_model("mlp", seed=rank),
-        make_optim({}),
-        topology=HierarchicalTopology(world, 2),
-        local_world_size=2,
-        bucket_size_in_mb=0,
-        compression=compression,
-    )
+    ddp = hosts_of_two(rank, world, compression)
     charged: list[tuple[int, int, list[int]]] = []
 
     def delay(nbytes: int, group_size: int, ranks: list[int]) -> float:

@@ -313,6 +313,25 @@ def test_the_rounds_of_each_step_of_a_span() -> None:
     assert sync.due(6) == ["exp_avg", "exp_avg_sq"] and sync.due(3) == ["exp_avg_sq"]
 
 
+def _training_refusal(rank: int, optim_fn: Any, kind: str, bucket_mb: float, steps: int) -> str:
+    """The ValueError's message on ``rank`` of training ``kind`` with state_sync of amsgrad's state.
+
+    ``state_sync={"max_exp_avg_sq": 1}`` on ``ring``; ``"no error"`` when none is raised.
+    """
+    ddp = DecentralizedDataParallel(
+        make_model(kind, seed=0),
+        optim_fn=optim_fn,
+        topology="ring",
+        bucket_size_in_mb=bucket_mb,
+        state_sync={"max_exp_avg_sq": 1},
+    )
+    try:
+        train_steps(ddp, rank, {"kind": kind}, 1, steps)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
 def _amsgrad_on_biases(rank: int, world: int) -> str:
     def optim_fn(pairs: list[tuple[torch.nn.Parameter, str]]) -> torch.optim.Optimizer:
         weights = [p for p, n in pairs if not n.endswith("bias")]
@@ -320,18 +339,8 @@ def _amsgrad_on_biases(rank: int, world: int) -> str:
         groups = [{"params": weights}, {"params": biases, "amsgrad": True}]
         return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
 
-    ddp = DecentralizedDataParallel(
-        make_model("mlp", seed=0),
-        optim_fn=optim_fn,
-        topology="ring",
-        bucket_size_in_mb=0,  # one bucket per parameter: the first ones checked keep the state
-        state_sync={"max_exp_avg_sq": 1},
-    )
-    try:
-        train_steps(ddp, rank, {}, 1, 3)
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
+    # one bucket per parameter: the first ones checked keep the state
+    return _training_refusal(rank, optim_fn, "mlp", bucket_mb=0, steps=3)
 
 
 def test_a_state_one_parameter_group_does_not_keep_is_named_on_every_rank() -> None:
@@ -374,18 +383,8 @@ def _amsgrad_but_the_late_branch(
         groups[1]["amsgrad"] = on_branch
         return torch.optim.Adam([g for g in groups if g["params"]], lr=0.01)
 
-    ddp = DecentralizedDataParallel(
-        make_model(kind, seed=0),  # the branch gets its first gradient at step 3
-        optim_fn=optim_fn,
-        topology="ring",
-        bucket_size_in_mb=25,  # one bucket: checked while the branch has no state yet
-        state_sync={"max_exp_avg_sq": 1},
-    )
-    try:
-        train_steps(ddp, rank, {"kind": kind}, 1, 5)
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
+    # the branch gets its first gradient at step 3; one bucket: checked while it has no state yet
+    return _training_refusal(rank, optim_fn, kind, bucket_mb=25, steps=5)
 
 
 def test_a_bucket_is_checked_again_once_a_late_parameter_has_state() -> None:

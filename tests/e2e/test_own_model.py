@@ -25,21 +25,21 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}
 pytestmark = pytest.mark.slow  # two torchrun launches of 2 ranks: ~20-40 s on 2 cores
 
 
-def _example(*overrides: str, timeout: float) -> subprocess.CompletedProcess:
-    """``train.py --config-dir examples/own_model/conf overrides`` on 2 ranks, quiet."""
-    args = ["--config-dir", str(CONF), *overrides, *QUIET]
+def _example(
+    *overrides: str, timeout: float, multirun: bool = False
+) -> subprocess.CompletedProcess:
+    """``train.py --config-dir examples/own_model/conf experiment=own_model overrides``, 2 ranks.
+
+    Quiet; ``multirun`` puts ``-m`` first (a sweep).
+    """
+    sweep = ["-m"] if multirun else []
+    args = ["--config-dir", str(CONF), *sweep, "experiment=own_model", *overrides, *QUIET]
     return torchrun(2, *args, timeout=timeout, env=clean_env(**ENV))
 
 
 def test_the_example_trains_sweeps_two_topologies_and_is_reported(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    proc = _example(
-        "-m",
-        "experiment=own_model",
-        "topology=own_hub,ring",
-        f"hydra.sweep.dir={sweep}",
-        timeout=300,
-    )
+    proc = _example("topology=own_hub,ring", f"hydra.sweep.dir={sweep}", multirun=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = [json.loads((sweep / job / "summary.json").read_text()) for job in ("0", "1")]
     assert [s["topology"] for s in summaries] == ["own_model.topology.Hub", "ring"]
@@ -58,13 +58,7 @@ def test_the_example_trains_sweeps_two_topologies_and_is_reported(tmp_path: Path
 def test_a_bad_target_value_stops_both_ranks_with_one_line(tmp_path: Path) -> None:
     start = time.monotonic()
     run_dir = tmp_path / "run"
-    proc = _example(
-        "experiment=own_model",
-        "model.hidden=0",
-        "dist.timeout_s=30",
-        f"hydra.run.dir={run_dir}",
-        timeout=120,
-    )
+    proc = _example("model.hidden=0", "dist.timeout_s=30", f"hydra.run.dir={run_dir}", timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("train.py: error")]
     assert lines == [

@@ -14,16 +14,31 @@ from typing import Any
 import torch.distributed as dist
 
 import decent_dp._comm.hierarchical as hier
+from decent_dp import DecentralizedDataParallel
 from decent_dp.topo import HierarchicalTopology
-from tests.support.ddp_cases import flat, make_model, train_steps, train_worker, wrap
+from tests.support.ddp_cases import flat, make_model, make_optim, train_steps, train_worker, wrap
 
-__all__ = ["collective_bytes", "hier_cfg", "runs_worker", "spy_worker"]
+__all__ = ["collective_bytes", "hier_cfg", "hosts_of_two", "runs_worker", "spy_worker"]
 
 
 def hier_cfg(hosts: int, local: int, inter: str = "one-peer-exp", **cfg: Any) -> dict[str, Any]:
     """A ddp_cases cfg whose topology is ``hierarchical`` over ``hosts`` hosts of ``local`` ranks."""
     topo = HierarchicalTopology(hosts * local, local, inter=inter, inter_kwargs=cfg.pop("ik", None))
     return {"topology": topo, "local_world_size": local, "bucket_mb": 0, **cfg}
+
+
+def hosts_of_two(
+    rank: int, world: int, compression: str | None = None
+) -> DecentralizedDataParallel:
+    """Rank ``rank``'s mlp wrapped with ``hierarchical`` over hosts of 2 ranks, a bucket per parameter."""
+    return DecentralizedDataParallel(
+        make_model("mlp", seed=rank),
+        make_optim({}),
+        topology=HierarchicalTopology(world, 2),
+        local_world_size=2,
+        bucket_size_in_mb=0,
+        compression=compression,
+    )
 
 
 def runs_worker(rank: int, world: int, cfgs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -120,6 +120,22 @@ class Workload:
         self.scheduler = build_scheduler_fn(cfg.scheduler, per_epoch, self.total)(self.optimizer)
         self.position = DataPosition(self.data.train)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a joiner heals with: the model, optimizer and scheduler states, the data position."""
+        return {
+            "model": self.model.state_dict(),
+            "optim": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "read": self.position.read,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a live peer's :meth:`state_dict` (a client's own keys may come along)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optim"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.position.load(state)  # its "read"
+
     def loss(self, model: torch.nn.Module) -> torch.Tensor:
         """The next batch's loss through ``model`` (the wrapped or the plain module)."""
         x, y = self.position.next()
@@ -150,6 +166,7 @@ class Metrics:
         self.dir = Path(run_dir) / replica_id
         self.dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.dir / "metrics.jsonl", "a")  # noqa: SIM115 - closed in close()
+        self.start = now()
 
     def log(self, line: dict[str, Any]) -> None:
         self._file.write(json.dumps(line) + "\n")
@@ -158,8 +175,29 @@ class Metrics:
     def summary(self, summary: dict[str, Any]) -> None:
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
 
+    def healed(self, step: int) -> None:
+        """The line of a heal from a peer: ``elastic/change`` at the step healed to."""
+        self.log({"step": step, "elastic/change": {"healed": True, "step": step}})
+
+    def finish(self, work: Workload, summary: dict[str, Any]) -> None:
+        """The last lines: the local model's evaluation at ``summary["steps"]``, and ``summary.json``.
+
+        ``summary`` is the client's (replica id, steps, ...), in order; ``wall_s`` and the
+        evaluation follow it.
+        """
+        result = work.evaluate()
+        self.log({"step": summary["steps"], **result})
+        self.summary({**summary, "wall_s": now() - self.start, **result})
+
     def close(self) -> None:
         self._file.close()
+
+
+def start(args: argparse.Namespace) -> tuple[Workload, Metrics]:
+    """A client's workload (``train.py``'s config with its overrides) and its metrics file."""
+    return Workload(compose(args.overrides), args.replica_id), Metrics(
+        args.run_dir, args.replica_id
+    )
 
 
 def manager(

@@ -26,43 +26,22 @@ from typing import Any
 
 import torch
 
-from experiments.bench.torchft_clients.common import (
-    Metrics,
-    Workload,
-    compose,
-    manager,
-    now,
-    parse_args,
-)
+from experiments.bench.torchft_clients.common import manager, now, parse_args, start
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv, __doc__.splitlines()[0])
-    cfg = compose(args.overrides)
-    work = Workload(cfg, args.replica_id)
-    metrics = Metrics(args.run_dir, args.replica_id)
-    start = now()
+    work, metrics = start(args)
     healed: list[int] = []
 
-    def state_dict() -> dict[str, Any]:
-        return {
-            "model": work.model.state_dict(),
-            "optim": work.optimizer.state_dict(),
-            "scheduler": work.scheduler.state_dict(),
-            "read": work.position.read,
-        }
-
     def load_state_dict(state: dict[str, Any]) -> None:
-        work.model.load_state_dict(state["model"])
-        work.optimizer.load_state_dict(state["optim"])
-        work.scheduler.load_state_dict(state["scheduler"])
-        work.position.load(state)  # its "read"
+        work.load_state_dict(state)
         healed.append(1)
 
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
 
-    mgr = manager(args, load_state_dict, state_dict, use_async_quorum=True)
+    mgr = manager(args, load_state_dict, work.state_dict, use_async_quorum=True)
     wrapped = args.grad_sync == "ddp"
     model = DistributedDataParallel(mgr, work.model) if wrapped else work.model
     optimizer = OptimizerWrapper(mgr, work.optimizer)
@@ -91,23 +70,12 @@ def main(argv: list[str] | None = None) -> None:
             step = mgr.current_step()
             if len(healed) > noted:
                 noted = len(healed)
-                metrics.log(
-                    {"step": step - 1, "elastic/change": {"healed": True, "step": step - 1}}
-                )
+                metrics.healed(step - 1)
             if step > before:  # committed: the optimizer stepped
                 work.scheduler.step()
                 metrics.log({"step": step, "time": now(), "train/loss": float(loss.detach())})
-        result = work.evaluate()
-        metrics.log({"step": mgr.current_step(), **result})
-        metrics.summary(
-            {
-                "replica_id": args.replica_id,
-                "steps": mgr.current_step(),
-                "healed": len(healed),
-                "wall_s": now() - start,
-                **result,
-            }
-        )
+        steps = mgr.current_step()
+        metrics.finish(work, {"replica_id": args.replica_id, "steps": steps, "healed": len(healed)})
     finally:
         metrics.close()
         mgr.shutdown(wait=False)

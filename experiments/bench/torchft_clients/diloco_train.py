@@ -21,41 +21,22 @@ from typing import Any
 
 import torch
 
-from experiments.bench.torchft_clients.common import (
-    Metrics,
-    Workload,
-    compose,
-    manager,
-    now,
-    parse_args,
-)
+from experiments.bench.torchft_clients.common import compose, manager, now, parse_args, start
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv, __doc__.splitlines()[0])
     if args.sync_every < 1:
         raise SystemExit(f"--sync-every={args.sync_every}: must be at least 1")
-    cfg = compose(args.overrides)
-    work = Workload(cfg, args.replica_id)
-    metrics = Metrics(args.run_dir, args.replica_id)
-    start = now()
+    work, metrics = start(args)
     inner = {"step": 0}
     healed: list[int] = []
 
     def state_dict() -> dict[str, Any]:
-        return {
-            "model": work.model.state_dict(),
-            "optim": work.optimizer.state_dict(),
-            "scheduler": work.scheduler.state_dict(),
-            "read": work.position.read,
-            "step": inner["step"],
-        }
+        return {**work.state_dict(), "step": inner["step"]}
 
     def load_state_dict(state: dict[str, Any]) -> None:
-        work.model.load_state_dict(state["model"])
-        work.optimizer.load_state_dict(state["optim"])
-        work.scheduler.load_state_dict(state["scheduler"])
-        work.position.load(state)  # its "read"
+        work.load_state_dict(state)
         inner["step"] = int(state["step"])
         healed.append(inner["step"])
 
@@ -87,24 +68,13 @@ def main(argv: list[str] | None = None) -> None:
                 work.optimizer.step()  # every sync_every steps: the quorum and the outer step
                 if len(healed) > noted:
                     noted = len(healed)
-                    change = {"healed": True, "step": healed[-1]}
-                    metrics.log({"step": healed[-1], "elastic/change": change})
+                    metrics.healed(healed[-1])
                 work.scheduler.step()
                 inner["step"] += 1
                 line = {"step": inner["step"], "time": now(), "train/loss": float(loss.detach())}
                 metrics.log({**line, "outer/step": mgr.current_step()})
-        result = work.evaluate()
-        metrics.log({"step": inner["step"], **result})
-        metrics.summary(
-            {
-                "replica_id": args.replica_id,
-                "steps": inner["step"],
-                "outer_steps": mgr.current_step(),
-                "healed": len(healed),
-                "wall_s": now() - start,
-                **result,
-            }
-        )
+        summary = {"replica_id": args.replica_id, "steps": inner["step"]}
+        metrics.finish(work, {**summary, "outer_steps": mgr.current_step(), "healed": len(healed)})
     finally:
         metrics.close()
         mgr.shutdown(wait=False)

@@ -137,23 +137,11 @@ def test_a_sharded_checkpoint_reshards_into_another_shard_count(tmp_path: Path) 
     message = refused[0][1].splitlines()[0]
     assert "was written by 2 replicas x 2 shards topology=ring; this run has 1 x 4" in message
     assert "checkpoint.allow_reshard=true" in message
-    resharded = _run(
-        4,
-        shards=4,
-        root=str(tmp_path),
-        last=SAVE_AT + 1,
-        resume=True,
-        overrides=["checkpoint.allow_reshard=true", "topology=complete"],
-    )
+    allowed = ["checkpoint.allow_reshard=true", "topology=complete"]
+    plan = {"root": str(tmp_path), "last": SAVE_AT + 1, "resume": True, "overrides": allowed}
+    resharded = _run(4, shards=4, **plan)
     # and on 2 ranks, one replica of 2 shards: another replica count
-    fewer = _run(
-        2,
-        shards=2,
-        root=str(tmp_path),
-        last=SAVE_AT + 1,
-        resume=True,
-        overrides=["checkpoint.allow_reshard=true", "topology=complete"],
-    )
+    fewer = _run(2, shards=2, **plan)
     for out in resharded + fewer:  # one replica: saved replica 0
         assert out["start"] == SAVE_AT
         for a, b in zip(saved[0]["params"], out["loaded"], strict=True):
