@@ -21,6 +21,7 @@ import contextlib
 import difflib
 import io
 import json
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -170,8 +171,33 @@ def _validation(folder: str) -> tuple[str, WholePage]:
     return f"{folder}/validation.md", WholePage(command, (data,), text)
 
 
-def _wire(root: Path) -> str:
-    return wire_table.markdown(_json(root, "docs/results/network/table.json")) + "\n"
+def _wire(folder: str) -> tuple[str, WholePage]:
+    """A ``table.md`` of the wire study from its ``table.json``."""
+    data = f"{folder}/table.json"
+
+    def text(root: Path) -> str:
+        return wire_table.markdown(_json(root, data)) + "\n"
+
+    command = "python -m experiments.network.wire_study table"
+    if folder != "docs/results/network":
+        command += f" --out {folder}"
+    return f"{folder}/table.md", WholePage(command, (data,), text)
+
+
+_H = "docs/results/hierarchical"
+_OWN = f"{_H}/own-link"
+
+
+def _own_link(root: Path) -> str:
+    """The wire study's table of the hierarchical runs with the emulated runs of ``own-link/``
+    (a link per rank, the emulator before it knew hosts) in place of theirs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        skip = shutil.ignore_patterns("emulated", "calibrated")
+        shutil.copytree(root / _H / "runs", runs, ignore=skip)  # the wire and compute-only runs
+        for emulated in sorted((root / _OWN).glob("*/*/*/*/emulated")):
+            shutil.copytree(emulated, runs / emulated.relative_to(root / _OWN))
+        return wire_table.markdown(wire_table.rows(Path(tmp))) + "\n"
 
 
 def _calibration(root: Path) -> str:
@@ -235,9 +261,10 @@ def _link_time(root: Path) -> str:
 
 PAGES: dict[str, WholePage] = {
     **_REPORTS,
-    "docs/results/network/table.md": WholePage(
-        "python -m experiments.network.wire_study table", ("docs/results/network/table.json",),
-        _wire,
+    **dict(_wire(f) for f in ("docs/results/network", _H)),
+    f"{_OWN}/table.md": WholePage(
+        f"python -m experiments.network.wire_study table over {_H}/runs with the emulated runs "
+        f"of {_OWN}", (f"{_H}/runs", f"{_OWN}/digits"), _own_link,
     ),
     "docs/results/network/calibration.md": WholePage(
         "python -m experiments.network.calibrate run", ("docs/results/network/calibration.json",),

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from experiments.network import wire_table
 from experiments.report.check_docs import check, main
-from experiments.report.doc_data import md_table
+from experiments.report.doc_data import DataError, Source, md_table
+from experiments.report.doc_views_wire import OWN_LINK, own_link
 from experiments.report.whole_pages import PAGES, diff
 from tests.experiments.report.common import write_lm_run
 from tests.support.doc_pages import copy_page, edit_once
@@ -98,19 +100,36 @@ def test_a_data_file_that_does_not_parse_or_is_missing_fails_in_one_line(tmp_pat
     ]
 
 
-def test_a_drifted_cell_of_a_committed_page_names_page_cell_and_data(tmp_path: Path) -> None:
-    page = copy_page(tmp_path, "docs/results/lm_gap/gap/gap.md")
-    line = edit_once(page, "| 0.194 ± 0.033 |", "| 0.149 ± 0.033 |")
-    assert check(tmp_path, data_root=ROOT) == [
-        f"docs/results/lm_gap/gap/gap.md:{line}: '0.149 ± 0.033' (row 'AdamW, W=32', column "
-        "'gap') but docs/results/lm_gap/runs/allreduce-w8/final, "
-        "docs/results/lm_gap/runs/complete-w8/final, docs/results/lm_gap/runs/allreduce-adamw/"
-        "final, docs/results/lm_gap/runs/complete-adamw-lr0.004/final, "
-        "docs/results/lm_gap/runs/allreduce-w128/final, docs/results/lm_gap/runs/complete-w128/"
-        "final, docs/results/lm_gap/runs/allreduce-sgd/final, "
-        "docs/results/lm_gap/runs/complete-sgd/final, docs/results/lm_gap/runs/allreduce-delayed/"
-        "final gives '0.194 ± 0.033'"
-    ]
+_GAP_RUNS = (
+    "docs/results/lm_gap/runs/allreduce-w8/final, "
+    "docs/results/lm_gap/runs/complete-w8/final, docs/results/lm_gap/runs/allreduce-adamw/"
+    "final, docs/results/lm_gap/runs/complete-adamw-lr0.004/final, "
+    "docs/results/lm_gap/runs/allreduce-w128/final, docs/results/lm_gap/runs/complete-w128/"
+    "final, docs/results/lm_gap/runs/allreduce-sgd/final, "
+    "docs/results/lm_gap/runs/complete-sgd/final, docs/results/lm_gap/runs/allreduce-delayed/"
+    "final"
+)
+
+
+@pytest.mark.parametrize(
+    ("page", "old", "new", "problem"),
+    [
+        (
+            "docs/results/lm_gap/gap/gap.md", "0.194 ± 0.033", "0.149 ± 0.033",
+            f"(row 'AdamW, W=32', column 'gap') but {_GAP_RUNS} gives",
+        ),
+        (
+            OWN_LINK, "0.227 (1.50 **miss**)", "0.227 (1.05)",
+            "(row '10mbit', column 'emulated s (ratio)') but docs/results/hierarchical/runs, "
+            "docs/results/hierarchical/own-link/digits gives",
+        ),
+    ],
+)  # fmt: skip
+def test_a_drifted_cell_of_a_committed_page_names_page_cell_and_data(
+    tmp_path: Path, page: str, old: str, new: str, problem: str
+) -> None:
+    line = edit_once(copy_page(tmp_path, page), f"| {old} |", f"| {new} |")
+    assert check(tmp_path, data_root=ROOT) == [f"{page}:{line}: '{new}' {problem} '{old}'"]
 
 
 def test_lines_added_or_dropped_are_named_and_many_are_counted() -> None:
@@ -127,3 +146,28 @@ def test_md_table_takes_letters_and_writes_a_padded_separator_on_request() -> No
     assert md_table(["k", "v"], ["---", "---:"], rows) == "| k | v |\n|---|---:|\n| a | 1 |"
     assert md_table(["k", "v"], "lr", rows) == "| k | v |\n|---|---:|\n| a | 1 |"
     assert md_table(["k", "v"], "lc", rows, padded=True).split("\n")[1] == "| --- | :---: |"
+
+
+def test_the_own_link_reader_takes_the_emulated_column_by_its_heading(tmp_path: Path) -> None:
+    (tmp_path / OWN_LINK).parent.mkdir(parents=True)
+    head = "## digits, 4 hosts x 2 processes\n\n| rate | arm | step s | {} |\n|---|---|---:|---:|\n"
+    rows = "| 10mbit | ring | 0.2 | 0.1 (0.50 **miss**) |\n| 10mbit | tree | 0.2 | – (–) |\n"
+    (tmp_path / OWN_LINK).write_text(head.format("emulated s (ratio)") + rows)
+    assert own_link(Source(tmp_path), 4, 2, "10mbit", "ring") == (0.1, 0.5)
+    assert own_link(Source(tmp_path), 4, 2, "10mbit", "tree") is None
+    with pytest.raises(DataError, match="no row 2x4 10mbit ring"):
+        own_link(Source(tmp_path), 2, 4, "10mbit", "ring")
+    (tmp_path / OWN_LINK).write_text(head.format("simulated s (ratio)") + rows)
+    with pytest.raises(DataError, match="no column 'emulated s \\(ratio\\)' above row"):
+        own_link(Source(tmp_path), 4, 2, "10mbit", "ring")
+
+
+def test_a_wire_table_links_the_calibration_only_where_its_runs_were_calibrated() -> None:
+    row = {"model": "digits", "hosts": 4, "procs_per_host": 1, "rate": "10mbit",
+           "rate_bps": 10**7, "arm": "ring", "step_s": 0.2, "samples_per_s": 640.0,
+           "wire_bytes_per_step": 1e5, "lib_bytes_per_step": 9e4, "drops": 0,
+           "target_loss": None, "emulated_step_s": 0.1, "emulated_ratio": 0.5}  # fmt: skip
+    assert "(none for these runs)." in wire_table.markdown([row])
+    assert "](calibration.md)" not in wire_table.markdown([row])
+    calibrated = {**row, "calibrated_step_s": 0.19, "calibrated_ratio": 0.95}
+    assert "([calibration.md](calibration.md))." in wire_table.markdown([calibrated])
