@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from experiments.bench import compression_bytes, sharded_testbed, upstream
 from experiments.network import calibrate, sim_report, sim_validate, simulate, wire_table
 from experiments.network.sim_config import profiles
-from experiments.report import gap, link_time, rerun, trajectory
+from experiments.report import gap, link_time, outer_summary, rerun, trajectory
 from experiments.report.build import report_markdown
 from experiments.report.doc_data import DataError
 
@@ -200,6 +200,10 @@ def _own_link(root: Path) -> str:
         return wire_table.markdown(wire_table.rows(Path(tmp))) + "\n"
 
 
+def _outer(root: Path) -> str:
+    return outer_summary.markdown(root / "docs/results/outer/runs")
+
+
 def _calibration(root: Path) -> str:
     return calibrate.markdown(_json(root, "docs/results/network/calibration.json"))
 
@@ -265,6 +269,10 @@ PAGES: dict[str, WholePage] = {
     f"{_OWN}/table.md": WholePage(
         f"python -m experiments.network.wire_study table over {_H}/runs with the emulated runs "
         f"of {_OWN}", (f"{_H}/runs", f"{_OWN}/digits"), _own_link,
+    ),
+    "docs/results/outer/summary.md": WholePage(
+        "python -m experiments.report.outer_summary docs/results/outer/runs --out "
+        "docs/results/outer/summary.md", ("docs/results/outer/runs",), _outer,
     ),
     "docs/results/network/calibration.md": WholePage(
         "python -m experiments.network.calibrate run", ("docs/results/network/calibration.json",),
