@@ -12,6 +12,11 @@ what the data gives and where the data is (at most a dozen lines a page, then a 
 file that does not parse, or a run the report would skip, fails the page with one line naming
 the file. Pages written whole that are not here have no committed data behind them (``digits/``
 and ``synthetic/report.md`` came from ``multirun/``) or no command that writes them from it.
+
+A page whose sweep did not commit its runs when it last ran (the non-IID sweep's pages, written
+from ``multirun/``) is registered with ``awaiting``, the rerun that commits them
+(:data:`AWAITING`): until some of its data is there it is passed over; from then on it is
+checked as any other.
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ from omegaconf import OmegaConf
 from experiments.bench import compression_bytes, sharded_testbed, upstream
 from experiments.network import calibrate, sim_report, sim_validate, simulate, wire_table
 from experiments.network.sim_config import profiles
-from experiments.report import gap, link_time, outer_summary, rerun, trajectory
+from experiments.report import gap, link_time, noniid_summary, outer_summary, rerun, trajectory
 from experiments.report.build import report_markdown
 from experiments.report.doc_data import DataError
 
-__all__ = ["PAGES", "WholePage", "check_page", "diff", "render"]
+__all__ = ["AWAITING", "PAGES", "WholePage", "check_page", "diff", "render"]
 
 _MAX_LINES = 12  # differences shown per page; the rest are counted
 _WRITE = "python -m experiments.report.check_docs --write"
@@ -54,11 +59,14 @@ class WholePage:
         data: Its committed data: files or folders, as globs under the root (``*`` and
             ``**``); none for a page computed from the code alone.
         text: The page's text from the data under a root, in memory.
+        awaiting: The rerun that commits its data, where that data is not committed yet: the
+            page is passed over until some of it is there.
     """
 
     command: str
     data: tuple[str, ...]
     text: Callable[[Path], str]
+    awaiting: str = ""
 
     @property
     def source(self) -> str:
@@ -78,7 +86,9 @@ def _folders(root: Path, patterns: Sequence[str]) -> list[Path]:
 # --- the pages ------------------------------------------------------------------------------
 
 
-def _report(page: str, *dirs: str, tune: str | None = None) -> tuple[str, WholePage]:
+def _report(
+    page: str, *dirs: str, tune: str | None = None, awaiting: str = ""
+) -> tuple[str, WholePage]:
     """A ``report.md`` of ``make report`` over the run folders ``dirs``."""
     out = Path(page).parent
     command = f"python -m experiments.report {' '.join(dirs)}"
@@ -87,7 +97,7 @@ def _report(page: str, *dirs: str, tune: str | None = None) -> tuple[str, WholeP
     def text(root: Path) -> str:
         return report_markdown(_folders(root, dirs), out=root / out, tune=tune, root=root)
 
-    return page, WholePage(command, dirs, text)
+    return page, WholePage(command, dirs, text, awaiting)
 
 
 _L, _O = "docs/results/lm/runs", "docs/results/outer/lm_small/runs"
@@ -124,6 +134,13 @@ _REPORTS = dict([
     _report("docs/results/streaming/tune_outer_lr/report.md", f"{_S}/*/stage1",
             tune="outer.lr"),
 ])  # fmt: skip
+
+
+_N, _NONIID = "docs/results/noniid", "experiments/sweeps/noniid.sh"
+_AWAITING = dict(
+    _report(f"{_N}/alpha{a}/report.md", f"{_N}/runs/gossip/*_alpha{a}_*",
+            f"{_N}/runs/allreduce/*_alpha{a}_*", awaiting=_NONIID) for a in ("0.1", "1.0")
+)  # fmt: skip
 
 
 def _upstream(name: str) -> tuple[str, WholePage]:
@@ -204,6 +221,10 @@ def _outer(root: Path) -> str:
     return outer_summary.markdown(root / "docs/results/outer/runs")
 
 
+def _noniid(root: Path) -> str:
+    return noniid_summary.markdown(root / _N / "runs")
+
+
 def _calibration(root: Path) -> str:
     return calibrate.markdown(_json(root, "docs/results/network/calibration.json"))
 
@@ -265,6 +286,7 @@ def _link_time(root: Path) -> str:
 
 PAGES: dict[str, WholePage] = {
     **_REPORTS,
+    **_AWAITING,
     **dict(_wire(f) for f in ("docs/results/network", _H)),
     f"{_OWN}/table.md": WholePage(
         f"python -m experiments.network.wire_study table over {_H}/runs with the emulated runs "
@@ -273,6 +295,10 @@ PAGES: dict[str, WholePage] = {
     "docs/results/outer/summary.md": WholePage(
         "python -m experiments.report.outer_summary docs/results/outer/runs --out "
         "docs/results/outer/summary.md", ("docs/results/outer/runs",), _outer,
+    ),
+    f"{_N}/summary.md": WholePage(
+        f"python -m experiments.report.noniid_summary {_N}/runs --out {_N}/summary.md",
+        (f"{_N}/runs",), _noniid, awaiting=_NONIID,
     ),
     "docs/results/network/calibration.md": WholePage(
         "python -m experiments.network.calibrate run", ("docs/results/network/calibration.json",),
@@ -305,6 +331,9 @@ PAGES: dict[str, WholePage] = {
         (f"{_S}/*/final", f"{_S}/link/*"), _link_time,
     ),
 }  # fmt: skip
+
+# the pages that wait for their sweep's rerun to commit their data
+AWAITING: dict[str, str] = {page: w.awaiting for page, w in PAGES.items() if w.awaiting}
 
 
 # --- regenerating and diffing ---------------------------------------------------------------
@@ -412,6 +441,8 @@ def check_page(page: Path, rel: str, data_root: Path, write: bool = False) -> li
     whole = PAGES.get(rel)
     if whole is None:
         return []
+    if whole.awaiting and not any(next(data_root.glob(d), None) for d in whole.data):
+        return []  # its data is not committed yet
     try:
         wanted = render(whole, data_root)
     except DataError as err:

@@ -11,8 +11,8 @@ from experiments.network import wire_table
 from experiments.report.check_docs import check, main
 from experiments.report.doc_data import DataError, Source, md_table
 from experiments.report.doc_views_wire import OWN_LINK, own_link
-from experiments.report.whole_pages import PAGES, diff
-from tests.experiments.report.common import write_lm_run
+from experiments.report.whole_pages import AWAITING, PAGES, diff
+from tests.experiments.report.common import write_lm_run, write_summary
 from tests.support.doc_pages import copy_page, edit_once
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -151,6 +151,48 @@ def test_md_table_takes_letters_and_writes_a_padded_separator_on_request() -> No
     assert md_table(["k", "v"], ["---", "---:"], rows) == "| k | v |\n|---|---:|\n| a | 1 |"
     assert md_table(["k", "v"], "lr", rows) == "| k | v |\n|---|---:|\n| a | 1 |"
     assert md_table(["k", "v"], "lc", rows, padded=True).split("\n")[1] == "| --- | :---: |"
+
+
+def test_the_pages_awaiting_a_rerun_name_it_and_have_no_data_committed_yet() -> None:
+    assert AWAITING == {
+        "docs/results/noniid/alpha0.1/report.md": "experiments/sweeps/noniid.sh",
+        "docs/results/noniid/alpha1.0/report.md": "experiments/sweeps/noniid.sh",
+        "docs/results/noniid/summary.md": "experiments/sweeps/noniid.sh",
+    }
+    # once a rerun commits a page's runs, the page is checked: its mark goes with that commit
+    committed = [p for p in AWAITING if any(next(ROOT.glob(d), None) for d in PAGES[p].data)]
+    assert committed == []
+
+
+NONIID = "docs/results/noniid"
+
+
+def test_a_page_awaiting_its_runs_is_passed_over_then_checked_once_they_are_there(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / NONIID / "summary.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("| alpha | a table from runs that are not committed |\n")
+    assert check(tmp_path) == []
+    runs = tmp_path / NONIID / "runs"
+    for sweep, topology, acc in (("allreduce", "allreduce", 0.98), ("gossip", "ring", 0.93)):
+        (runs / sweep / f"{topology}_sgd_alpha0.1_seed0").mkdir(parents=True)
+        write_summary(runs / sweep / f"{topology}_sgd_alpha0.1_seed0", {"eval/acc": acc})
+    problems = check(tmp_path)
+    assert problems[0] == (
+        f"{NONIID}/summary.md:1: '| alpha | a table from runs that are not committed |' but "
+        f"{NONIID}/runs gives no such line"
+    )
+    assert all(p.startswith(f"{NONIID}/summary.md:1: {NONIID}/runs gives '|") for p in problems[1:])
+    assert check(tmp_path, write=True) == []
+    assert page.read_text().split("\n")[3] == "| 0.1 | ring | sgd | 1 | 93.00 ± 0.00 | -5.00 |"
+    write_summary(runs / "gossip/ring_sgd_alpha0.1_seed0", {"eval/acc": 0.94})
+    assert check(tmp_path) == [
+        f"{NONIID}/summary.md:4: '93.00 ± 0.00' (row '0.1', column 'eval/acc (mean ± std)') "
+        f"but {NONIID}/runs gives '94.00 ± 0.00'",
+        f"{NONIID}/summary.md:4: '-5.00' (row '0.1', column 'gap to allreduce (pts)') "
+        f"but {NONIID}/runs gives '-4.00'",
+    ]
 
 
 def test_the_own_link_reader_takes_the_emulated_column_by_its_heading(tmp_path: Path) -> None:
