@@ -158,6 +158,8 @@ def test_the_pages_awaiting_a_rerun_name_it_and_have_no_data_committed_yet() -> 
         "docs/results/noniid/alpha0.1/report.md": "experiments/sweeps/noniid.sh",
         "docs/results/noniid/alpha1.0/report.md": "experiments/sweeps/noniid.sh",
         "docs/results/noniid/summary.md": "experiments/sweeps/noniid.sh",
+        "docs/results/digits/report.md": "experiments/sweeps/cpu_small.sh",
+        "docs/results/synthetic/report.md": "experiments/sweeps/cpu_small.sh",
     }
     # once a rerun commits a page's runs, the page is checked: its mark goes with that commit
     committed = [p for p in AWAITING if any(next(ROOT.glob(d), None) for d in PAGES[p].data)]
