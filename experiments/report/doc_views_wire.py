@@ -22,6 +22,7 @@ from experiments.report.doc_data import DataError, Source, md_table
 PAIRBENCH = "docs/results/network/pairbench"
 HIER = "docs/results/hierarchical/table.json"
 OWN_LINK = "docs/results/hierarchical/own-link/table.md"
+EMULATED = "emulated s (ratio)"  # own-link's column of the emulator at the line rate
 
 
 def pair_ratio(file: str, mode: str) -> Callable[[Source], float]:
@@ -81,14 +82,18 @@ def own_link(
     src: Source, hosts: int, procs: int, rate: str, arm: str
 ) -> tuple[float, float] | None:
     """The emulated step (s) and its ratio to the wire of one cell of ``own-link/table.md``
-    (None: no emulated run)."""
-    section = ""
+    (None: no emulated run), read from the column headed ``emulated s (ratio)``."""
+    section, header = "", []
     for line in src.text(OWN_LINK).splitlines():
         if line.startswith("## "):
             section = line
         cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[:2] == ["rate", "arm"]:
+            header = cells
         if f"{hosts} hosts x {procs} processes" in section and cells[:2] == [rate, arm]:
-            got = re.search(r"([\d.]+) \(([\d.]+)", cells[-2])
+            if EMULATED not in header:
+                raise DataError(OWN_LINK, f"no column '{EMULATED}' above row {rate} {arm}")
+            got = re.search(r"([\d.]+) \(([\d.]+)", cells[header.index(EMULATED)])
             return (float(got[1]), float(got[2])) if got else None
     raise DataError(OWN_LINK, f"no row {hosts}x{procs} {rate} {arm}")
 

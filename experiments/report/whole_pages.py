@@ -10,8 +10,13 @@ diffs it against the committed one (:func:`check_page`); ``--write`` rewrites it
 Each difference is one line, as for the generated blocks: the page and line, what is written,
 what the data gives and where the data is (at most a dozen lines a page, then a count). A data
 file that does not parse, or a run the report would skip, fails the page with one line naming
-the file. Pages written whole that are not here have no committed data behind them (``digits/``
-and ``synthetic/report.md`` came from ``multirun/``) or no command that writes them from it.
+the file. Pages written whole that are not here have no command that writes them from committed
+data.
+
+A page whose sweep did not commit its runs when it last ran (the non-IID sweep's pages and the
+CPU sweep's ``digits/`` and ``synthetic/report.md``, written from ``multirun/``) is registered
+with ``awaiting``, the rerun that commits them (:data:`AWAITING`): until some of its data is
+there it is passed over; from then on it is checked as any other.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import contextlib
 import difflib
 import io
 import json
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -34,11 +40,11 @@ from omegaconf import OmegaConf
 from experiments.bench import compression_bytes, sharded_testbed, upstream
 from experiments.network import calibrate, sim_report, sim_validate, simulate, wire_table
 from experiments.network.sim_config import profiles
-from experiments.report import gap, link_time, rerun, trajectory
+from experiments.report import gap, link_time, noniid_summary, outer_summary, rerun, trajectory
 from experiments.report.build import report_markdown
 from experiments.report.doc_data import DataError
 
-__all__ = ["PAGES", "WholePage", "check_page", "diff", "render"]
+__all__ = ["AWAITING", "PAGES", "WholePage", "check_page", "diff", "render"]
 
 _MAX_LINES = 12  # differences shown per page; the rest are counted
 _WRITE = "python -m experiments.report.check_docs --write"
@@ -53,11 +59,14 @@ class WholePage:
         data: Its committed data: files or folders, as globs under the root (``*`` and
             ``**``); none for a page computed from the code alone.
         text: The page's text from the data under a root, in memory.
+        awaiting: The rerun that commits its data, where that data is not committed yet: the
+            page is passed over until some of it is there.
     """
 
     command: str
     data: tuple[str, ...]
     text: Callable[[Path], str]
+    awaiting: str = ""
 
     @property
     def source(self) -> str:
@@ -77,7 +86,9 @@ def _folders(root: Path, patterns: Sequence[str]) -> list[Path]:
 # --- the pages ------------------------------------------------------------------------------
 
 
-def _report(page: str, *dirs: str, tune: str | None = None) -> tuple[str, WholePage]:
+def _report(
+    page: str, *dirs: str, tune: str | None = None, awaiting: str = ""
+) -> tuple[str, WholePage]:
     """A ``report.md`` of ``make report`` over the run folders ``dirs``."""
     out = Path(page).parent
     command = f"python -m experiments.report {' '.join(dirs)}"
@@ -86,7 +97,7 @@ def _report(page: str, *dirs: str, tune: str | None = None) -> tuple[str, WholeP
     def text(root: Path) -> str:
         return report_markdown(_folders(root, dirs), out=root / out, tune=tune, root=root)
 
-    return page, WholePage(command, dirs, text)
+    return page, WholePage(command, dirs, text, awaiting)
 
 
 _L, _O = "docs/results/lm/runs", "docs/results/outer/lm_small/runs"
@@ -122,6 +133,17 @@ _REPORTS = dict([
     _report("docs/results/streaming/report.md", f"{_S}/*/final"),
     _report("docs/results/streaming/tune_outer_lr/report.md", f"{_S}/*/stage1",
             tune="outer.lr"),
+])  # fmt: skip
+
+
+_N, _C = "docs/results/noniid", "docs/results/cpu_small/runs"
+_NONIID, _CPU_SMALL = "experiments/sweeps/noniid.sh", "experiments/sweeps/cpu_small.sh"
+_AWAITING = dict([
+    *(_report(f"{_N}/alpha{a}/report.md", f"{_N}/runs/gossip/*_alpha{a}_*",
+              f"{_N}/runs/allreduce/*_alpha{a}_*", awaiting=_NONIID) for a in ("0.1", "1.0")),
+    _report("docs/results/digits/report.md", f"{_C}/digits", awaiting=_CPU_SMALL),
+    _report("docs/results/synthetic/report.md", f"{_C}/synthetic", f"{_C}/synthetic_slow",
+            awaiting=_CPU_SMALL),
 ])  # fmt: skip
 
 
@@ -170,8 +192,41 @@ def _validation(folder: str) -> tuple[str, WholePage]:
     return f"{folder}/validation.md", WholePage(command, (data,), text)
 
 
-def _wire(root: Path) -> str:
-    return wire_table.markdown(_json(root, "docs/results/network/table.json")) + "\n"
+def _wire(folder: str) -> tuple[str, WholePage]:
+    """A ``table.md`` of the wire study from its ``table.json``."""
+    data = f"{folder}/table.json"
+
+    def text(root: Path) -> str:
+        return wire_table.markdown(_json(root, data)) + "\n"
+
+    command = "python -m experiments.network.wire_study table"
+    if folder != "docs/results/network":
+        command += f" --out {folder}"
+    return f"{folder}/table.md", WholePage(command, (data,), text)
+
+
+_H = "docs/results/hierarchical"
+_OWN = f"{_H}/own-link"
+
+
+def _own_link(root: Path) -> str:
+    """The wire study's table of the hierarchical runs with the emulated runs of ``own-link/``
+    (a link per rank, the emulator before it knew hosts) in place of theirs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        skip = shutil.ignore_patterns("emulated", "calibrated")
+        shutil.copytree(root / _H / "runs", runs, ignore=skip)  # the wire and compute-only runs
+        for emulated in sorted((root / _OWN).glob("*/*/*/*/emulated")):
+            shutil.copytree(emulated, runs / emulated.relative_to(root / _OWN))
+        return wire_table.markdown(wire_table.rows(Path(tmp))) + "\n"
+
+
+def _outer(root: Path) -> str:
+    return outer_summary.markdown(root / "docs/results/outer/runs")
+
+
+def _noniid(root: Path) -> str:
+    return noniid_summary.markdown(root / _N / "runs")
 
 
 def _calibration(root: Path) -> str:
@@ -235,9 +290,19 @@ def _link_time(root: Path) -> str:
 
 PAGES: dict[str, WholePage] = {
     **_REPORTS,
-    "docs/results/network/table.md": WholePage(
-        "python -m experiments.network.wire_study table", ("docs/results/network/table.json",),
-        _wire,
+    **_AWAITING,
+    **dict(_wire(f) for f in ("docs/results/network", _H)),
+    f"{_OWN}/table.md": WholePage(
+        f"python -m experiments.network.wire_study table over {_H}/runs with the emulated runs "
+        f"of {_OWN}", (f"{_H}/runs", f"{_OWN}/digits"), _own_link,
+    ),
+    "docs/results/outer/summary.md": WholePage(
+        "python -m experiments.report.outer_summary docs/results/outer/runs --out "
+        "docs/results/outer/summary.md", ("docs/results/outer/runs",), _outer,
+    ),
+    f"{_N}/summary.md": WholePage(
+        f"python -m experiments.report.noniid_summary {_N}/runs --out {_N}/summary.md",
+        (f"{_N}/runs",), _noniid, awaiting=_NONIID,
     ),
     "docs/results/network/calibration.md": WholePage(
         "python -m experiments.network.calibrate run", ("docs/results/network/calibration.json",),
@@ -270,6 +335,9 @@ PAGES: dict[str, WholePage] = {
         (f"{_S}/*/final", f"{_S}/link/*"), _link_time,
     ),
 }  # fmt: skip
+
+# the pages that wait for their sweep's rerun to commit their data
+AWAITING: dict[str, str] = {page: w.awaiting for page, w in PAGES.items() if w.awaiting}
 
 
 # --- regenerating and diffing ---------------------------------------------------------------
@@ -377,6 +445,8 @@ def check_page(page: Path, rel: str, data_root: Path, write: bool = False) -> li
     whole = PAGES.get(rel)
     if whole is None:
         return []
+    if whole.awaiting and not any(next(data_root.glob(d), None) for d in whole.data):
+        return []  # its data is not committed yet
     try:
         wanted = render(whole, data_root)
     except DataError as err:
