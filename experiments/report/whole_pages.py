@@ -78,6 +78,12 @@ def _json(root: Path, rel: str) -> Any:
     return json.loads((root / rel).read_text())
 
 
+def _compile_overlap(root: Path) -> str:
+    from experiments.bench import compile_overlap
+
+    return compile_overlap.page(_json(root, "docs/results/compile-overlap.json"))
+
+
 def _folders(root: Path, patterns: Sequence[str]) -> list[Path]:
     """The folders each pattern matches, pattern by pattern, each pattern's in name order."""
     return [p for pattern in patterns for p in sorted(root.glob(pattern)) if p.is_dir()]
@@ -314,6 +320,11 @@ PAGES: dict[str, WholePage] = {
     **dict(_validation(f"docs/results/simulate/validation/{f}") for f in ("balanced", "slow_link")),
     "docs/results/compression/bytes.md": WholePage(
         "python -m experiments.bench.compression_bytes", (), _bytes
+    ),
+    "docs/results/compile-overlap.md": WholePage(
+        "python -m experiments.bench.compile_overlap",
+        ("docs/results/compile-overlap.json",),
+        _compile_overlap,
     ),
     "docs/results/sharded/study.md": WholePage(
         "python -m experiments.bench.sharded_testbed table",
