@@ -85,9 +85,18 @@ def _reason(path: str, exc: BaseException) -> BaseException:
     """
     cause = exc.__cause__ or exc
     missing = isinstance(cause, ModuleNotFoundError) and (path + ".").startswith(f"{cause.name}.")
-    if missing and isinstance(cause.__context__, AttributeError):
-        return cause.__context__
-    return cause
+    if not missing:
+        return cause
+    # the chain holds the attribute lookups tried, a module's ``__path__`` among them
+    # when ``a.b`` is a module and not a package: the one that names the path's own part
+    found: list[AttributeError] = []
+    context = cause.__context__
+    while context is not None and len(found) < 8:
+        if isinstance(context, AttributeError):
+            found.append(context)
+        context = context.__context__
+    named = [e for e in found if str(e).endswith(f"attribute '{cause.name.rsplit('.', 1)[-1]}'")]
+    return (named or found or [cause])[0]
 
 
 def _not_importable(key: str, path: str, exc: BaseException) -> ConfigError:

@@ -379,7 +379,7 @@ def choose(src: Source, file: str = "docs/results/cluster/choose_2x8_10gbit_gpt2
             ]
         )
     header = ["rank", "topology", "step, predicted", "period", "consensus rate per step"]
-    header += ["MB per host link per step", ""]
+    header += ["MB per host link per step", None]
     table = md_table(header, ["---:", "---", "---:", "---:", "---:", "---:", "---"], rows)
     return f"{table}\n\n> pick: {src.key(file, 'why')}"
 

@@ -60,6 +60,8 @@ def test_locate_finds_classes_functions_and_methods() -> None:
         ("no_such_pkg.mod.Name", "No module named 'no_such_pkg'"),
         ("torch.nn.Lineer", "has no attribute 'Lineer'"),
         ("tests.support.no_module.Name", "has no attribute 'no_module'"),
+        # a module, not a package: the name it lacks, not its missing __path__
+        ("experiments.models.vision.CNN", "has no attribute 'CNN'"),
     ],
 )
 def test_a_target_that_does_not_import_is_one_line(path: str, cause: str) -> None:
