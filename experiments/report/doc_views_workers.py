@@ -222,7 +222,46 @@ def workers_findings(src: Source, file: str = RUNS) -> str:
                     f"- {budget}, `{topology}`: the gap grows by {f.b:+.4f} nats per doubling "
                     f"of the workers (scatter {f.sd:.4f} about the fit, {f.n} gaps)."
                 )
+        lines += _complete_against_ope(study, budget) + _closes_most(study, budget)
     return "\n".join(lines) if lines else "- No arm has every seed yet."
+
+
+def _complete_against_ope(study: Study, budget: str) -> list[str]:
+    """Where ``complete``'s gap is below ``one-peer-exp``'s, worker count by worker count."""
+    below, above = [], []
+    for n in sorted({a["workers"] for a in study.arms() if a["topology"] == "complete"}):
+        c = _mean(list(study.gaps(budget, f"complete-{n}").values()))
+        o = _mean(list(study.gaps(budget, f"one-peer-exp-{n}").values()))
+        if c is not None and o is not None:
+            (below if c < o else above).append(f"{n} ({c:+.3f} against {o:+.3f})")
+    if not below and not above:
+        return []
+    parts = [f"below at {', '.join(below)}" if below else ""]
+    parts.append(f"not below at {', '.join(above)}" if above else "")
+    return [
+        f"- {budget}: `complete`'s gap against `one-peer-exp`'s, at N workers: "
+        + "; ".join(p for p in parts if p)
+        + "."
+    ]
+
+
+def _closes_most(study: Study, budget: str) -> list[str]:
+    """At 32 and 64 workers, the remedy that closes the most of the beta1 = 0.9 gap."""
+    lines = []
+    for workers in (32, 64):
+        arms = {k: _mean(v) for k, v in _closing(study, budget, workers).items()}
+        start = arms.pop("one-peer-exp, β1 = 0.9")
+        done = {k: v for k, v in arms.items() if v is not None}
+        if start is None or start <= 0 or len(done) < len(arms):
+            continue
+        label, gap = min(done.items(), key=lambda kv: kv[1])
+        share = 1 - gap / start
+        verb = "closes the most" if share > 0 else "closes none; the least harm comes from"
+        lines.append(
+            f"- {budget}, {workers} workers: of `one-peer-exp`'s {start:+.3f} at β1 = 0.9, "
+            f"{label} {verb}: {100 * share:.0f}% (gap {gap:+.3f})."
+        )
+    return lines
 
 
 def glance_row(src: Source, file: str = RUNS) -> list[str]:

@@ -97,13 +97,11 @@ def test_the_plan_adds_beta1_09_seeds_at_32_workers_and_no_edge_past_a_divergenc
 
 def _runs_json(losses: dict[str, Any]) -> dict[str, Any]:
     """Seed 0's grid and seeds 0-2 at the best of every arm, loss = f(arm, lr, beta1) + seed."""
-    arms = [
-        {"name": "allreduce", "topology": "allreduce", "workers": 4, "extra": []},
-        *(
-            {"name": f"one-peer-exp-{n}", "topology": "one-peer-exp", "workers": n, "extra": []}
-            for n in (4, 8, 16)
-        ),
-    ]
+    arms = [{"name": "allreduce", "topology": "allreduce", "workers": 4, "extra": []}]
+    for name in losses:
+        if name != "allreduce":
+            topology, n = name.rsplit("-", 1)
+            arms.append({"name": name, "topology": topology, "workers": int(n), "extra": []})
     runs = []
     for budget in ("small", "large"):
         for arm in arms:
@@ -302,3 +300,23 @@ def test_the_large_budget_starts_at_the_cross_through_the_small_budgets_best(tmp
     assert study.tuned("small", arm.name) == (0.016, 0.974)
     assert study.tuned("large", arm.name) == (0.064, 0.974)
     assert report.start_points(sweep.LRS, sweep.BETA1S, (0.004, 0.0))[3:] == [(0.004, 0.2)]
+
+
+def test_the_findings_say_where_complete_is_below_one_peer_exp():
+    from experiments.report.doc_views_workers import _complete_against_ope
+
+    study = Study(
+        _runs_json(
+            {
+                "allreduce": _loss(0.0, 0.008, 0.9),
+                "one-peer-exp-4": _loss(0.2, 0.008, 0.9),
+                "complete-4": _loss(0.1, 0.008, 0.9),
+                "one-peer-exp-8": _loss(0.3, 0.008, 0.9),
+                "complete-8": _loss(0.4, 0.008, 0.9),
+            }
+        )
+    )
+    assert _complete_against_ope(study, "small") == [
+        "- small: `complete`'s gap against `one-peer-exp`'s, at N workers: below at 4 (+0.100 "
+        "against +0.200); not below at 8 (+0.400 against +0.300)."
+    ]
