@@ -266,3 +266,11 @@ def _md_row(cells: Sequence[str | None]) -> str:
     if None in cells:
         return "|" + "|".join(" " if c is None else f" {c} " for c in cells) + "|"
     return "| " + " | ".join(c or "" for c in cells) + " |"
+
+
+def write_page(path: Path, text: str) -> int:
+    """Write a generated page (its folder too) and print it; the exit status of a command (0)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(text, end="")
+    return 0

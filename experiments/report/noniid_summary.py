@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.report.doc_data import write_page
+
 __all__ = ["cells", "main", "markdown"]
 
 Cell = tuple[str, str, str]  # (alpha, topology, optim)
@@ -83,11 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True, help="the summary.md to write")
     args = parser.parse_args(argv)
-    text = markdown(args.runs)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text, end="")
-    return 0
+    return write_page(args.out, markdown(args.runs))
 
 
 if __name__ == "__main__":

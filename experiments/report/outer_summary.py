@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 import experiments.train.config  # noqa: F401  (registers the schemas)
 from decent_dp.topo import TopologyReg
 from experiments.models import build_model
+from experiments.report.doc_data import write_page
 
 __all__ = ["TASKS", "markdown", "main", "parameters", "per_step"]
 
@@ -141,11 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
                         help=f"the tiny GPT's vocabulary (default {VOCAB_SIZE})")  # fmt: skip
     args = parser.parse_args(argv)
-    text = markdown(args.runs, args.vocab_size)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(text, end="")
-    return 0
+    return write_page(args.out, markdown(args.runs, args.vocab_size))
 
 
 if __name__ == "__main__":
