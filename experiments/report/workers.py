@@ -166,14 +166,23 @@ class Study:
         }
 
     def tuned(self, budget: str, arm: str, beta1: float | None = None) -> Point | None:
-        """The arm's best point on seed 0 (at ``beta1`` when given), ``None`` before its grid."""
+        """The arm's best point on seed 0 (at ``beta1`` when given), ``None`` before its start.
+
+        The start is the grid, or the cross through the arm's best at the budget the study
+        names in ``start_from`` (:func:`start_points`).
+        """
+        around = None
+        before = self.settings.get("start_from", {}).get(budget)
+        if before is not None:
+            around = self.tuned(before, arm)
+            if around is None:
+                return None
+        need = start_points(self.settings["lrs"], self.settings["beta1s"], around)
         grid = self.seed0(budget, arm)
         if beta1 is not None:
             grid = {k: v for k, v in grid.items() if k[1] == beta1}
-        full = len(self.settings["lrs"]) * (
-            1 if beta1 is not None else len(self.settings["beta1s"])
-        )
-        if len(grid) < full:
+            need = [p for p in need if p[1] == beta1]
+        if not grid or any(p not in grid for p in need):
             return None
         return best(grid)
 

@@ -299,6 +299,11 @@ def test_the_large_budget_starts_at_the_cross_through_the_small_budgets_best(tmp
     study = Study(data)
     assert study.tuned("small", arm.name) == (0.016, 0.974)
     assert study.tuned("large", arm.name) == (0.064, 0.974)
+    # the cross is the start: without one of its points the arm is not tuned yet
+    study.runs = [
+        r for r in study.runs if (r["budget"], r["lr"], r["beta1"]) != ("large", 0.008, 0.974)
+    ]
+    assert study.tuned("large", arm.name) is None
     assert report.start_points(sweep.LRS, sweep.BETA1S, (0.004, 0.0))[3:] == [(0.004, 0.2)]
 
 
