@@ -178,12 +178,15 @@ def runs_of(
     return found
 
 
-def _past_edges(value: float, values: Sequence[float], below: float, above: float) -> list[float]:
-    """The values past the edges ``value`` sits on (both when it is the only one tried)."""
+def _past_edges(
+    value: float, values: Sequence[float], below: float | None, above: float | None
+) -> list[float]:
+    """The values past the edges ``value`` sits on (both when it is the only one tried); an
+    edge with no value past it (``None``) adds none."""
     out = []
-    if value == min(values):
+    if value == min(values) and below is not None:
         out.append(below)
-    if value == max(values):
+    if value == max(values) and above is not None:
         out.append(above)
     return out
 
@@ -205,11 +208,9 @@ def _tuned(
     if math.isfinite(points[(lr, b1)]):
         missing += [(out, b1) for out in _past_edges(lr, lrs, lr / 2, lr * 2)]
     if beta1 is None:
-        below = beta1_next(b1, False, BETA1S)
-        above = beta1_next(b1, True, BETA1S)
-        assert above is not None
-        edges = _past_edges(b1, b1s, -1.0 if below is None else below, above)
-        missing += [(lr, out) for out in edges if out >= 0.0]  # beta1 = 0 has none below it
+        # beta1 = 0 has no value below it
+        below, above = beta1_next(b1, False, BETA1S), beta1_next(b1, True, BETA1S)
+        missing += [(lr, out) for out in _past_edges(b1, b1s, below, above)]
     return (lr, b1), [m for m in missing if m not in grid]
 
 
